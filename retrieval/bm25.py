@@ -432,12 +432,19 @@ class BM25Retriever(LocalRetriever):
         budget = max(PRUNED_MIN_ESSENTIAL, int(PRUNED_ESSENTIAL_FRACTION * num_docs))
 
         def run(chunk: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-            terms, counts, ptr = [], [], [0]
+            # each query's distinct term ids (sorted) and how often each occurs; plain Python is several
+            # times cheaper than np.unique on a handful of ids, and this runs under the GIL once per query
+            terms: list[int] = []
+            counts: list[int] = []
+            ptr = [0]
             for q in chunk:
-                t, c = np.unique(np.asarray(q, dtype=np.int64), return_counts=True)
-                terms.append(t)
-                counts.append(c)
-                ptr.append(ptr[-1] + len(t))
+                tally: dict[int, int] = {}
+                for t in q:
+                    tally[t] = tally.get(t, 0) + 1
+                for t in sorted(tally):
+                    terms.append(t)
+                    counts.append(tally[t])
+                ptr.append(len(terms))
             docs = np.zeros((len(chunk), k), dtype=np.int64)
             scores = np.zeros((len(chunk), k), dtype=np.float32)
             n = np.zeros(len(chunk), dtype=np.int64)
@@ -452,8 +459,8 @@ class BM25Retriever(LocalRetriever):
                 self._scratch.arrays = scratch
             acc, stamp, cand, base = scratch
             self.fallbacks += kernel(
-                np.concatenate(terms),
-                np.concatenate(counts).astype(np.int64),
+                np.asarray(terms, dtype=np.int64),
+                np.asarray(counts, dtype=np.int64),
                 np.asarray(ptr, dtype=np.int64),
                 k,
                 data,
@@ -521,6 +528,9 @@ class BM25Retriever(LocalRetriever):
             for j, qi in enumerate(live):
                 keep = scores[j] > 0  # a passage sharing no term with the query is not a hit
                 results[qi] = rows[j][keep], scores[j][keep]
+        docs = self.store.get_many([row for r, _ in results.values() for row in r.tolist()])
+        start = 0
         for qi, (r, s) in results.items():
-            out[qi] = Hits(self.store.get_many(r.tolist()), [float(x) for x in s])
+            out[qi] = Hits(docs[start : start + len(r)], s.tolist())
+            start += len(r)
         return out

@@ -283,8 +283,11 @@ class DenseRetriever(LocalRetriever):
             scores, rows = _exact_ip_search(self._flat, q, k)
         else:
             scores, rows = self.index.search(q, k)
-        out = []
-        for srow, rrow in zip(scores, rows, strict=True):
-            keep = rrow >= 0  # faiss pads with -1 when fewer than k vectors are reachable
-            out.append(Hits(self.store.get_many(rrow[keep].tolist()), [float(x) for x in srow[keep]]))
+        keep = rows >= 0  # faiss pads with -1 when fewer than k vectors are reachable
+        docs = self.store.get_many(rows[keep].tolist())  # every query's passages in one decode
+        out, start = [], 0
+        for srow, krow in zip(scores, keep, strict=True):
+            n = int(krow.sum())
+            out.append(Hits(docs[start : start + n], srow[krow].tolist()))
+            start += n
         return out

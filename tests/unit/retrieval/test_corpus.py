@@ -62,3 +62,20 @@ def test_offsets_cache_is_reused_and_invalidated(tmp_path):
     write_corpus_jsonl(path, [{"id": i, "contents": f"document {i}"} for i in range(6)])
     with DocStore.open_cached(path, cache) as store:
         assert len(store) == 6 and store.get(5)["contents"] == "document 5"
+
+
+def test_get_many_decodes_a_batch_like_get_and_names_a_bad_row(tmp_path):
+    path = tmp_path / "c.jsonl"
+    good = [json.dumps({"id": i, "contents": f'"T{i}"\ntext {i}'}) for i in range(4)]
+    # a line holding two records would shift every later passage if decoded as part of one JSON array
+    two_values = json.dumps({"id": 8, "contents": "a"}) + ", " + json.dumps({"id": 9, "contents": "b"})
+    path.write_text("\n".join([*good, two_values, '{"id": 5}']) + "\n")
+    with DocStore(path, validate=False) as store:
+        assert store.get_many([3, 0, 3, 2]) == [store.get(i) for i in (3, 0, 3, 2)]
+        assert store.get_many([]) == []
+        with pytest.raises(CorpusError, match=r"c.jsonl \(passage row 4\): not valid JSON"):
+            store.get_many([1, 4])
+        with pytest.raises(CorpusError, match=r"c.jsonl \(passage row 5\): missing or non-string 'contents'"):
+            store.get_many([0, 5])
+        with pytest.raises(IndexError, match="row 6 out of range"):
+            store.get_many([0, 6])
