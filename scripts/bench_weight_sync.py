@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         r = redis.Redis.from_url(server.url)
         pub = WeightPublisher(r, NS, cfg, num_engines=args.receivers)
         # Raw baseline moves exactly the bytes a publish moves (same bucket padding included).
-        from weight_sync.buckets import bucket_offsets, dtype_to_str, plan_buckets
+        from weight_sync.buckets import bucket_offsets, dtype_to_str
 
         entries = [(n, dtype_to_str(dtype), list(t.shape)) for n, t in tensors]
-        buckets = plan_buckets(entries, int(cfg.bucket_mb * 2**20))
+        buckets = pub.plan(entries)
         nbytes = sum(bucket_offsets(b)[1] for b in buckets)
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=receiver, args=(server.url, f"recv{i}", total_rounds, nbytes), daemon=True)

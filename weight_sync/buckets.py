@@ -48,16 +48,22 @@ def bucket_offsets(bucket: Sequence[Sequence]) -> tuple[list[int], int]:
     return offsets, pos
 
 
-def plan_buckets(entries: Sequence[Entry], bucket_bytes: int) -> list[list[Entry]]:
-    """Split entries, in order, into buckets of at most `bucket_bytes` (a larger tensor gets a bucket of its own)."""
+def plan_buckets(
+    entries: Sequence[Entry], bucket_bytes: int, first_bucket_bytes: int | None = None
+) -> list[list[Entry]]:
+    """Split entries, in order, into buckets of at most `bucket_bytes` (a larger tensor gets a bucket of its own).
+
+    `first_bucket_bytes` caps the first bucket alone: nothing is on the wire while it is gathered and packed, so
+    a small first bucket starts the gather/broadcast pipeline sooner."""
     buckets: list[list[Entry]] = []
     current: list[Entry] = []
     size = 0
+    cap = first_bucket_bytes or bucket_bytes
     for entry in entries:
         nbytes = _align(entry_nbytes(entry))
-        if current and size + nbytes > bucket_bytes:
+        if current and size + nbytes > cap:
             buckets.append(current)
-            current, size = [], 0
+            current, size, cap = [], 0, bucket_bytes
         current.append(entry)
         size += nbytes
     if current:

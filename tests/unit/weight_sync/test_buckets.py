@@ -35,6 +35,13 @@ def test_plan_keeps_order_and_respects_the_bucket_size():
             assert bucket_offsets(bucket)[1] <= 256
 
 
+def test_first_bucket_cap_applies_to_the_first_bucket_only():
+    # a (128 aligned) fits a 130-byte first bucket, b does not; later buckets take the full 256 bytes
+    buckets = plan_buckets(_entries(), bucket_bytes=256, first_bucket_bytes=130)
+    assert [[e[0] for e in b] for b in buckets] == [["a"], ["b"], ["c"], ["d", "e"]]
+    assert plan_buckets(_entries(), 256, first_bucket_bytes=None) == plan_buckets(_entries(), 256)
+
+
 def test_offsets_are_aligned_and_do_not_overlap():
     offsets, total = bucket_offsets(_entries())
     ends = [o + entry_nbytes(e) for o, e in zip(offsets, _entries(), strict=True)]
