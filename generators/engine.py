@@ -62,6 +62,8 @@ class Generation:
     # "stop": a stop string ended it (kept in the output); "eos": the model ended it; "length": max_tokens
     finish_reason: FinishReason
     stop_str: str | None = None
+    # prompt tokens whose KV came from the prefix cache (earlier turns, the group's other samples)
+    cached_prompt_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,6 +130,8 @@ class VLLMEngine:
             # log-probs of the temperature-scaled distribution the tokens were sampled from
             "logprobs_mode": "processed_logprobs",
         }
+        if cfg.block_size is not None:
+            args["block_size"] = cfg.block_size
         if use_extension:
             args["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
         args.update(cfg.extra_args)
@@ -147,6 +151,9 @@ class VLLMEngine:
             stop=list(spec.stop),
             include_stop_str_in_output=True,
             logprobs=0 if spec.logprobs else None,
+            # one flat list per request instead of a {token: Logprob} dict per token: less work per token in the
+            # output processor, which shares the CPU with the agent loop
+            flat_logprobs=True,
             output_kind=RequestOutputKind.DELTA,
         )
         token_ids: list[int] = []
@@ -154,10 +161,12 @@ class VLLMEngine:
         versions: list[int] = []
         finish_reason: str | None = None
         stop_reason: Any = None
+        cached = 0
         request_id = f"g{next(self._ids)}"
         async for out in self.llm.generate(
             TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id
         ):
+            cached = max(cached, out.num_cached_tokens or 0)
             completion = out.outputs[0]
             new = list(completion.token_ids)
             # tokens produced before a weight update are delivered before the pause returns (vLLM flushes its
@@ -166,12 +175,7 @@ class VLLMEngine:
             token_ids.extend(new)
             versions.extend([version] * len(new))
             if spec.logprobs:
-                step_logprobs = completion.logprobs or []
-                if len(step_logprobs) != len(new):
-                    raise RuntimeError(
-                        f"vLLM returned {len(step_logprobs)} log-prob entries for {len(new)} new tokens"
-                    )
-                logprobs.extend(entry[tid].logprob for tid, entry in zip(new, step_logprobs, strict=True))
+                logprobs.extend(_sampled_logprobs(completion.logprobs, new))
             if out.finished:
                 finish_reason = completion.finish_reason
                 stop_reason = completion.stop_reason
@@ -184,6 +188,7 @@ class VLLMEngine:
             versions=versions,
             finish_reason=_finish_reason(finish_reason, stop_reason),
             stop_str=stop_reason if isinstance(stop_reason, str) else None,
+            cached_prompt_tokens=cached,
         )
 
     # -- weight sync -------------------------------------------------------------------------------------------
@@ -212,6 +217,17 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
+    """The sampled tokens' log-probs out of vLLM's per-position log-probs (flat or one dict per position)."""
+    entries = entries if entries is not None else []
+    if len(entries) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {len(entries)} log-prob entries for {len(token_ids)} new tokens")
+    flat_ids = getattr(entries, "token_ids", None)
+    if flat_ids is not None and flat_ids == token_ids:
+        return list(entries.logprobs)  # flat, logprobs=0: exactly the sampled token at each position
+    return [entry[tid].logprob for tid, entry in zip(token_ids, entries, strict=True)]
 
 
 def _finish_reason(reason: str | None, stop_reason: Any) -> FinishReason:

@@ -26,6 +26,13 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = Field(
         True, description="Reuse KV of shared prefixes (later turns, GRPO samples)."
     )
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="KV cache block size in tokens (None: vLLM's default, 16 on GPU and 128 on CPU). Prefix "
+        "caching reuses whole blocks only: with 128, a prompt shorter than 128 tokens is never shared by a "
+        "group's samples nor reused by its later turns (the CPU attention kernel wants multiples of 32).",
+    )
     enforce_eager: bool = Field(
         False, description="Disable CUDA graphs / compilation (faster start, slower decode)."
     )

@@ -4,11 +4,14 @@
     python scripts/bench_generators.py --quick --json     # short run, one JSON object with every figure
     python scripts/bench_generators.py --model DIR --corpus corpus.jsonl --prompts train.parquet
 
-Phase "agent": `--groups` prompts x `--group-size` samples run concurrently through the agent loop (multi-turn,
-stop strings, per-token log-probs and versions, observations from an in-process BM25 retriever). Phase "raw": the
-same engine generates, for each trajectory, exactly as many tokens as that trajectory sampled, from the same prompt,
-in one request each (no stop strings, EOS ignored, no log-probs, final output only): the engine's own speed on the
-same work. The ratio agent / raw is the share of raw generation speed the agent loop keeps (target >= 0.8). A
+Both phases run the way a generator worker does, continuously: `--total-groups` prompts go through the engine
+with at most `--groups` groups (x `--group-size` trajectories) in flight, a new one starting as soon as one ends, so
+the engine stays full and the figure is a throughput, not the latency of one wave. Phase "agent": each group runs
+through the agent loop (multi-turn, stop strings, per-token log-probs and versions, observations from an in-process
+BM25 retriever). Phase "raw": the same engine generates, for each trajectory, exactly as many tokens as that
+trajectory sampled, from the same prompt, in one request each (no stop strings, EOS ignored, no log-probs, final
+output only), with at most as many requests in flight as trajectories were: the engine's own speed on the same
+work. The ratio agent / raw is the share of raw generation speed the agent loop keeps (target >= 0.8). A
 third figure, "wrapper", is the raw work through the `Engine` wrapper (streamed outputs + log-probs), to show where
 any loss comes from. The prefix cache is reset between phases.
 """
@@ -37,7 +40,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prompts", type=Path, default=None, help="parquet/JSONL prompts (default: tiny world's)"
     )
     parser.add_argument("--config", default="tiny", help="preset or YAML for the generators/model sections")
-    parser.add_argument("--groups", type=int, default=16, help="prompts run at once")
+    parser.add_argument("--groups", type=int, default=16, help="groups in flight at once")
+    parser.add_argument(
+        "--total-groups", type=int, default=None, help="groups per phase (default 4x --groups; quick 2x)"
+    )
     parser.add_argument("--group-size", type=int, default=None, help="samples per prompt (default: config)")
     parser.add_argument(
         "--repeats", type=int, default=3, help="measure each phase this many times (best kept)"
@@ -64,10 +70,21 @@ def _local_search(corpus: Path, topk: int):
     return search
 
 
+async def _bounded(jobs: list, limit: int) -> list:
+    """Await the coroutines in `jobs` with at most `limit` running; a new one starts when one ends."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(job):
+        async with gate:
+            return await job
+
+    return await asyncio.gather(*(one(job) for job in jobs))
+
+
 async def _raw_phase(
-    engine, requests: list[tuple[list[int], int]], temperature: float, *, wrapper: bool
+    engine, requests: list[tuple[list[int], int]], temperature: float, *, wrapper: bool, in_flight: int
 ) -> float:
-    """Generate exactly n tokens from each prompt; returns wall seconds."""
+    """Generate exactly n tokens from each prompt, at most `in_flight` requests at once; returns wall seconds."""
     import uuid
 
     from vllm import SamplingParams
@@ -92,7 +109,7 @@ async def _raw_phase(
         return len(last.outputs[0].token_ids)
 
     start = time.perf_counter()
-    counts = await asyncio.gather(*(one(p, n) for p, n in requests if n > 0))
+    counts = await _bounded([one(p, n) for p, n in requests if n > 0], in_flight)
     elapsed = time.perf_counter() - start
     expected = sum(n for _, n in requests)
     if sum(counts) != expected:
@@ -113,6 +130,8 @@ async def _bench(args: argparse.Namespace) -> dict:
     gen_cfg = cfg.generators
     group_size = args.group_size or gen_cfg.group_size
     groups = 4 if args.quick else args.groups
+    total_groups = args.total_groups or groups * (2 if args.quick else 4)
+    in_flight = groups * group_size
     if args.quick:
         args.repeats = 1
     model_dir, corpus, prompts_path = args.model, args.corpus, args.prompts
@@ -123,9 +142,11 @@ async def _bench(args: argparse.Namespace) -> dict:
         model_dir = model_dir or world.model_dir
         corpus = corpus or world.corpus_path
         prompts_path = prompts_path or world.train_path
-    prompts = load_prompts(prompts_path)[:groups]
-    if len(prompts) < groups:
-        raise SystemExit(f"{prompts_path} has only {len(prompts)} prompts; --groups asks for {groups}")
+    prompts = load_prompts(prompts_path)[:total_groups]
+    if len(prompts) < total_groups:
+        raise SystemExit(
+            f"{prompts_path} has only {len(prompts)} prompts; {total_groups} groups were asked for"
+        )
     search = _local_search(Path(corpus), cfg.retrieval.topk)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     max_model_len = gen_cfg.engine.max_model_len or cfg.model.max_seq_len
@@ -137,8 +158,8 @@ async def _bench(args: argparse.Namespace) -> dict:
         chat = cfg.model.chat_template
         kwargs = dict(n=group_size, reward=gen_cfg.reward, chat_template=chat)
         # warm-up at full concurrency: the first batches of each size pay for lazy initialisation
-        warm = [(encode_prompt(tokenizer, p.prompt, chat_template=chat), 16) for p in prompts] * group_size
-        await _raw_phase(engine, warm, gen_cfg.temperature, wrapper=False)
+        warm = [(encode_prompt(tokenizer, p.prompt, chat_template=chat), 16) for p in prompts[:groups]]
+        await _raw_phase(engine, warm * group_size, gen_cfg.temperature, wrapper=False, in_flight=in_flight)
         await run_group(engine, prompts[0], search, tokenizer, settings, **kwargs)
 
         runs: list[dict[str, float]] = []
@@ -146,18 +167,22 @@ async def _bench(args: argparse.Namespace) -> dict:
             # 1. the agent loop
             await engine.llm.reset_prefix_cache()
             start = time.perf_counter()
-            results = await asyncio.gather(
-                *(run_group(engine, p, search, tokenizer, settings, **kwargs) for p in prompts)
+            results = await _bounded(
+                [run_group(engine, p, search, tokenizer, settings, **kwargs) for p in prompts], groups
             )
             agent_s = time.perf_counter() - start
             rollouts = [r for _, rs in results for r in rs]
             requests = [(r.prompt_ids, r.sampled_tokens) for r in rollouts]
             # 2. raw engine generation of the same tokens (same prompts, same count per trajectory)
             await engine.llm.reset_prefix_cache()
-            raw_s = await _raw_phase(engine, requests, gen_cfg.temperature, wrapper=False)
+            raw_s = await _raw_phase(
+                engine, requests, gen_cfg.temperature, wrapper=False, in_flight=in_flight
+            )
             # 3. the same through the Engine wrapper (streamed outputs, log-probs, versions)
             await engine.llm.reset_prefix_cache()
-            wrapper_s = await _raw_phase(engine, requests, gen_cfg.temperature, wrapper=True)
+            wrapper_s = await _raw_phase(
+                engine, requests, gen_cfg.temperature, wrapper=True, in_flight=in_flight
+            )
             sampled = sum(r.sampled_tokens for r in rollouts)
             runs.append({"tokens": sampled, "agent": agent_s, "raw": raw_s, "wrapper": wrapper_s})
     finally:
@@ -173,8 +198,10 @@ async def _bench(args: argparse.Namespace) -> dict:
     observation = sum(len(r.response_ids) - r.sampled_tokens for r in rollouts)
     return {
         "model": str(model_dir),
-        "groups": groups,
+        "groups_in_flight": groups,
+        "total_groups": total_groups,
         "group_size": group_size,
+        "block_size": gen_cfg.engine.block_size,
         "trajectories": len(rollouts),
         "sampled_tokens": sampled,
         "observation_tokens": observation,

