@@ -35,14 +35,6 @@ def log(msg: str) -> None:
     print(f"[bench_retrieval] {msg}", file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def passage_vectors(store, encoder, n_full: int):
     """Passage embeddings: the full MiniLM for the first `n_full` passages, and for the rest (when the corpus is
     larger) a fast stand-in in the same space: the mean of MiniLM's own input token embeddings, L2-normalised.
@@ -115,34 +107,15 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
 def start_server(
     method: str, corpus: Path, index: Path, batching: bool, torch_threads: int = 0
 ) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    args = [sys.executable, "-m", "retrieval.cli", "serve", "--method", method, "--corpus", str(corpus)]
-    args += ["--index", str(index), "--port", str(port), "--cache-size", "0", "--log-level", "WARNING"]
+    from retrieval.testing import start_server as spawn
+
+    args = ["--method", method, "--corpus", str(corpus), "--index", str(index)]
+    args += ["--cache-size", "0", "--log-level", "WARNING"]
     if not batching:
         args.append("--no-batching")
     if torch_threads:
         args.append(f"retrieval.torch_threads={torch_threads}")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines = []
-    while True:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"server failed to start:\n{''.join(lines)}")
-        lines.append(line)
-        if "listening on" in line:
-            return proc, f"http://127.0.0.1:{port}/retrieve"
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return spawn(args, timeout_s=600)
 
 
 class _Conn:
@@ -258,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare(args.cache_dir, {m: n_bm25 if m == "bm25" else n_dense for m in methods}, n_full)
 
     from retrieval.synthetic import synthetic_queries, synthetic_records
+    from retrieval.testing import stop_server
 
     report: dict = {
         "quick": args.quick,

@@ -14,10 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 import pytest_asyncio
@@ -36,47 +33,15 @@ CORPUS = [
 ]
 
 
-def _free_port() -> int:
-    from buffer.local_redis import free_port
-
-    return free_port()
-
-
 @pytest.fixture(scope="module")
 def retrieval_url(tmp_path_factory):
+    from retrieval.testing import start_server, stop_server
+
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "retrieval.cli",
-            "serve",
-            "--method",
-            "bm25",
-            "--corpus",
-            str(corpus),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("the BM25 retrieval server did not start") from None
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/retrieve"
-    proc.terminate()
-    proc.wait(10)
+    proc, url = start_server(["--method", "bm25", "--corpus", str(corpus)])
+    yield url
+    stop_server(proc)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -187,7 +187,8 @@ def test_cli_builds_a_dense_index_and_serves_it(corpus, tmp_path):
     import requests
 
     from buffer.local_redis import free_port
-    from tests.integration.test_retrieval_server import ROOT, start_server, stop
+    from retrieval.testing import stop_server
+    from tests.integration.test_retrieval_server import ROOT, start_server
 
     out = tmp_path / "dense_idx"
     done = subprocess.run(
@@ -219,7 +220,7 @@ def test_cli_builds_a_dense_index_and_serves_it(corpus, tmp_path):
         )
         assert r.json()["result"][0][0]["document"]["id"] == "fact2"
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def test_torch_flat_scan_equals_faiss_search(dense):

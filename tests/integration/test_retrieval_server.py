@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from retrieval import testing as retrieval_testing
 from retrieval.corpus import write_corpus_jsonl
 from retrieval.synthetic import synthetic_records
+from retrieval.testing import stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = [
@@ -33,40 +35,10 @@ FACTS = [
 
 def start_server(args: list[str], port: int, timeout_s: float = 60.0) -> subprocess.Popen:
     """Start `python -m retrieval.cli serve ...`, wait for its listening line and /health, return the process."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrieval.cli", "serve", "--port", str(port), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + timeout_s
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{''.join(lines)}")
-        lines.append(line)
-        if "listening on" in line:
-            assert f"http://127.0.0.1:{port}" in line
-            break
-    else:
-        proc.kill()
-        raise RuntimeError(f"server did not start:\n{''.join(lines)}")
+    proc, _ = retrieval_testing.start_server(args, port, timeout_s)
     health = requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
     assert health.status_code == 200 and health.json()["status"] == "ok"
     return proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +55,7 @@ def bm25_server(corpus, tmp_path_factory):
     port = free_port()
     proc = start_server(["--method", "bm25", "--corpus", str(corpus)], port)
     yield f"http://127.0.0.1:{port}"
-    stop(proc)
+    stop_server(proc)
 
 
 # --- Search-R1's client, as its generation.py does it ---------------------------------------------------------
@@ -181,7 +153,7 @@ def test_build_index_then_serve_from_it(corpus, tmp_path):
         )
         assert r.json()["result"][0][0]["id"] == "paris"
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def test_bad_corpus_line_fails_with_the_line_number(tmp_path):
@@ -204,4 +176,4 @@ def test_bearer_token_is_required_when_set(corpus):
         r = requests.post(url, json={"queries": ["Nile"]}, headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200 and r.json()["result"][0][0]["id"] == "nile"
     finally:
-        stop(proc)
+        stop_server(proc)
