@@ -139,7 +139,8 @@ class DocStore:
         stamp = f"{stat.st_size}:{int(stat.st_mtime)}"
         off_file, stamp_file = cache_dir / "doc_offsets.npy", cache_dir / "doc_offsets.stamp"
         if off_file.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
-            return cls(path, offsets=np.load(off_file))
+            # memory-mapped: server workers share the pages; a plain ndarray view skips memmap's Python indexing
+            return cls(path, offsets=np.load(off_file, mmap_mode="r").view(np.ndarray))
         store = cls(path)
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +187,13 @@ class DocStore:
             rows
         ):  # some line is not exactly one JSON value: find and name it
             return [self.get(i) for i in rows]
-        return [record_from_json(obj, self._where(i)) for i, obj in zip(rows, objs, strict=True)]
+        records = []
+        for i, obj in zip(rows, objs, strict=True):
+            try:
+                records.append(record_from_json(obj, ""))
+            except CorpusError:  # only a bad line pays for naming itself
+                records.append(record_from_json(obj, self._where(i)))
+        return records
 
     def iter_contents(self) -> Iterator[str]:
         for i in range(len(self)):
