@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         "--no-batching", action="store_true", help="Serve each request alone (benchmark baseline)."
     )
     serve.add_argument("--cache-size", type=int, help="LRU cache entries (0 disables).")
+    serve.add_argument(
+        "--workers", type=int, help="Server processes sharing the port (0: one per core for bm25, else 1)."
+    )
     serve.add_argument("--batch-window-ms", type=float, help="Micro-batching window.")
     build = sub.add_parser("build-index", help="Index a corpus with BM25 or a dense encoder + faiss.")
     _add_common(build)
@@ -104,6 +107,7 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
         "topk": getattr(args, "topk", None),
         "token": getattr(args, "token", None) or os.environ.get("SR1_RETRIEVAL_TOKEN"),
         "cache_size": getattr(args, "cache_size", None),
+        "workers": getattr(args, "workers", None),
         "batch_window_ms": getattr(args, "batch_window_ms", None),
     }
     data.update({k: v for k, v in flags.items() if v is not None})
@@ -120,29 +124,28 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
 def _serve(cfg: Any) -> int:
     import asyncio
 
-    from retrieval.factory import build_retriever
+    from retrieval.factory import load_retriever
+    from retrieval.pool import resolve_workers, serve_pool
     from retrieval.server import serve
 
-    log = logging.getLogger("retrieval")
-    if cfg.torch_threads and (cfg.method == "dense" or cfg.reranker.enabled):
-        import torch
+    workers = resolve_workers(cfg)
+    with contextlib.suppress(KeyboardInterrupt):
+        if workers > 1:
+            serve_pool(cfg, workers, show_progress=sys.stderr.isatty())
+        else:
+            retriever = load_retriever(cfg, show_progress=sys.stderr.isatty())
+            install_uvloop()
+            asyncio.run(serve(retriever, cfg))
+    return 0
 
-        torch.set_num_threads(cfg.torch_threads)
-    t0 = time.perf_counter()
-    retriever = build_retriever(cfg, show_progress=sys.stderr.isatty())
-    warm = getattr(retriever, "warmup", None)
-    if warm is not None:
-        warm()  # numba JIT / first forward pass before the first request
-    log.info("retriever %s ready in %.1fs", cfg.method, time.perf_counter() - t0)
+
+def install_uvloop() -> None:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(retriever, cfg))
-    return 0
 
 
 def _build_index(cfg: Any, out: Path) -> int:

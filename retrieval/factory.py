@@ -8,6 +8,7 @@ wraps the result in the cross-encoder reranker when `config.reranker.enabled`.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from retrieval.base import Retriever
@@ -60,4 +61,20 @@ def build_retriever(cfg: RetrievalConfig, show_progress: bool = False) -> Retrie
         from retrieval.reranker import CrossEncoderReranker, RerankingRetriever
 
         retriever = RerankingRetriever(retriever, CrossEncoderReranker(cfg.reranker), cfg.reranker.candidates)
+    return retriever
+
+
+def load_retriever(cfg: RetrievalConfig, show_progress: bool = False) -> Retriever:
+    """`build_retriever`, then warmed up (numba JIT, first forward pass) so the first request is not slow; what a
+    server process (or each worker of one) runs before it listens."""
+    if cfg.torch_threads and (cfg.method == "dense" or cfg.reranker.enabled):
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    t0 = time.perf_counter()
+    retriever = build_retriever(cfg, show_progress=show_progress)
+    warm = getattr(retriever, "warmup", None)
+    if warm is not None:
+        warm()
+    log.info("retriever %s ready in %.1fs", cfg.method, time.perf_counter() - t0)
     return retriever

@@ -13,12 +13,14 @@ Run it with `sr1 retrieval serve ...` (see `retrieval/cli.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
+import signal
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 RETRIEVER_KEY = web.AppKey("retriever", object)
 STATE_KEY = web.AppKey("state", object)
+SHARE_TASK_KEY = web.AppKey("share_counters", asyncio.Task)
 
 
 class RequestError(Exception):
@@ -97,10 +100,48 @@ def format_result(hits: list[Hits], return_scores: bool) -> dict[str, Any]:
     return {"result": [list(h.docs) for h in hits]}
 
 
-class ServerState:
-    """Batcher, cache and counters of one running server."""
+# Counters a worker reports; with several workers (`retrieval.workers`) /metrics sums them across the pool, except
+# the MAX_COUNTERS, where the pool reports its worst worker.
+ERROR_CODES = (400, 401, 404, 405, 413, 415, 500, 502, 503)
+SUMMED_COUNTERS = (
+    "requests",
+    "queries",
+    "batches",
+    "batched_queries",
+    "searched_queries",
+    "cache_hits",
+    "cache_misses",
+    "cache_entries",
+    *(f"errors_{code}" for code in ERROR_CODES),
+    "errors_other",
+)
+MAX_COUNTERS = ("batch_max", "latency_p50_ms", "latency_p99_ms", "uptime_s")
+COUNTER_KEYS = SUMMED_COUNTERS + MAX_COUNTERS
 
-    def __init__(self, retriever: Retriever, cfg: RetrievalConfig):
+
+def merge_counters(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One pool-wide set of counters from each worker's."""
+    merged = {k: sum(p[k] for p in parts) for k in SUMMED_COUNTERS}
+    merged.update({k: max(p[k] for p in parts) for k in MAX_COUNTERS})
+    return merged
+
+
+class PeerCounters(Protocol):
+    """Where a worker of a multi-process server shares its counters (`retrieval.pool.SharedCounters`)."""
+
+    workers: int
+
+    def read(self, slot: int) -> dict[str, float]: ...
+
+    def exchange(self, slot: int, own: dict[str, float]) -> list[dict[str, float]]: ...
+
+
+class ServerState:
+    """Batcher, cache and counters of one running server (one worker of the pool when `peers` is given)."""
+
+    def __init__(
+        self, retriever: Retriever, cfg: RetrievalConfig, peers: PeerCounters | None = None, slot: int = 0
+    ):
         self.cfg = cfg
         self.retriever = retriever
         if cfg.batching:
@@ -116,6 +157,9 @@ class ServerState:
         self.queries = 0
         self.errors: dict[int, int] = {}
         self.latencies: deque[float] = deque(maxlen=4096)
+        self.peers, self.slot = peers, slot
+        # a restarted worker carries on from the counts its predecessor left in the shared slot
+        self.carried = peers.read(slot) if peers is not None else dict.fromkeys(COUNTER_KEYS, 0.0)
 
     async def retrieve(self, queries: list[str], topk: int) -> list[Hits]:
         results: list[Hits | None] = [None] * len(queries)
@@ -136,27 +180,63 @@ class ServerState:
                 self.cache.put((queries[i], topk), h)
         return results  # type: ignore[return-value]
 
-    def metrics(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, float]:
+        """This worker's counters (`COUNTER_KEYS`), including what a predecessor in its slot counted."""
         lat = sorted(self.latencies)
 
         def pct(p: float) -> float:
             return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else 0.0
 
         s = self.dispatcher.stats
+        own: dict[str, float] = {
+            "requests": self.requests,
+            "queries": self.queries,
+            "batches": s.batches,
+            "batched_queries": s.batched_queries,
+            "searched_queries": s.searched_queries,
+            "cache_hits": self.cache.hits,
+            "cache_misses": self.cache.misses,
+            "cache_entries": len(self.cache),
+            **{f"errors_{code}": self.errors.get(code, 0) for code in ERROR_CODES},
+            "errors_other": sum(n for code, n in self.errors.items() if code not in ERROR_CODES),
+            "batch_max": s.max_batch,
+            "latency_p50_ms": pct(0.5),
+            "latency_p99_ms": pct(0.99),
+            "uptime_s": time.time() - self.started,
+        }
+        for k in SUMMED_COUNTERS:
+            own[k] += self.carried[k] if k != "cache_entries" else 0
+        own["batch_max"] = max(own["batch_max"], self.carried["batch_max"])
+        return own
+
+    def publish_counters(self) -> None:
+        if self.peers is not None:
+            self.peers.exchange(self.slot, self.counters())
+
+    def metrics(self) -> dict[str, Any]:
+        """The /metrics answer: this server's counters, or the whole pool's when it has several workers."""
+        own = self.counters()
+        parts = [own] if self.peers is None else self.peers.exchange(self.slot, own)
+        c = merge_counters(parts)
+        errors = {str(code): int(c[f"errors_{code}"]) for code in ERROR_CODES if c[f"errors_{code}"]}
+        if c["errors_other"]:
+            errors["other"] = int(c["errors_other"])
         return {
-            "retrieval/requests": self.requests,
-            "retrieval/queries": self.queries,
-            "retrieval/batches": s.batches,
-            "retrieval/batch_mean": s.batched_queries / s.batches if s.batches else 0.0,
-            "retrieval/batch_max": s.max_batch,
-            "retrieval/searched_queries": s.searched_queries,
-            "retrieval/cache_hits": self.cache.hits,
-            "retrieval/cache_misses": self.cache.misses,
-            "retrieval/cache_entries": len(self.cache),
-            "retrieval/errors": {str(k): v for k, v in sorted(self.errors.items())},
-            "retrieval/latency_p50_ms": pct(0.5),
-            "retrieval/latency_p99_ms": pct(0.99),
-            "retrieval/uptime_s": time.time() - self.started,
+            "retrieval/workers": len(parts),
+            "retrieval/worker_requests": [int(p["requests"]) for p in parts],
+            "retrieval/requests": int(c["requests"]),
+            "retrieval/queries": int(c["queries"]),
+            "retrieval/batches": int(c["batches"]),
+            "retrieval/batch_mean": c["batched_queries"] / c["batches"] if c["batches"] else 0.0,
+            "retrieval/batch_max": int(c["batch_max"]),
+            "retrieval/searched_queries": int(c["searched_queries"]),
+            "retrieval/cache_hits": int(c["cache_hits"]),
+            "retrieval/cache_misses": int(c["cache_misses"]),
+            "retrieval/cache_entries": int(c["cache_entries"]),
+            "retrieval/errors": errors,
+            "retrieval/latency_p50_ms": c["latency_p50_ms"],
+            "retrieval/latency_p99_ms": c["latency_p99_ms"],
+            "retrieval/uptime_s": c["uptime_s"],
         }
 
 
@@ -225,6 +305,7 @@ async def _health(request: web.Request) -> web.Response:
             "num_docs": len(store) if store is not None else None,
             "topk": state.cfg.topk,
             "batching": state.cfg.batching,
+            "workers": state.peers.workers if state.peers is not None else 1,
         }
     )
 
@@ -239,21 +320,36 @@ async def _not_found(request: web.Request) -> web.Response:
     )
 
 
-def create_app(retriever: Retriever, cfg: RetrievalConfig) -> web.Application:
-    """The aiohttp application serving `retriever` (already loaded) under `cfg`'s limits."""
+def create_app(
+    retriever: Retriever, cfg: RetrievalConfig, peers: PeerCounters | None = None, slot: int = 0
+) -> web.Application:
+    """The aiohttp application serving `retriever` (already loaded) under `cfg`'s limits; `peers`/`slot` make it
+    worker `slot` of a multi-process server."""
     # aiohttp's own body limit is set above ours so the handler can answer with a JSON 413
     app = web.Application(middlewares=[_errors_as_json], client_max_size=cfg.max_body_bytes + 1)
-    state = ServerState(retriever, cfg)
+    state = ServerState(retriever, cfg, peers, slot)
     app[STATE_KEY] = state
     app[RETRIEVER_KEY] = retriever
     app.router.add_post("/retrieve", _retrieve)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
 
+    async def _share_counters() -> (
+        None
+    ):  # so /metrics on any worker sees the others' counts (half a second old)
+        while True:
+            await asyncio.sleep(0.5)
+            state.publish_counters()
+
     async def _start(app: web.Application) -> None:
         state.dispatcher.start()
+        if peers is not None:
+            app[SHARE_TASK_KEY] = asyncio.get_running_loop().create_task(_share_counters())
 
     async def _stop(app: web.Application) -> None:
+        if SHARE_TASK_KEY in app:
+            app[SHARE_TASK_KEY].cancel()
+            state.publish_counters()
         await state.dispatcher.stop()
         aclose = getattr(retriever, "aclose", None)
         if aclose is not None:
@@ -265,19 +361,59 @@ def create_app(retriever: Retriever, cfg: RetrievalConfig) -> web.Application:
     return app
 
 
-async def serve(retriever: Retriever, cfg: RetrievalConfig, ready_line: bool = True) -> None:
-    """Serve until cancelled; prints `retrieval server listening on http://HOST:PORT` once bound."""
-    app = create_app(retriever, cfg)
-    runner = web.AppRunner(app, access_log=None)
+class Companion(Protocol):
+    """Runs next to a worker of a multi-process server: the pool's supervisor in the first worker, a watch on the
+    parent in the others (`retrieval.pool`)."""
+
+    async def ready(self) -> None:
+        """Return once the server may announce itself (the other workers are listening too)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until cancelled; set `stop` to shut the server down."""
+
+
+async def serve(
+    retriever: Retriever,
+    cfg: RetrievalConfig,
+    ready_line: bool = True,
+    *,
+    peers: PeerCounters | None = None,
+    slot: int = 0,
+    companion: Companion | None = None,
+) -> None:
+    """Serve until cancelled, SIGTERM, or the companion sets the stop event.
+
+    Prints `retrieval server listening on http://HOST:PORT` once bound. As a worker of a multi-process server
+    (`peers` given) the socket is bound with SO_REUSEPORT, and the line waits for `companion.ready()`."""
+    app = create_app(retriever, cfg, peers, slot)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)  # in-flight requests get 5 s to finish
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    site = web.TCPSite(
+        runner, cfg.host, cfg.port, backlog=1024, reuse_port=True if peers is not None else None
+    )
     await site.start()
     port = cfg.port
     if port == 0 and runner.addresses:
         port = runner.addresses[0][1]
-    if ready_line:
-        print(f"retrieval server listening on http://{cfg.host}:{port} (method={cfg.method})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / not a Unix loop
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    helper: asyncio.Task | None = None
     try:
-        await asyncio.Event().wait()
+        if companion is not None:
+            await companion.ready()
+            helper = loop.create_task(companion.run(stop), name="retrieval-companion")
+        if ready_line:
+            workers = f", workers={peers.workers}" if peers is not None else ""
+            print(
+                f"retrieval server listening on http://{cfg.host}:{port} (method={cfg.method}{workers})",
+                flush=True,
+            )
+        await stop.wait()
     finally:
+        if helper is not None:
+            helper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await helper
         await runner.cleanup()

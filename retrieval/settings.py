@@ -140,6 +140,14 @@ class RetrievalConfig(BaseModel):
         "(the naive baseline the benchmark measures against).",
     )
     cache_size: int = Field(100_000, ge=0, description="LRU entries of (query, topk) -> result; 0 disables.")
+    workers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Server processes sharing the port (SO_REUSEPORT), each batching its own requests over the same "
+        "memory-mapped index. 0: one per CPU core (at most 8) for bm25 with an index_path, else 1 (a dense "
+        "encoder or GPU index is loaded once per worker).",
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     max_queries_per_request: int = Field(1024, ge=1, description="Most queries in one request.")
     max_query_chars: int = Field(4096, ge=1, description="Longest query in characters.")

@@ -1,10 +1,12 @@
 """Benchmark the retrieval server: micro-batched vs the naive one-request-at-a-time baseline, in one run.
 
 For BM25 and dense-Flat (MiniLM, inner product) over a generated corpus (100k passages by default), it starts
-two real server processes per method -- ours (`serve`) and the baseline (`serve --no-batching`: each request
-encoded and searched on its own in a 40-thread pool, how a synchronous web framework serves a retriever) -- and
+two real servers per method -- ours (`serve`, with its default worker count: one process per core for BM25, one
+for dense) and the baseline (`serve --no-batching --workers 1`: one process, each request encoded and searched on
+its own in a 40-thread pool, how Search-R1's synchronous server serves a retriever) -- and
 drives each with c concurrent closed-loop clients (c = 1, 16, 128) sending one unique query per request (cache
-off). It prints queries/s and p50/p99 latency, and the ratio ours / baseline at concurrency 128.
+off). It prints queries/s and p50/p99 latency, and the ratio ours / baseline at concurrency 128; when ours runs
+several workers, it also measures one worker at concurrency 128 (what batching alone gives).
 
     python scripts/bench_retrieval.py            # full: 100k passages (indexes cached in --cache-dir)
     python scripts/bench_retrieval.py --quick    # a couple of minutes
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -105,12 +108,12 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
 
 
 def start_server(
-    method: str, corpus: Path, index: Path, batching: bool, torch_threads: int = 0
+    method: str, corpus: Path, index: Path, batching: bool, torch_threads: int = 0, workers: int = 0
 ) -> tuple[subprocess.Popen, str]:
     from retrieval.testing import start_server as spawn
 
     args = ["--method", method, "--corpus", str(corpus), "--index", str(index)]
-    args += ["--cache-size", "0", "--log-level", "WARNING"]
+    args += ["--cache-size", "0", "--log-level", "WARNING", "--workers", str(workers)]
     if not batching:
         args.append("--no-batching")
     if torch_threads:
@@ -157,7 +160,7 @@ async def drive(
     u = urlparse(url)
     latencies: list[float] = []
     errors = 0
-    it = iter(queries)
+    it = itertools.cycle(queries)  # a pool larger than any run needs; cycling only guards against running dry
     conns = [_Conn(u.hostname, u.port, u.path) for _ in range(concurrency)]
 
     async def one(conn: _Conn, q: str) -> None:
@@ -240,15 +243,15 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "load_avg_at_start": round(os.getloadavg()[0], 2),
         "torch_threads": args.torch_threads,
-        "baseline": "same retriever, each request encoded and searched on its own in a 40-thread pool",
+        "baseline": "same retriever in one process, each request encoded and searched on its own in a 40-thread pool",
         "methods": {},
     }
     for method in methods:
         corpus, index = data[method]
         n = n_bm25 if method == "bm25" else n_dense
         records = list(synthetic_records(min(n, 20_000)))
-        # enough distinct queries for the fastest server at every concurrency level (~5k q/s on a small box)
-        queries = synthetic_queries(records, int(len(levels) * duration * 5000) + 1000)
+        # enough distinct queries for the fastest server at every concurrency level (~15k q/s on a small box)
+        queries = synthetic_queries(records, int(len(levels) * duration * 15000) + 1000)
         name = "bm25" if method == "bm25" else "dense_flat"
         entry: dict = {"passages": n}
         if method == "dense":
@@ -259,12 +262,22 @@ def main(argv: list[str] | None = None) -> int:
                 if n > n_full
                 else f"all {n} passages encoded by the full MiniLM"
             )
-        for mode, batching in (("baseline", False), ("batched", True)):
-            proc, url = start_server(method, corpus, index, batching, args.torch_threads)
+        from retrieval.pool import resolve_workers
+        from retrieval.settings import RetrievalConfig
+
+        workers = resolve_workers(RetrievalConfig(method=method, corpus_path=corpus, index_path=index))
+        entry["workers"] = {"baseline": 1, "batched": workers}
+        # the baseline is one process, as Search-R1's server; ours runs its default worker count, and when that is
+        # more than one, also a single worker at the top concurrency, to show what batching alone gives
+        modes = [("baseline", False, 1, levels), ("batched", True, 0, levels)]
+        if workers > 1:
+            modes.append(("batched_1_worker", True, 1, levels[-1:]))
+        for mode, batching, n_workers, mode_levels in modes:
+            proc, url = start_server(method, corpus, index, batching, args.torch_threads, n_workers)
             try:
                 entry[mode] = {}
                 offset = 0
-                for c in levels:
+                for c in mode_levels:
                     # fresh queries per measurement so nothing is answered from any cache
                     res = asyncio.run(drive(url, queries[offset:] + queries[:offset], c, duration, args.topk))
                     offset = (offset + res["requests"] + 2 * c) % len(queries)
@@ -278,8 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         entry[f"ratio_qps_c{top}"] = round(
             entry["batched"][top]["qps"] / max(entry["baseline"][top]["qps"], 1e-9), 2
         )
+        if "batched_1_worker" in entry:
+            entry[f"ratio_qps_c{top}_1_worker"] = round(
+                entry["batched_1_worker"][top]["qps"] / max(entry["baseline"][top]["qps"], 1e-9), 2
+            )
         report["methods"][name] = entry
-        log(f"{name}: batched / baseline queries/s at concurrency {top}: {entry[f'ratio_qps_c{top}']}x")
+        log(
+            f"{name}: batched ({workers} worker(s)) / baseline queries/s at concurrency {top}: "
+            f"{entry[f'ratio_qps_c{top}']}x"
+            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if workers > 1 else "")
+        )
     top = str(max(levels))
     report["target"] = f">= 3x baseline queries/s at concurrency {top}"
     report["load_avg_at_end"] = round(os.getloadavg()[0], 2)
@@ -295,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"  c={c:<4d} baseline {b['qps']:9.1f} q/s p50 {b['p50_ms']:8.2f} p99 {b['p99_ms']:8.2f} ms | "
                     f"batched {o['qps']:9.1f} q/s p50 {o['p50_ms']:8.2f} p99 {o['p99_ms']:8.2f} ms"
                 )
-            print(f"  ratio at c={top}: {e[f'ratio_qps_c{top}']}x")
+            print(f"  ratio at c={top}: {e[f'ratio_qps_c{top}']}x ({e['workers']['batched']} worker(s))")
+            if "batched_1_worker" in e:
+                one = e["batched_1_worker"][top]
+                print(
+                    f"  one worker: c={top} {one['qps']:9.1f} q/s p50 {one['p50_ms']:8.2f} ms, "
+                    f"{e[f'ratio_qps_c{top}_1_worker']}x"
+                )
         print(f"target {report['target']}: {'met' if report['target_met'] else 'NOT met'}")
     return 0
 

@@ -177,3 +177,97 @@ def test_bearer_token_is_required_when_set(corpus):
         assert r.status_code == 200 and r.json()["result"][0][0]["id"] == "nile"
     finally:
         stop_server(proc)
+
+
+# --- several worker processes on one port (retrieval.workers) ----------------------------------------------------
+@pytest.fixture(scope="module")
+def bm25_index(corpus, tmp_path_factory) -> Path:
+    from retrieval.build_index import build_index
+    from retrieval.settings import RetrievalConfig
+
+    out = tmp_path_factory.mktemp("bm25_index")
+    build_index(RetrievalConfig(method="bm25", corpus_path=corpus), out, show_progress=False)
+    return out
+
+
+def _spawned_workers(proc: subprocess.Popen) -> list:
+    import psutil
+
+    workers = []
+    for child in psutil.Process(proc.pid).children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                workers.append(child)
+        except psutil.Error:  # gone, or dead and not yet reaped
+            pass
+    return workers
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def test_workers_share_the_port_count_together_and_a_dead_worker_is_replaced(corpus, bm25_index):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psutil
+
+    from buffer.local_redis import free_port
+
+    port = free_port()
+    args = ["--method", "bm25", "--corpus", str(corpus), "--index", str(bm25_index), "--workers", "2"]
+    proc = start_server([*args, "--cache-size", "0"], port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert requests.get(f"{base}/health").json()["workers"] == 2
+        (worker,) = _spawned_workers(proc)
+
+        def ask(_: int) -> str:  # a fresh connection each time, so the kernel spreads them over the workers
+            r = requests.post(f"{base}/retrieve", json={"queries": ["capital of France"], "topk": 1})
+            return r.json()["result"][0][0]["id"] if r.ok else f"HTTP {r.status_code}"
+
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(ask, range(64))) == {"paris"}
+        time.sleep(0.7)  # workers publish their counters every half second
+        metrics = requests.get(f"{base}/metrics").json()
+        assert metrics["retrieval/workers"] == 2 and metrics["retrieval/requests"] == 64
+        assert min(metrics["retrieval/worker_requests"]) > 0, metrics["retrieval/worker_requests"]
+
+        worker.kill()  # its open connections are reset (clients retry); once it is gone, the other takes them all
+        worker.wait(10)
+        assert {ask(i) for i in range(8)} == {"paris"}
+        (replacement,) = _wait_for(
+            lambda: [w for w in _spawned_workers(proc) if w.pid != worker.pid], 30, "a replacement worker"
+        )
+        _wait_for(lambda: "restarting it" in "".join(proc.output_tail), 5, "the restart in the log")
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(ask, range(64))) == {"paris"}
+        time.sleep(0.7)
+        metrics = requests.get(f"{base}/metrics").json()
+        assert metrics["retrieval/requests"] == 136  # the dead worker's count carried over by its replacement
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+    assert not psutil.pid_exists(replacement.pid) or replacement.status() == psutil.STATUS_ZOMBIE
+
+
+def test_workers_refuse_a_port_another_server_holds(corpus, bm25_index):
+    import socket
+
+    with socket.socket() as stale:  # a server that bound with SO_REUSEPORT would let a new pool in silently
+        stale.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        stale.bind(("127.0.0.1", 0))
+        stale.listen()
+        port = stale.getsockname()[1]
+        cmd = [sys.executable, "-m", "retrieval.cli", "serve", "--method", "bm25", "--corpus", str(corpus),
+               "--index", str(bm25_index), "--workers", "2", "--port", str(port)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in done.stderr

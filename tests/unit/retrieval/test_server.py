@@ -208,3 +208,41 @@ async def test_bm25_results_through_the_batcher_equal_direct_search(bm25):
             assert [e["score"] for e in got] == pytest.approx(direct.scores)
     finally:
         await client.close()
+
+
+# --- several workers on one port (retrieval/pool.py): counters shared, summed and carried over a restart -------
+def test_pool_metrics_sum_counts_and_report_the_worst_latency():
+    import multiprocessing as mp
+
+    from retrieval.pool import SharedCounters
+    from retrieval.server import ServerState
+
+    peers = SharedCounters(2, mp.get_context("spawn"))
+    cfg = RetrievalConfig(cache_size=0)
+    first, second = (ServerState(CountingRetriever(), cfg, peers, slot) for slot in (0, 1))
+    first.requests, first.queries, first.errors = 3, 5, {400: 1, 418: 2}
+    first.latencies.extend([0.001, 0.002, 0.003])
+    second.requests, second.queries, second.errors = 4, 4, {400: 2}
+    second.latencies.extend([0.010] * 3)
+    second.publish_counters()
+    m = first.metrics()
+    assert m["retrieval/workers"] == 2 and m["retrieval/worker_requests"] == [3, 4]
+    assert (m["retrieval/requests"], m["retrieval/queries"]) == (7, 9)
+    assert m["retrieval/errors"] == {"400": 3, "other": 2}
+    assert m["retrieval/latency_p50_ms"] == pytest.approx(10.0)  # the slower worker's
+    # a worker restarted into slot 1 carries on from what its predecessor last published
+    restarted = ServerState(CountingRetriever(), cfg, peers, 1)
+    restarted.requests = 1
+    assert first.metrics()["retrieval/worker_requests"] == [3, 4]
+    restarted.publish_counters()
+    assert first.metrics()["retrieval/worker_requests"] == [3, 5]
+
+
+def test_worker_count_defaults_to_cores_only_for_a_prebuilt_bm25_index(tmp_path, monkeypatch):
+    from retrieval.pool import resolve_workers
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert resolve_workers(RetrievalConfig(method="bm25", index_path=tmp_path)) == 8
+    assert resolve_workers(RetrievalConfig(method="bm25")) == 1  # the index is built at start: once is enough
+    assert resolve_workers(RetrievalConfig(method="dense", index_path=tmp_path)) == 1
+    assert resolve_workers(RetrievalConfig(method="dense", index_path=tmp_path, workers=3)) == 3
