@@ -12,8 +12,11 @@ BM25 retriever). Phase "raw": the same engine generates, for each trajectory, ex
 trajectory sampled, from the same prompt, in one request each (no stop strings, EOS ignored, no log-probs, final
 output only), with at most as many requests in flight as trajectories were: the engine's own speed on the same
 work. The ratio agent / raw is the share of raw generation speed the agent loop keeps (target >= 0.8). A
-third figure, "wrapper", is the raw work through the `Engine` wrapper (streamed outputs + log-probs), to show where
-any loss comes from. The prefix cache is reset between phases.
+third figure, "wrapper", is the raw work through the `Engine` wrapper (streamed outputs + log-probs), and a fourth,
+"replay", is the agent's own engine work without the agent loop: each trajectory's turns as separate requests with
+its observation tokens appended between them (the same prefills and prefix-cache hits). Together they split the gap:
+replay / raw is what multi-turn costs the engine itself, agent / replay what the loop (stop strings, log-probs,
+search, parsing) adds. The prefix cache is reset between phases.
 """
 
 from __future__ import annotations
@@ -117,6 +120,52 @@ async def _raw_phase(
     return elapsed
 
 
+def _segments(rollout) -> list[tuple[bool, list[int]]]:
+    """A trajectory's response as runs of (sampled?, token ids): turns the model sampled, observations between."""
+    runs: list[tuple[bool, list[int]]] = []
+    for token, mask in zip(rollout.response_ids, rollout.loss_mask, strict=True):
+        if runs and runs[-1][0] == bool(mask):
+            runs[-1][1].append(token)
+        else:
+            runs.append((bool(mask), [token]))
+    return runs
+
+
+async def _replay_phase(engine, rollouts: list, temperature: float, in_flight: int) -> float:
+    """The agent's engine work without the agent: per trajectory, the same turns (one request each, as many
+    tokens as that turn sampled, EOS ignored) with the same observation tokens appended between them, so the
+    prefills and prefix-cache hits are the agent's; no stop strings, log-probs, search or parsing. Wall seconds."""
+    import uuid
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    async def one(rollout) -> int:
+        context, got = list(rollout.prompt_ids), 0
+        for sampled, ids in _segments(rollout):
+            if not sampled:
+                context += ids
+                continue
+            params = SamplingParams(max_tokens=len(ids), temperature=temperature, ignore_eos=True)
+            last = None
+            async for out in engine.llm.generate(
+                TokensPrompt(prompt_token_ids=context), params, uuid.uuid4().hex
+            ):
+                last = out
+            new = list(last.outputs[0].token_ids)
+            context += new
+            got += len(new)
+        return got
+
+    start = time.perf_counter()
+    counts = await _bounded([one(r) for r in rollouts], in_flight)
+    elapsed = time.perf_counter() - start
+    expected = sum(r.sampled_tokens for r in rollouts)
+    if sum(counts) != expected:
+        raise RuntimeError(f"replay phase generated {sum(counts)} tokens, expected {expected}")
+    return elapsed
+
+
 async def _bench(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
@@ -183,8 +232,13 @@ async def _bench(args: argparse.Namespace) -> dict:
             wrapper_s = await _raw_phase(
                 engine, requests, gen_cfg.temperature, wrapper=True, in_flight=in_flight
             )
+            # 4. the agent's engine work (same turns and observations) without the agent loop
+            await engine.llm.reset_prefix_cache()
+            replay_s = await _replay_phase(engine, rollouts, gen_cfg.temperature, in_flight)
             sampled = sum(r.sampled_tokens for r in rollouts)
-            runs.append({"tokens": sampled, "agent": agent_s, "raw": raw_s, "wrapper": wrapper_s})
+            runs.append(
+                {"tokens": sampled, "agent": agent_s, "raw": raw_s, "wrapper": wrapper_s, "replay": replay_s}
+            )
     finally:
         engine.shutdown()
 
@@ -192,8 +246,9 @@ async def _bench(args: argparse.Namespace) -> dict:
     for r in rollouts:
         finish[r.finish_reason] = finish.get(r.finish_reason, 0) + 1
     # best of the repeats (the machine is shared; the fastest run is the least disturbed one)
-    rate = {k: [r["tokens"] / r[k] for r in runs] for k in ("agent", "raw", "wrapper")}
-    agent_tps, raw_tps, wrapper_tps = (max(rate[k]) for k in ("agent", "raw", "wrapper"))
+    phases = ("agent", "raw", "wrapper", "replay")
+    rate = {k: [r["tokens"] / r[k] for r in runs] for k in phases}
+    agent_tps, raw_tps, wrapper_tps, replay_tps = (max(rate[k]) for k in phases)
     sampled = runs[-1]["tokens"]
     observation = sum(len(r.response_ids) - r.sampled_tokens for r in rollouts)
     return {
@@ -215,6 +270,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         "agent_tokens_per_s_runs": [round(x, 1) for x in rate["agent"]],
         "raw_tokens_per_s_runs": [round(x, 1) for x in rate["raw"]],
         "wrapper_tokens_per_s_runs": [round(x, 1) for x in rate["wrapper"]],
+        "replay_tokens_per_s_runs": [round(x, 1) for x in rate["replay"]],
         "agent_tokens_per_s": round(agent_tps, 1),
         "raw_tokens_per_s": round(raw_tps, 1),
         "wrapper_tokens_per_s": round(wrapper_tps, 1),
@@ -222,6 +278,10 @@ async def _bench(args: argparse.Namespace) -> dict:
         # engine work of the agent loop includes prefilling every observation: tokens processed per second
         "agent_processed_tokens_per_s": round(agent_tps * (sampled + observation) / sampled, 1),
         "wrapper_ratio": round(wrapper_tps / raw_tps, 3),
+        # the split of the gap: the engine's own multi-turn work (replay / raw), then the agent loop (agent / replay)
+        "replay_tokens_per_s": round(replay_tps, 1),
+        "replay_ratio": round(replay_tps / raw_tps, 3),
+        "agent_over_replay_ratio": round(agent_tps / replay_tps, 3),
         "target_ratio": 0.8,
     }
 
