@@ -7,9 +7,12 @@ concurrent requests into one encode + one index search.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 
 @dataclass
@@ -21,6 +24,17 @@ class Hits:
 
     def truncate(self, k: int) -> Hits:
         return Hits(self.docs[:k], self.scores[:k])
+
+
+def hits_from_rows(store: Any, ranked: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Hits]:
+    """Each query's (corpus rows, scores) arrays, best first, as `Hits`; every passage of the batch is read from
+    `store` (a `DocStore`) in one `get_many` call."""
+    docs = store.get_many([row for rows, _ in ranked for row in rows.tolist()])
+    out, start = [], 0
+    for rows, scores in ranked:
+        out.append(Hits(docs[start : start + len(rows)], scores.tolist()))
+        start += len(rows)
+    return out
 
 
 @runtime_checkable

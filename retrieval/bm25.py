@@ -22,18 +22,20 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
-from retrieval.base import Hits, LocalRetriever
+from retrieval.base import Hits, LocalRetriever, hits_from_rows
 from retrieval.corpus import DocStore
 
 log = logging.getLogger(__name__)
 
 META_FILE = "sr1_index.json"
+T = TypeVar("T")
 
 # The pruned scorer takes a query's rarest terms, up to this fraction of the corpus size in posting entries, as
 # the terms whose documents are the candidates (at least one term, and at least PRUNED_MIN_ESSENTIAL entries).
@@ -374,9 +376,7 @@ class BM25Retriever(LocalRetriever):
         if not vocab:
             return
         token = next(iter(vocab.values()))
-        if self.scorer == "pruned":
-            self._pruned_arrays()  # may switch to the bm25s scorer
-        if self.scorer == "pruned":
+        if self._use_pruned():
             self._score_pruned([[token]] * 2, 1)
         else:
             self._score([[token]] * 2, 1)
@@ -391,14 +391,26 @@ class BM25Retriever(LocalRetriever):
             )
             return np.asarray(rows), np.asarray(scores, dtype=np.float32)
 
+        parts = self._in_chunks(run, query_ids)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _in_chunks(self, run: Callable[[list[list[int]]], T], query_ids: list[list[int]]) -> list[T]:
+        """`run` over the batch, in one call or (for 16+ queries) split in chunks on `threads` threads; returns
+        each chunk's result in order."""
         n_chunks = min(self.threads, len(query_ids) // 8)
         if n_chunks <= 1:
-            return run(query_ids)
+            return [run(query_ids)]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bm25")
         size = -(-len(query_ids) // n_chunks)
-        parts = list(self._pool.map(run, [query_ids[i : i + size] for i in range(0, len(query_ids), size)]))
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return list(self._pool.map(run, [query_ids[i : i + size] for i in range(0, len(query_ids), size)]))
+
+    def _use_pruned(self) -> bool:
+        """Whether the pruned scorer serves this index (its first use checks the posting lists, and an index
+        whose lists are not sorted falls back to bm25s's scorer for good)."""
+        if self.scorer == "pruned":
+            self._pruned_arrays()
+        return self.scorer == "pruned"
 
     def _pruned_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
         """bm25s's CSC score matrix (shared, not copied) and each term's largest score, computed once."""
@@ -480,14 +492,7 @@ class BM25Retriever(LocalRetriever):
             base[0] += 2 * len(chunk)
             return [(docs[i, : n[i]], scores[i, : n[i]]) for i in range(len(chunk))]
 
-        n_chunks = min(self.threads, len(query_ids) // 8)
-        if n_chunks <= 1:
-            return run(query_ids)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bm25")
-        size = -(-len(query_ids) // n_chunks)
-        parts = self._pool.map(run, [query_ids[i : i + size] for i in range(0, len(query_ids), size)])
-        return [hit for part in parts for hit in part]
+        return [hit for part in self._in_chunks(run, query_ids) for hit in part]
 
     def query_term_ids(self, query: str) -> list[int]:
         """Index term ids of a query, tokenised as bm25s tokenised the corpus (lower-case, \\w\\w+ words, English
@@ -518,19 +523,12 @@ class BM25Retriever(LocalRetriever):
         live = [i for i, q in enumerate(query_ids) if q]
         if not live:
             return out
-        results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        if self.scorer == "pruned":
-            self._pruned_arrays()  # may switch to the bm25s scorer
-        if self.scorer == "pruned":
-            results.update(zip(live, self._score_pruned([query_ids[i] for i in live], k), strict=True))
+        if self._use_pruned():
+            ranked = self._score_pruned([query_ids[i] for i in live], k)
         else:
             rows, scores = self._score([query_ids[i] for i in live], k)
-            for j, qi in enumerate(live):
-                keep = scores[j] > 0  # a passage sharing no term with the query is not a hit
-                results[qi] = rows[j][keep], scores[j][keep]
-        docs = self.store.get_many([row for r, _ in results.values() for row in r.tolist()])
-        start = 0
-        for qi, (r, s) in results.items():
-            out[qi] = Hits(docs[start : start + len(r)], s.tolist())
-            start += len(r)
+            keep = scores > 0  # a passage sharing no term with the query is not a hit
+            ranked = [(r[m], s[m]) for r, s, m in zip(rows, scores, keep, strict=True)]
+        for qi, hits in zip(live, hits_from_rows(self.store, ranked), strict=True):
+            out[qi] = hits
         return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.base import Hits, LocalRetriever
+from retrieval.base import Hits, LocalRetriever, hits_from_rows
 from retrieval.corpus import DocStore
 from retrieval.settings import EncoderConfig, RetrievalConfig
 
@@ -284,10 +284,4 @@ class DenseRetriever(LocalRetriever):
         else:
             scores, rows = self.index.search(q, k)
         keep = rows >= 0  # faiss pads with -1 when fewer than k vectors are reachable
-        docs = self.store.get_many(rows[keep].tolist())  # every query's passages in one decode
-        out, start = [], 0
-        for srow, krow in zip(scores, keep, strict=True):
-            n = int(krow.sum())
-            out.append(Hits(docs[start : start + n], srow[krow].tolist()))
-            start += n
-        return out
+        return hits_from_rows(self.store, [(r[m], s[m]) for r, s, m in zip(rows, scores, keep, strict=True)])
