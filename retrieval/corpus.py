@@ -161,10 +161,13 @@ class DocStore:
     def _where(self, i: int) -> str:
         return f"{self.path} (passage row {i})"
 
-    def get(self, i: int) -> dict[str, str]:
-        """Passage at row `i` as {"id", "contents"}."""
+    def _check_row(self, i: int) -> None:
         if not 0 <= i < len(self):
             raise IndexError(f"document row {i} out of range (corpus has {len(self)} passages)")
+
+    def get(self, i: int) -> dict[str, str]:
+        """Passage at row `i` as {"id", "contents"}."""
+        self._check_row(i)
         return parse_record(self._line(i), self._where(i))
 
     def get_many(self, rows: Iterable[int]) -> list[dict[str, str]]:
@@ -173,19 +176,16 @@ class DocStore:
         rows = [int(i) for i in rows]
         if not rows:
             return []
-        n = len(self)
         lines = []
         for i in rows:
-            if not 0 <= i < n:
-                raise IndexError(f"document row {i} out of range (corpus has {n} passages)")
+            self._check_row(i)
             lines.append(self._line(i))
         try:
             objs = json.loads(b"[" + b",".join(lines) + b"]")
         except (json.JSONDecodeError, UnicodeDecodeError):
             objs = None
-        if objs is None or len(objs) != len(
-            rows
-        ):  # some line is not exactly one JSON value: find and name it
+        # some line is not exactly one JSON value: `get` finds and names it
+        if objs is None or len(objs) != len(rows):
             return [self.get(i) for i in rows]
         records = []
         for i, obj in zip(rows, objs, strict=True):

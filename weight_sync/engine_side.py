@@ -78,9 +78,8 @@ class EngineWeightSync:
                 f"update version {update['version']} is for weight-sync epoch {update['epoch']}, which this "
                 f"engine ({self.worker_id}) cannot join"
             )
-        await engine.pause_generation(
-            mode=pause_mode, clear_cache=True
-        )  # KV computed by the old weights must go
+        # the KV computed with the old weights must go
+        await engine.pause_generation(mode=pause_mode, clear_cache=True)
         try:
             loaded = await engine.collective_rpc("ws_receive", args=(update,))
         except Exception:
