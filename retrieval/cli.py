@@ -122,30 +122,16 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
 
 
 def _serve(cfg: Any) -> int:
-    import asyncio
-
-    from retrieval.factory import load_retriever
     from retrieval.pool import resolve_workers, serve_pool
-    from retrieval.server import serve
+    from retrieval.server import run_server
 
     workers = resolve_workers(cfg)
     with contextlib.suppress(KeyboardInterrupt):
         if workers > 1:
             serve_pool(cfg, workers, show_progress=sys.stderr.isatty())
         else:
-            retriever = load_retriever(cfg, show_progress=sys.stderr.isatty())
-            install_uvloop()
-            asyncio.run(serve(retriever, cfg))
+            run_server(cfg, show_progress=sys.stderr.isatty())
     return 0
-
-
-def install_uvloop() -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
 
 
 def _build_index(cfg: Any, out: Path) -> int:

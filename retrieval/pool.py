@@ -170,22 +170,14 @@ def _worker_main(
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s %(levelname)s worker{slot} %(name)s: %(message)s"
     )
-    from retrieval.cli import install_uvloop
-    from retrieval.factory import load_retriever
-    from retrieval.server import serve
+    from retrieval.server import run_server
 
-    retriever = load_retriever(cfg)
-    install_uvloop()
-    asyncio.run(
-        serve(retriever, cfg, ready_line=False, peers=peers, slot=slot, companion=_ParentWatch(ready))
-    )
+    run_server(cfg, ready_line=False, peers=peers, slot=slot, companion=_ParentWatch(ready))
 
 
 def serve_pool(cfg: RetrievalConfig, workers: int, show_progress: bool = False) -> None:
     """Serve `cfg` with `workers` processes until SIGTERM / Ctrl-C (this process is worker 0)."""
-    from retrieval.cli import install_uvloop
-    from retrieval.factory import load_retriever
-    from retrieval.server import serve
+    from retrieval.server import run_server
 
     update: dict[str, object] = {"workers": workers, "port": claim_port(cfg.host, cfg.port)}
     if cfg.bm25_threads == 0:  # the cores are shared between the workers' scoring threads
@@ -195,8 +187,6 @@ def serve_pool(cfg: RetrievalConfig, workers: int, show_progress: bool = False) 
     try:
         for slot in range(1, workers):  # they load their index while this process loads its own
             pool.start(slot)
-        retriever = load_retriever(cfg, show_progress=show_progress)
-        install_uvloop()
-        asyncio.run(serve(retriever, cfg, peers=pool.peers, slot=0, companion=pool))
+        run_server(cfg, show_progress, peers=pool.peers, slot=0, companion=pool)
     finally:
         pool.stop()

@@ -417,3 +417,18 @@ async def serve(
             with contextlib.suppress(asyncio.CancelledError):
                 await helper
         await runner.cleanup()
+
+
+def run_server(cfg: RetrievalConfig, show_progress: bool = False, **serve_kwargs: Any) -> None:
+    """What one server process runs: load and warm up the retriever, then `serve` it on uvloop (when installed)
+    until stopped. `serve_kwargs` make the process a worker of a pool (`retrieval.pool`)."""
+    from retrieval.factory import load_retriever
+
+    retriever = load_retriever(cfg, show_progress=show_progress)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(retriever, cfg, **serve_kwargs))
