@@ -84,15 +84,36 @@ async def _bounded(jobs: list, limit: int) -> list:
     return await asyncio.gather(*(one(job) for job in jobs))
 
 
-async def _raw_phase(
-    engine, requests: list[tuple[list[int], int]], temperature: float, *, wrapper: bool, in_flight: int
-) -> float:
-    """Generate exactly n tokens from each prompt, at most `in_flight` requests at once; returns wall seconds."""
+async def _exactly(engine, prompt: list[int], n: int, temperature: float) -> list[int]:
+    """One bare engine request: n tokens sampled from `prompt`, EOS ignored, no stop strings, no log-probs, final
+    output only."""
     import uuid
 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    params = SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True)
+    last = None
+    async for out in engine.llm.generate(TokensPrompt(prompt_token_ids=prompt), params, uuid.uuid4().hex):
+        last = out
+    return list(last.outputs[0].token_ids)
+
+
+async def _timed(phase: str, jobs: list, in_flight: int, expected_tokens: int) -> float:
+    """Run `jobs` (each returning its token count) at most `in_flight` at once; wall seconds, after checking that
+    exactly the expected number of tokens came out."""
+    start = time.perf_counter()
+    counts = await _bounded(jobs, in_flight)
+    elapsed = time.perf_counter() - start
+    if sum(counts) != expected_tokens:
+        raise RuntimeError(f"{phase} phase generated {sum(counts)} tokens, expected {expected_tokens}")
+    return elapsed
+
+
+async def _raw_phase(
+    engine, requests: list[tuple[list[int], int]], temperature: float, *, wrapper: bool, in_flight: int
+) -> float:
+    """Generate exactly n tokens from each prompt, at most `in_flight` requests at once; returns wall seconds."""
     from generators.engine import SamplingSpec
 
     async def one(prompt: list[int], n: int) -> int:
@@ -105,19 +126,10 @@ async def _raw_phase(
                 got += len(gen.token_ids)
                 context += gen.token_ids
             return got
-        params = SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True)
-        last = None
-        async for out in engine.llm.generate(TokensPrompt(prompt_token_ids=prompt), params, uuid.uuid4().hex):
-            last = out
-        return len(last.outputs[0].token_ids)
+        return len(await _exactly(engine, prompt, n, temperature))
 
-    start = time.perf_counter()
-    counts = await _bounded([one(p, n) for p, n in requests if n > 0], in_flight)
-    elapsed = time.perf_counter() - start
-    expected = sum(n for _, n in requests)
-    if sum(counts) != expected:
-        raise RuntimeError(f"raw phase generated {sum(counts)} tokens, expected {expected}")
-    return elapsed
+    jobs = [one(p, n) for p, n in requests if n > 0]
+    return await _timed("raw", jobs, in_flight, sum(n for _, n in requests))
 
 
 def _segments(rollout) -> list[tuple[bool, list[int]]]:
@@ -135,35 +147,18 @@ async def _replay_phase(engine, rollouts: list, temperature: float, in_flight: i
     """The agent's engine work without the agent: per trajectory, the same turns (one request each, as many
     tokens as that turn sampled, EOS ignored) with the same observation tokens appended between them, so the
     prefills and prefix-cache hits are the agent's; no stop strings, log-probs, search or parsing. Wall seconds."""
-    import uuid
-
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     async def one(rollout) -> int:
         context, got = list(rollout.prompt_ids), 0
         for sampled, ids in _segments(rollout):
-            if not sampled:
-                context += ids
-                continue
-            params = SamplingParams(max_tokens=len(ids), temperature=temperature, ignore_eos=True)
-            last = None
-            async for out in engine.llm.generate(
-                TokensPrompt(prompt_token_ids=context), params, uuid.uuid4().hex
-            ):
-                last = out
-            new = list(last.outputs[0].token_ids)
-            context += new
-            got += len(new)
+            if sampled:
+                ids = await _exactly(engine, context, len(ids), temperature)
+                got += len(ids)
+            context += ids
         return got
 
-    start = time.perf_counter()
-    counts = await _bounded([one(r) for r in rollouts], in_flight)
-    elapsed = time.perf_counter() - start
-    expected = sum(r.sampled_tokens for r in rollouts)
-    if sum(counts) != expected:
-        raise RuntimeError(f"replay phase generated {sum(counts)} tokens, expected {expected}")
-    return elapsed
+    jobs = [one(r) for r in rollouts]
+    return await _timed("replay", jobs, in_flight, sum(r.sampled_tokens for r in rollouts))
 
 
 async def _bench(args: argparse.Namespace) -> dict:

@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     n_full = min(n_dense, args.dense_full_passages or (2_000 if args.quick else 10_000))
     data = prepare(args.cache_dir, {m: n_bm25 if m == "bm25" else n_dense for m in methods}, n_full)
 
+    from retrieval.pool import resolve_workers
+    from retrieval.settings import RetrievalConfig
     from retrieval.synthetic import synthetic_queries, synthetic_records
     from retrieval.testing import stop_server
 
@@ -262,9 +264,6 @@ def main(argv: list[str] | None = None) -> int:
                 if n > n_full
                 else f"all {n} passages encoded by the full MiniLM"
             )
-        from retrieval.pool import resolve_workers
-        from retrieval.settings import RetrievalConfig
-
         workers = resolve_workers(RetrievalConfig(method=method, corpus_path=corpus, index_path=index))
         entry["workers"] = {"baseline": 1, "batched": workers}
         # the baseline is one process, as Search-R1's server; ours runs its default worker count, and when that is
