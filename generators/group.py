@@ -45,11 +45,14 @@ async def run_group(
             if on_rollout_done is not None:
                 on_rollout_done(rollout)
     else:
-        rollouts = list(
-            await asyncio.gather(
-                *(run_agent(engine, prompt_ids, search, tokenizer, settings) for _ in range(n))
-            )
-        )
+
+        async def one() -> Rollout:
+            rollout = await run_agent(engine, prompt_ids, search, tokenizer, settings)
+            if on_rollout_done is not None:
+                on_rollout_done(rollout)  # as each one ends: its engine slot is free for another group
+            return rollout
+
+        rollouts = list(await asyncio.gather(*(one() for _ in range(n))))
     trajectories = []
     for rollout in rollouts:
         value, metrics = score_rollout(rollout, prompt.ground_truth, reward)

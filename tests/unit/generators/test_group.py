@@ -60,3 +60,41 @@ async def test_overlong_prompt_yields_an_empty_zero_reward_group(toy_tokenizer):
     group.validate()
     assert engine.calls == [] and group.rewards.tolist() == [0.0, 0.0]
     assert group.trajectories[0].info["finish_reason"] == "prompt_too_long"
+
+
+async def test_each_sample_is_reported_done_as_it_ends_not_when_the_group_does(toy_tokenizer):
+    """The worker frees an engine slot per finished sample (its in-flight count), so the callback must fire when a
+    sample ends: here two samples answer at once while the third still has a search and a second turn to go."""
+    tok = toy_tokenizer
+    prompt = PromptRecord(
+        group_id="nq/train/2/e0",
+        question="q",
+        prompt=[{"role": "user", "content": "who founded alpha?"}],
+        ground_truth=["cedar"],
+        data_source="nq",
+        index=2,
+    )
+    turns = [
+        ("<answer> cedar </answer>", "stop"),
+        ("<answer> birch </answer>", "stop"),
+        ("<think> look </think> <search> alpha </search>", "stop"),
+        ("<answer> cedar </answer>", "stop"),
+    ]
+    engine = ScriptedEngine(tok, turns, delay_s=0.01)
+
+    async def search(q: str) -> str:
+        return "Doc 1(Title: alpha) founded by cedar"
+
+    calls_when_done: list[int] = []
+    reported: list = []
+
+    def done(rollout) -> None:
+        calls_when_done.append(len(engine.calls))
+        reported.append(rollout)
+
+    settings = AgentSettings(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128)
+    _, rollouts = await run_group(
+        engine, prompt, search, tok, settings, n=3, chat_template=False, on_rollout_done=done
+    )
+    assert calls_when_done == [3, 3, 4]  # the two quick ones were reported before the slow one's second turn
+    assert sorted(map(id, reported)) == sorted(map(id, rollouts))
