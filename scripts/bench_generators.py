@@ -45,7 +45,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default="tiny", help="preset or YAML for the generators/model sections")
     parser.add_argument("--groups", type=int, default=16, help="groups in flight at once")
     parser.add_argument(
-        "--total-groups", type=int, default=None, help="groups per phase (default 4x --groups; quick 2x)"
+        "--total-groups", type=int, default=None, help="groups per phase (default 8x --groups; quick 2x)"
     )
     parser.add_argument("--group-size", type=int, default=None, help="samples per prompt (default: config)")
     parser.add_argument(
@@ -174,7 +174,7 @@ async def _bench(args: argparse.Namespace) -> dict:
     gen_cfg = cfg.generators
     group_size = args.group_size or gen_cfg.group_size
     groups = 4 if args.quick else args.groups
-    total_groups = args.total_groups or groups * (2 if args.quick else 4)
+    total_groups = args.total_groups or groups * (2 if args.quick else 8)
     in_flight = groups * group_size
     if args.quick:
         args.repeats = 1
