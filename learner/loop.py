@@ -34,9 +34,10 @@ import torch
 from buffer.codec import decode_group, encode_group
 from learner.checkpoint import Checkpointer, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
-from learner.model import DTYPES, full_tensor, named_weights
+from learner.model import DTYPES, named_weights
 from learner.tracking import Tracker
 from learner.trainer import Learner
+from weight_sync.publisher import gather_for_wire, gather_in_step
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,7 @@ def run_learner(
         if side is not None:
             stats = side.publish(named, version, publish_dtype, weight_sink)
         else:
-            for _, tensor in named:  # take part in rank 0's gathers, same order
-                full_tensor(tensor.detach())
+            gather_in_step(named, publish_dtype)  # take part in rank 0's gathers: same order, same wire dtype
         return stats
 
     # the engines get the learner's weights as the current version (a resume rolls them back to it)
@@ -282,7 +282,7 @@ class _Rank0:
 
     def publish(self, named, version: int, dtype: torch.dtype, sink: WeightSink | None) -> dict:
         if sink is not None and self.publisher.num_engines == 0:
-            sink(version, ((name, full_tensor(t.detach())) for name, t in named))
+            sink(version, ((name, gather_for_wire(t.detach(), dtype)) for name, t in named))
             stats: dict = {}
         else:
             stats = self.publisher.publish(named, version, dtype)

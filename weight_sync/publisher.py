@@ -12,7 +12,7 @@ engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` 
 TimeoutError for acks), and the next `publish` re-opens the group under a new epoch, which engines re-join.
 
 FSDP2: every learner rank must call `full_tensor()` on the same parameters in the same order. Either pass DTensors
-to `publish` on rank 0 and call `gather_in_step(named_params)` on the other ranks (streaming: one bucket of full
+to `publish` on rank 0 and call `gather_in_step(named_params, dtype)` on the other ranks (streaming: one bucket of full
 tensors alive at a time), or pass an iterator that calls `full_tensor()` itself (correct, but rank 0 then holds a
 full copy while planning).
 """
@@ -36,10 +36,17 @@ from weight_sync.settings import WeightSyncConfig
 log = logging.getLogger(__name__)
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The unsharded tensor: gathers a DTensor (a collective on its mesh), returns plain tensors as they are."""
-    full_tensor = getattr(tensor, "full_tensor", None)
-    return full_tensor() if full_tensor is not None else tensor
+def gather_for_wire(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """The unsharded tensor, for the wire: a DTensor is cast to the wire `dtype` shard by shard first and then
+    gathered (a collective on its mesh), so a bf16 publish of fp32 weights all-gathers half the bytes and
+    no rank holds an fp32 copy of the full tensor; the values are those of casting after the gather. Plain
+    tensors are returned as they are (packing converts them)."""
+    gather = getattr(tensor, "full_tensor", None)
+    if gather is None:
+        return tensor
+    if dtype is not None and tensor.dtype != dtype:
+        return tensor.to(dtype).full_tensor()
+    return gather()
 
 
 @contextlib.contextmanager
@@ -58,10 +65,13 @@ def _single_thread_on_cpu(device: torch.device, sending: bool):
         torch.set_num_threads(threads)
 
 
-def gather_in_step(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Learner ranks other than 0: take part in the `full_tensor()` gathers that rank 0's `publish` performs."""
+def gather_in_step(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+) -> None:
+    """Learner ranks other than 0: take part in the gathers that rank 0's `publish(..., dtype=dtype)` performs
+    (same tensors, same order, same wire `dtype`)."""
     for _, tensor in named_tensors:
-        _full(tensor.detach())
+        gather_for_wire(tensor.detach(), dtype)
 
 
 class WeightPublisher:
@@ -161,7 +171,7 @@ class WeightPublisher:
     ) -> dict:
         """Broadcast full weights as `version` to every engine and wait for their acks; returns stats."""
         if self.num_engines == 0:
-            gather_in_step(named_tensors)  # keep FSDP ranks in step even with nobody listening
+            gather_in_step(named_tensors, dtype)  # keep FSDP ranks in step even with nobody listening
             return {
                 "weight_sync/seconds": 0.0,
                 "weight_sync/bytes": 0,
@@ -184,7 +194,7 @@ class WeightPublisher:
         }
         rendezvous.announce_update(self.redis, self.namespace, update)
         try:
-            total_bytes = self._broadcast_buckets(iter(items), buckets, version)
+            total_bytes = self._broadcast_buckets(iter(items), buckets, version, dtype)
             rendezvous.wait_acks(
                 self.redis,
                 self.namespace,
@@ -226,8 +236,11 @@ class WeightPublisher:
             ]
         return held[:count]
 
-    def _broadcast_buckets(self, items: Iterator, buckets: list, version: int) -> int:
-        """Two staging buffers: pack bucket k+1 (gathering its tensors) while bucket k is on the wire."""
+    def _broadcast_buckets(
+        self, items: Iterator, buckets: list, version: int, dtype: torch.dtype | None
+    ) -> int:
+        """Two staging buffers: pack bucket k+1 (gathering its tensors in the wire `dtype`) while bucket k is on
+        the wire."""
         group = self.group
         assert group is not None
         capacity = max(bucket_offsets(b)[1] for b in buckets)
@@ -238,7 +251,7 @@ class WeightPublisher:
             slot = k % len(staging)
             if in_flight[slot] is not None:
                 group.wait(in_flight[slot], f"sending bucket {k - 1}/{len(buckets)} of version {version}")
-            tensors = [_full(next(items)[1]) for _ in bucket]
+            tensors = [gather_for_wire(next(items)[1], dtype) for _ in bucket]
             _, nbytes = bucket_offsets(bucket)
             buffer = staging[slot][:nbytes]
             sending = any(work is not None for work in in_flight)

@@ -97,11 +97,13 @@ def fsdp_learner_rank(
     version: int,
     num_engines: int = 1,
     timeout_s: float = 120.0,
+    dtype: str | None = None,
 ) -> None:
     """One rank of a gloo FSDP2 learner (spawn target): shards the perturbed model and publishes it from rank 0.
 
-    Every rank gathers with `DTensor.full_tensor()` in the same order; rank 0 hands the DTensors to
-    `WeightPublisher.publish`, the others call `gather_in_step`.
+    Every rank gathers with `DTensor.full_tensor()` in the same order and wire dtype (`dtype`, e.g. "bfloat16";
+    None: the weights' own); rank 0 hands the DTensors to `WeightPublisher.publish`, the others call
+    `gather_in_step`.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -111,8 +113,11 @@ def fsdp_learner_rank(
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
+    from weight_sync.buckets import str_to_dtype
     from weight_sync.publisher import WeightPublisher, gather_in_step
     from weight_sync.settings import WeightSyncConfig
+
+    wire = str_to_dtype(dtype) if dtype is not None else None
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -131,10 +136,10 @@ def fsdp_learner_rank(
                 redis.Redis.from_url(redis_url), namespace, cfg, num_engines=num_engines
             )
             publisher.connect(timeout_s=timeout_s)
-            publisher.publish(named, version=version)
+            publisher.publish(named, version=version, dtype=wire)
             publisher.close()
         else:
-            gather_in_step(named)
+            gather_in_step(named, wire)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -238,3 +238,44 @@ def test_engine_side_raises_within_the_timeout_when_the_learner_dies(redis_url):
     finally:
         _stop(learner)
     assert learner.exitcode == 1
+
+
+def test_two_fsdp_ranks_publish_bf16_that_equals_the_full_weights_cast(
+    redis_url, tmp_path, tiny_model_dir, free_port
+):
+    """A 2-rank gloo FSDP2 learner publishes its fp32 weights as bf16 (the shards are cast, then gathered) to a
+    receiver process: every tensor arrives equal to the unsharded fp32 weight cast to bf16."""
+    from safetensors.torch import load_file
+
+    from weight_sync.testing import fsdp_learner_rank, perturbed_model
+
+    ns, version = "wsfsdp", 5
+    ctx = mp.get_context("spawn")
+    receiver = ctx.Process(
+        target=run_plain_receiver,
+        args=(redis_url, ns, "eng0"),
+        kwargs={"timeout_s": 120.0, "save_dir": str(tmp_path)},
+        daemon=True,
+    )
+    ranks = [
+        ctx.Process(
+            target=fsdp_learner_rank,
+            args=(rank, 2, free_port, str(tiny_model_dir), redis_url, ns, 3, version),
+            kwargs={"dtype": "bfloat16"},
+        )
+        for rank in range(2)
+    ]
+    for proc in [receiver, *ranks]:
+        proc.start()
+    try:
+        for proc in [*ranks, receiver]:
+            proc.join(timeout=120)
+        assert [proc.exitcode for proc in ranks] == [0, 0] and receiver.exitcode == 0
+    finally:
+        _stop(receiver, *ranks)
+    got = load_file(tmp_path / f"v{version}.safetensors")
+    sent = dict(perturbed_model(tiny_model_dir, seed=3).named_parameters())
+    assert set(got) == set(sent)
+    for name, param in sent.items():
+        assert got[name].dtype == torch.bfloat16, name
+        assert torch.equal(got[name], param.detach().to(torch.bfloat16)), name
