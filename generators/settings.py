@@ -83,7 +83,10 @@ class GeneratorsConfig(BaseModel):
         description="On SIGTERM: seconds to finish the groups in flight; what is left is released to other workers.",
     )
     weight_sync_poll_s: float = Field(
-        0.2, gt=0, description="Seconds between checks for a weight-sync rendezvous and new weight updates."
+        0.2,
+        gt=0,
+        description="Longest wait between checks for a weight-sync rendezvous or weight update; an "
+        "announcement wakes the worker at once (Redis stream), this only bounds the wait.",
     )
 
     @model_validator(mode="after")

@@ -23,6 +23,8 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
@@ -279,10 +281,14 @@ class GeneratorWorker:
         from weight_sync import rendezvous
         from weight_sync.engine_side import EngineWeightSync
 
-        sync = EngineWeightSync(self.buffer.redis, self.buffer.namespace, self.worker_id)
+        r, namespace = self.buffer.redis, self.buffer.namespace
+        sync = EngineWeightSync(r, namespace, self.worker_id)
         self.weight_sync_state = "waiting"
+        cursor = "0-0"
         while True:
             try:
+                # taken before looking, so an announcement made while we look still wakes the wait below
+                cursor = await asyncio.to_thread(rendezvous.event_cursor, r, namespace)
                 joined = await sync.ensure_joined(self.engine.llm)
                 if joined:
                     self.weight_sync_state = f"joined:{sync.epoch}"
@@ -295,11 +301,7 @@ class GeneratorWorker:
                         loaded = await self.engine.apply_update(update)
                         sync.mark_applied(update)
                         await asyncio.to_thread(
-                            rendezvous.ack_update,
-                            self.buffer.redis,
-                            self.buffer.namespace,
-                            int(update["version"]),
-                            self.worker_id,
+                            rendezvous.ack_update, r, namespace, int(update["version"]), self.worker_id
                         )
                         log.info(
                             "worker %s: weights v%d (%d tensors) in %.2fs",
@@ -314,7 +316,16 @@ class GeneratorWorker:
                 log.warning("weight sync: %s", exc)
                 sync.epoch = None
                 self.weight_sync_state = "error"
-            await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                continue
+            # wakes when the learner announces a rendezvous or an update (at most weight_sync_poll_s later)
+            try:
+                await asyncio.to_thread(
+                    rendezvous.wait_for_event, r, namespace, cursor, self.cfg.weight_sync_poll_s
+                )
+            except redis.RedisError as exc:
+                log.warning("weight sync: waiting for the learner's announcements: %s", exc)
+                await asyncio.sleep(self.cfg.weight_sync_poll_s)
 
     async def _eval_loop(self) -> None:
         """Answer evaluation requests (buffer/eval_queue.py) with greedy runs on the test prompts."""

@@ -79,8 +79,11 @@ def receiver(redis_url: str, worker_id: str, rounds: int, raw_nbytes: int) -> No
     pool: dict | None = {} if info.get("keep_buffers", True) else None
     for version in range(1, rounds + 1):
         group.wait(group.broadcast(raw), "raw broadcast")
+        cursor = rendezvous.event_cursor(r, NS)
         while (update := rendezvous.latest_update(r, NS)) is None or update["version"] != version:
-            time.sleep(0.001)
+            cursor = rendezvous.wait_for_event(
+                r, NS, cursor, 1.0
+            )  # woken by the announcement, as engines are
         receive_update(group, update, pool)
         rendezvous.ack_update(r, NS, version, worker_id)
     group.close()

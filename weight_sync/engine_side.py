@@ -106,11 +106,14 @@ async def run_sync_loop(
     """Forever: join when a learner appears, apply every newer update (a small reference loop for tests/tools)."""
     while True:
         try:
+            cursor = rendezvous.event_cursor(sync.redis, sync.namespace)
             if await sync.ensure_joined(engine):
                 update = sync.pending_update(get_version())
                 if update is not None:
                     await sync.apply(engine, update)
                     set_version(int(update["version"]))
+            # woken by the learner's next announcement, or after poll_s at the latest
+            await asyncio.to_thread(rendezvous.wait_for_event, sync.redis, sync.namespace, cursor, poll_s)
         except Exception as exc:  # a failed sync must not kill the generator; the learner re-opens the group
             log.warning("weight sync: %s", exc)
-        await asyncio.sleep(poll_s)
+            await asyncio.sleep(poll_s)

@@ -70,13 +70,15 @@ def run_plain_receiver(
     pool: dict | None = {} if info.get("keep_buffers", True) else None
     for _ in range(num_updates):
         update = None
+        cursor = rendezvous.event_cursor(r, namespace)
         while update is None:
             update = rendezvous.latest_update(r, namespace)
             if update is not None and (int(update["version"]) <= version or update["epoch"] != group.epoch):
                 update = None  # already loaded, or a publish to another epoch's group
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"plain receiver {worker_id}: no update after version {version}")
-            time.sleep(0.005)
+            if update is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"plain receiver {worker_id}: no update after version {version}")
+                cursor = rendezvous.wait_for_event(r, namespace, cursor, 1.0)  # as the engines do
         if die_after_buckets is not None:
             for k, bucket in enumerate(update["buckets"]):
                 if k == die_after_buckets:

@@ -4,6 +4,10 @@ Learner rank 0 publishes the rendezvous (`{"addr", "port", "world_size", "backen
 engine claims a rank for that epoch (1..world_size-1) and joins the store-based process group; for every new
 version the learner announces the bucket layout, broadcasts, and waits for one ack per engine.
 
+Every rendezvous and update is also appended to a small Redis stream (`<namespace>:ws:events`): engines block on
+it (`event_cursor`, then `wait_for_event`) and wake as soon as the learner publishes, rather than polling; the
+learner's first broadcast cannot complete before they do.
+
 All keys live under `<namespace>:ws:` so one Redis can hold several runs. Values are JSON (never pickle).
 A new `epoch` (the learner re-opened the group, e.g. after an engine died) tells engines to leave and re-join.
 """
@@ -19,6 +23,7 @@ import redis
 # Redis keys expire after this long without a refresh so a finished run leaves nothing behind forever.
 _TTL_S = 7 * 24 * 3600
 _POLL_S = 0.05
+_EVENTS_KEPT = 64
 
 
 def _key(namespace: str, *parts: object) -> str:
@@ -40,7 +45,35 @@ def publish_rendezvous(r: redis.Redis, namespace: str, info: dict) -> None:
     # A fresh epoch starts with a fresh rank counter and member table.
     pipe.delete(_key(namespace, "rank", info["epoch"]), _key(namespace, "members", info["epoch"]))
     pipe.set(_key(namespace, "rendezvous"), json.dumps(info), ex=_TTL_S)
+    _add_event(pipe, namespace, "rendezvous", info["epoch"])
     pipe.execute()
+
+
+def _add_event(pipe: Any, namespace: str, kind: str, value: object) -> None:
+    """Append to the namespace's event stream, which engines block on (`wait_for_event`) instead of polling."""
+    key = _key(namespace, "events")
+    pipe.xadd(key, {"kind": kind, "value": str(value)}, maxlen=_EVENTS_KEPT, approximate=True)
+    pipe.expire(key, _TTL_S)
+
+
+def event_cursor(r: redis.Redis, namespace: str) -> str:
+    """The id of the newest event (take it before looking at the rendezvous/update keys, then wait from it)."""
+    newest = r.xrevrange(_key(namespace, "events"), count=1)
+    if not newest:
+        return "0-0"
+    event_id = newest[0][0]
+    return event_id.decode() if isinstance(event_id, bytes) else event_id
+
+
+def wait_for_event(r: redis.Redis, namespace: str, cursor: str, timeout_s: float) -> str:
+    """Block until a rendezvous or update is announced after `cursor` (at once if one already was), or until
+    `timeout_s`; returns the cursor to wait from next. Engines wake within a Redis round trip of a publish
+    instead of up to a poll interval later, while the learner's first broadcast is waiting for them."""
+    got = r.xread({_key(namespace, "events"): cursor}, count=1, block=max(1, int(timeout_s * 1000)))
+    if not got:
+        return cursor
+    event_id = got[0][1][-1][0]
+    return event_id.decode() if isinstance(event_id, bytes) else event_id
 
 
 def next_epoch(r: redis.Redis, namespace: str) -> int:
@@ -88,7 +121,10 @@ def announce_update(r: redis.Redis, namespace: str, update: dict) -> None:
     missing = {"version", "epoch", "buckets", "dtype"} - set(update)
     if missing:
         raise ValueError(f"update lacks {sorted(missing)}; got keys {sorted(update)}")
-    r.set(_key(namespace, "update"), json.dumps(update), ex=_TTL_S)
+    pipe = r.pipeline()
+    pipe.set(_key(namespace, "update"), json.dumps(update), ex=_TTL_S)
+    _add_event(pipe, namespace, "update", update["version"])
+    pipe.execute()
 
 
 def latest_update(r: redis.Redis, namespace: str) -> dict | None:

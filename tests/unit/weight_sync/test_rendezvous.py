@@ -90,3 +90,27 @@ async def test_engine_takes_the_starting_weights_even_at_its_own_version(r):
     rv.announce_update(r, NS, {**update, "version": 1})
     assert sync.pending_update(current_version=0)["version"] == 1
     assert sync.pending_update(current_version=2) is None  # older than what the engine holds
+
+
+UPDATE = {"version": 1, "epoch": 1, "buckets": [[["w", "float32", [2]]]], "dtype": "float32"}
+
+
+def test_engines_wait_on_announcements_instead_of_polling(r):
+    import threading
+
+    ns = "wsevents"
+    cursor = rv.event_cursor(r, ns)
+    assert cursor == "0-0"  # nothing announced yet
+    assert rv.wait_for_event(r, ns, cursor, timeout_s=0.05) == cursor  # nothing came: same cursor back
+    # an announcement made between taking the cursor and waiting is not missed: the wait returns at once
+    rv.publish_rendezvous(r, ns, INFO)
+    after_rendezvous = rv.wait_for_event(r, ns, cursor, timeout_s=30)
+    assert after_rendezvous != cursor and rv.event_cursor(r, ns) == after_rendezvous
+    # a wait in progress wakes when the learner announces an update (long before its 30 s timeout)
+    timer = threading.Timer(0.2, rv.announce_update, args=(r, ns, {**UPDATE, "version": 2}))
+    start = time.monotonic()
+    timer.start()
+    after_update = rv.wait_for_event(r, ns, after_rendezvous, timeout_s=30)
+    timer.join()
+    assert time.monotonic() - start < 15 and after_update != after_rendezvous
+    assert rv.latest_update(r, ns)["version"] == 2
