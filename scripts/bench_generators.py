@@ -3,6 +3,7 @@
     python scripts/bench_generators.py                    # tiny world (warm-started policy, BM25 over its corpus)
     python scripts/bench_generators.py --quick --json     # short run, one JSON object with every figure
     python scripts/bench_generators.py --model DIR --corpus corpus.jsonl --prompts train.parquet
+    python scripts/bench_generators.py --identity-layers 14  # same samples, a forward 8x as costly
 
 Both phases run the way a generator worker does, continuously: `--total-groups` prompts go through the engine
 with at most `--groups` groups (x `--group-size` trajectories) in flight, a new one starting as soon as one ends, so
@@ -26,6 +27,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +53,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats", type=int, default=3, help="measure each phase this many times (best kept)"
     )
+    parser.add_argument(
+        "--identity-layers",
+        type=int,
+        default=0,
+        help="add this many layers whose output projections are zero: the same samples, a costlier forward",
+    )
     parser.add_argument("--quick", action="store_true", help="a short run (4 groups, 1 repeat)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. generators.max_turns=3")
@@ -71,6 +79,36 @@ def _local_search(corpus: Path, topk: int):
         return SearchResult(query=query, documents=hits.docs, scores=hits.scores)
 
     return search
+
+
+def _with_identity_layers(model_dir: Path, extra: int, out_dir: Path) -> Path:
+    """A copy of the model with `extra` more decoder layers whose attention and MLP output projections are zero:
+    each adds nothing to the residual stream, so the model samples exactly what the original does, while a forward
+    costs what a deeper model's would (how the ratio moves when compute, not per-token overhead, dominates)."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    layers = model.model.layers
+    g = torch.Generator().manual_seed(0)
+    for _ in range(extra):
+        layer = copy.deepcopy(layers[-1])
+        with torch.no_grad():
+            for name, param in layer.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    param.zero_()
+                elif param.dim() == 2:  # the other matrices do real (if unused) work
+                    param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+        layers.insert(len(layers) - 1, layer)
+    for index, layer in enumerate(layers):
+        layer.self_attn.layer_idx = index
+    model.config.num_hidden_layers = len(layers)
+    model.config.layer_types = ["full_attention"] * len(layers)
+    model.save_pretrained(str(out_dir))
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out_dir))
+    return out_dir
 
 
 async def _bounded(jobs: list, limit: int) -> list:
@@ -186,6 +224,8 @@ async def _bench(args: argparse.Namespace) -> dict:
         model_dir = model_dir or world.model_dir
         corpus = corpus or world.corpus_path
         prompts_path = prompts_path or world.train_path
+    if args.identity_layers:
+        model_dir = _with_identity_layers(Path(model_dir), args.identity_layers, args.scratch / "model")
     prompts = load_prompts(prompts_path)[:total_groups]
     if len(prompts) < total_groups:
         raise SystemExit(
@@ -252,6 +292,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         "total_groups": total_groups,
         "group_size": group_size,
         "block_size": gen_cfg.engine.block_size,
+        "identity_layers": args.identity_layers,
         "trajectories": len(rollouts),
         "sampled_tokens": sampled,
         "observation_tokens": observation,
@@ -288,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    figures = asyncio.run(_bench(args))
+    with tempfile.TemporaryDirectory(prefix="sr1-bench-generators-") as scratch:
+        args.scratch = Path(scratch)
+        figures = asyncio.run(_bench(args))
     if args.json:
         print(json.dumps(figures))
     else:
