@@ -9,17 +9,21 @@ from generators.group import run_group
 from generators.testing import ScriptedEngine
 
 
+def _prompt(index: int, content: str, answer: str, release_version: int = 0) -> PromptRecord:
+    return PromptRecord(
+        group_id=f"nq/train/{index}/e0",
+        question=content,
+        prompt=[{"role": "user", "content": content}],
+        ground_truth=[answer],
+        data_source="nq",
+        index=index,
+        release_version=release_version,
+    )
+
+
 async def test_group_of_scripted_samples_is_scored_and_valid(toy_tokenizer):
     tok = toy_tokenizer
-    prompt = PromptRecord(
-        group_id="nq/train/5/e0",
-        question="who founded alpha?",
-        prompt=[{"role": "user", "content": "who founded alpha?"}],
-        ground_truth=["Cedar"],
-        data_source="nq",
-        index=5,
-        release_version=3,
-    )
+    prompt = _prompt(5, "who founded alpha?", "Cedar", release_version=3)
     turns = [
         ("<think> a </think> <answer> cedar </answer>", "stop"),
         ("<think> b </think> <answer> birch </answer>", "stop"),
@@ -44,14 +48,7 @@ async def test_group_of_scripted_samples_is_scored_and_valid(toy_tokenizer):
 
 async def test_overlong_prompt_yields_an_empty_zero_reward_group(toy_tokenizer):
     tok = toy_tokenizer
-    prompt = PromptRecord(
-        group_id="nq/train/1/e0",
-        question="q",
-        prompt=[{"role": "user", "content": "a b c d e f"}],
-        ground_truth=["x"],
-        data_source="nq",
-        index=1,
-    )
+    prompt = _prompt(1, "a b c d e f", "x")
     engine = ScriptedEngine(tok, [])
     settings = AgentSettings(max_turns=1, max_tokens_per_turn=8, max_obs_tokens=8, max_response_tokens=16)
     group, _ = await run_group(
@@ -66,14 +63,7 @@ async def test_each_sample_is_reported_done_as_it_ends_not_when_the_group_does(t
     """The worker frees an engine slot per finished sample (its in-flight count), so the callback must fire when a
     sample ends: here two samples answer at once while the third still has a search and a second turn to go."""
     tok = toy_tokenizer
-    prompt = PromptRecord(
-        group_id="nq/train/2/e0",
-        question="q",
-        prompt=[{"role": "user", "content": "who founded alpha?"}],
-        ground_truth=["cedar"],
-        data_source="nq",
-        index=2,
-    )
+    prompt = _prompt(2, "who founded alpha?", "cedar")
     turns = [
         ("<answer> cedar </answer>", "stop"),
         ("<answer> birch </answer>", "stop"),
