@@ -284,7 +284,6 @@ class GeneratorWorker:
         r, namespace = self.buffer.redis, self.buffer.namespace
         sync = EngineWeightSync(r, namespace, self.worker_id)
         self.weight_sync_state = "waiting"
-        cursor = "0-0"
         while True:
             try:
                 # taken before looking, so an announcement made while we look still wakes the wait below
