@@ -6,7 +6,8 @@ version the learner announces the bucket layout, broadcasts, and waits for one a
 
 Every rendezvous and update is also appended to a small Redis stream (`<namespace>:ws:events`): engines block on
 it (`event_cursor`, then `wait_for_event`) and wake as soon as the learner publishes, rather than polling; the
-learner's first broadcast cannot complete before they do.
+learner's first broadcast cannot complete before they do. Acks go to a second stream (`<namespace>:ws:ack_events`),
+which `wait_acks` blocks on the same way.
 
 All keys live under `<namespace>:ws:` so one Redis can hold several runs. Values are JSON (never pickle).
 A new `epoch` (the learner re-opened the group, e.g. after an engine died) tells engines to leave and re-join.
@@ -49,31 +50,40 @@ def publish_rendezvous(r: redis.Redis, namespace: str, info: dict) -> None:
     pipe.execute()
 
 
-def _add_event(pipe: Any, namespace: str, kind: str, value: object) -> None:
-    """Append to the namespace's event stream, which engines block on (`wait_for_event`) instead of polling."""
-    key = _key(namespace, "events")
+def _add_event(pipe: Any, namespace: str, kind: str, value: object, stream: str = "events") -> None:
+    """Append to one of the namespace's notification streams (`events`: rendezvous and updates, which engines
+    wait on; `ack_events`: acks, which the learner waits on), so waiters block instead of polling."""
+    key = _key(namespace, stream)
     pipe.xadd(key, {"kind": kind, "value": str(value)}, maxlen=_EVENTS_KEPT, approximate=True)
     pipe.expire(key, _TTL_S)
 
 
-def event_cursor(r: redis.Redis, namespace: str) -> str:
-    """The id of the newest event (take it before looking at the rendezvous/update keys, then wait from it)."""
-    newest = r.xrevrange(_key(namespace, "events"), count=1)
+def _stream_cursor(r: redis.Redis, key: str) -> str:
+    newest = r.xrevrange(key, count=1)
     if not newest:
         return "0-0"
     event_id = newest[0][0]
     return event_id.decode() if isinstance(event_id, bytes) else event_id
 
 
-def wait_for_event(r: redis.Redis, namespace: str, cursor: str, timeout_s: float) -> str:
-    """Block until a rendezvous or update is announced after `cursor` (at once if one already was), or until
-    `timeout_s`; returns the cursor to wait from next. Engines wake within a Redis round trip of a publish
-    instead of up to a poll interval later, while the learner's first broadcast is waiting for them."""
-    got = r.xread({_key(namespace, "events"): cursor}, count=1, block=max(1, int(timeout_s * 1000)))
+def _wait_stream(r: redis.Redis, key: str, cursor: str, timeout_s: float) -> str:
+    got = r.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
     if not got:
         return cursor
     event_id = got[0][1][-1][0]
     return event_id.decode() if isinstance(event_id, bytes) else event_id
+
+
+def event_cursor(r: redis.Redis, namespace: str) -> str:
+    """The id of the newest event (take it before looking at the rendezvous/update keys, then wait from it)."""
+    return _stream_cursor(r, _key(namespace, "events"))
+
+
+def wait_for_event(r: redis.Redis, namespace: str, cursor: str, timeout_s: float) -> str:
+    """Block until a rendezvous or update is announced after `cursor` (at once if one already was), or until
+    `timeout_s`; returns the cursor to wait from next. Engines wake within a Redis round trip of a publish
+    instead of up to a poll interval later, while the learner's first broadcast is waiting for them."""
+    return _wait_stream(r, _key(namespace, "events"), cursor, timeout_s)
 
 
 def next_epoch(r: redis.Redis, namespace: str) -> int:
@@ -138,6 +148,7 @@ def ack_update(r: redis.Redis, namespace: str, version: int, worker_id: str) -> 
     pipe = r.pipeline()
     pipe.sadd(key, worker_id)
     pipe.expire(key, 3600)
+    _add_event(pipe, namespace, "ack", version, stream="ack_events")
     pipe.execute()
 
 
@@ -159,7 +170,8 @@ def wait_acks(
     `expected` (rank -> worker id, e.g. from `members`) lets the error name the engines that did not ack.
     """
     deadline = time.monotonic() + timeout_s
-    polls = 0
+    acks_stream = _key(namespace, "ack_events")
+    cursor = _stream_cursor(r, acks_stream)  # before looking: an ack landing meanwhile still wakes the wait
     while True:
         got = acked(r, namespace, version)
         if len(got) >= n:
@@ -173,9 +185,8 @@ def wait_acks(
                 f"weight sync version {version}: {len(got)} of {n} engines acked within {timeout_s:.1f} s; "
                 f"missing: {', '.join(missing)}; acked: {sorted(got) or 'none'}"
             )
-        # Acks usually follow the last bucket within milliseconds: poll fast first, then back off.
-        time.sleep(min(_POLL_S, 0.001 * 1.5**polls))
-        polls += 1
+        # woken by the next ack (any version: then look again), or after the remaining time
+        cursor = _wait_stream(r, acks_stream, cursor, max(0.001, deadline - time.monotonic()))
 
 
 def wait_members(r: redis.Redis, namespace: str, epoch: int, n: int, timeout_s: float) -> dict[int, str]:

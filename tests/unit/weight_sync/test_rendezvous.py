@@ -114,3 +114,18 @@ def test_engines_wait_on_announcements_instead_of_polling(r):
     timer.join()
     assert time.monotonic() - start < 15 and after_update != after_rendezvous
     assert rv.latest_update(r, ns)["version"] == 2
+
+
+def test_wait_acks_wakes_on_the_last_ack_instead_of_polling(r):
+    import threading
+
+    ns = "wsackwake"
+    rv.ack_update(r, ns, 3, "g0")  # an ack of an older version does not count
+    rv.ack_update(r, ns, 4, "g0")
+    timer = threading.Timer(0.2, rv.ack_update, args=(r, ns, 4, "g1"))
+    start = time.monotonic()
+    timer.start()
+    rv.wait_acks(r, ns, 4, 2, timeout_s=30, expected={1: "g0", 2: "g1"})
+    timer.join()
+    assert time.monotonic() - start < 15  # woken by g1's ack, long before the 30 s timeout
+    assert rv.acked(r, ns, 4) == {"g0", "g1"}
