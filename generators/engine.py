@@ -231,9 +231,10 @@ def skip_logprob_text() -> bool:
     With `detokenize` on (it has to be: vLLM matches stop strings on the detokenized text), vLLM's output processor
     also turns each log-prob entry's token into a string, one `tokenizer.decode([id])` per sampled token. sr1 reads
     only ids and log-probs; skipping that decode saved a fifth of the generator process's CPU per sampled token
-    in the agent benchmark, where the process shares two cores with the engine. The hook hands the log-prob processor of marked
-    requests no tokenizer, which is what vLLM itself does with `detokenize=False`; the incremental detokenizer,
-    and with it the stop strings, keep the tokenizer. Idempotent; on a vLLM without the hook point it only logs.
+    in the agent benchmark, where the process shares two cores with the engine. The hook hands the log-prob
+    processor of marked requests no tokenizer, which is what vLLM itself does with `detokenize=False`; the
+    incremental detokenizer, and with it the stop strings, keep the tokenizer. Idempotent; on a vLLM without the
+    hook point it only logs.
     """
     try:
         from vllm.v1.engine.logprobs import LogprobsProcessor

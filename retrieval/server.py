@@ -334,9 +334,8 @@ def create_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
 
-    async def _share_counters() -> (
-        None
-    ):  # so /metrics on any worker sees the others' counts (half a second old)
+    # so /metrics on any worker sees the others' counts (half a second old)
+    async def _share_counters() -> None:
         while True:
             await asyncio.sleep(0.5)
             state.publish_counters()

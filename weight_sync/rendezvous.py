@@ -31,6 +31,10 @@ def _key(namespace: str, *parts: object) -> str:
     return ":".join([namespace, "ws", *(str(p) for p in parts)])
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _loads(raw: bytes | str | None) -> dict | None:
     if raw is None:
         return None
@@ -62,16 +66,14 @@ def _stream_cursor(r: redis.Redis, key: str) -> str:
     newest = r.xrevrange(key, count=1)
     if not newest:
         return "0-0"
-    event_id = newest[0][0]
-    return event_id.decode() if isinstance(event_id, bytes) else event_id
+    return _text(newest[0][0])
 
 
 def _wait_stream(r: redis.Redis, key: str, cursor: str, timeout_s: float) -> str:
     got = r.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
     if not got:
         return cursor
-    event_id = got[0][1][-1][0]
-    return event_id.decode() if isinstance(event_id, bytes) else event_id
+    return _text(got[0][1][-1][0])
 
 
 def event_cursor(r: redis.Redis, namespace: str) -> str:
@@ -123,7 +125,7 @@ def claim_rank(r: redis.Redis, namespace: str, epoch: int, worker_id: str | None
 def members(r: redis.Redis, namespace: str, epoch: int) -> dict[int, str]:
     """Ranks claimed in `epoch`, mapped to the worker ids that claimed them."""
     raw = r.hgetall(_key(namespace, "members", epoch))
-    return {int(k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}
+    return {int(k): _text(v) for k, v in raw.items()}
 
 
 def announce_update(r: redis.Redis, namespace: str, update: dict) -> None:
@@ -154,7 +156,7 @@ def ack_update(r: redis.Redis, namespace: str, version: int, worker_id: str) -> 
 
 def acked(r: redis.Redis, namespace: str, version: int) -> set[str]:
     """Worker ids that acked `version`."""
-    return {m.decode() if isinstance(m, bytes) else m for m in r.smembers(_key(namespace, "acks", version))}
+    return {_text(m) for m in r.smembers(_key(namespace, "acks", version))}
 
 
 def wait_acks(
