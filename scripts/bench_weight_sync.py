@@ -132,10 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         r = redis.Redis.from_url(server.url)
         pub = WeightPublisher(r, NS, cfg, num_engines=args.receivers)
         # Raw baseline moves exactly the bytes a publish moves (same bucket padding included).
-        from weight_sync.buckets import bucket_offsets, dtype_to_str
+        from weight_sync.buckets import bucket_offsets
 
-        entries = [(n, dtype_to_str(dtype), list(t.shape)) for n, t in tensors]
-        buckets = pub.plan(entries)
+        buckets = pub.plan(tensors, dtype)
         nbytes = sum(bucket_offsets(b)[1] for b in buckets)
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=receiver, args=(server.url, f"recv{i}", total_rounds, nbytes), daemon=True)

@@ -8,7 +8,7 @@ announced layout with `bucket_offsets`, so only names, dtypes and shapes travel 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import torch
 
@@ -40,32 +40,42 @@ def _align(n: int) -> int:
 
 
 def bucket_offsets(bucket: Sequence[Sequence]) -> tuple[list[int], int]:
-    """Byte offset of each entry and the bucket's total size in bytes."""
-    offsets, pos = [], 0
+    """Byte offset of each entry and the bucket's size in bytes, up to the end of its last entry (no trailing
+    padding: a bucket of one entry is exactly that tensor's bytes, so it can go on the wire from the tensor's own
+    memory)."""
+    offsets, end = [], 0
     for entry in bucket:
-        offsets.append(pos)
-        pos = _align(pos + entry_nbytes(entry))
-    return offsets, pos
+        offsets.append(_align(end))
+        end = offsets[-1] + entry_nbytes(entry)
+    return offsets, end
 
 
 def plan_buckets(
-    entries: Sequence[Entry], bucket_bytes: int, first_bucket_bytes: int | None = None
+    entries: Sequence[Entry],
+    bucket_bytes: int,
+    first_bucket_bytes: int | None = None,
+    alone: Container[str] = (),
 ) -> list[list[Entry]]:
     """Split entries, in order, into buckets of at most `bucket_bytes` (a larger tensor gets a bucket of its own).
 
     `first_bucket_bytes` caps the first bucket alone: nothing is on the wire while it is gathered and packed, so
-    a small first bucket starts the gather/broadcast pipeline sooner."""
+    a small first bucket starts the gather/broadcast pipeline sooner. An entry named in `alone` gets a bucket of its
+    own whatever its size, so the sender can broadcast it without copying it into a bucket."""
     buckets: list[list[Entry]] = []
     current: list[Entry] = []
     size = 0
     cap = first_bucket_bytes or bucket_bytes
     for entry in entries:
         nbytes = _align(entry_nbytes(entry))
-        if current and size + nbytes > cap:
+        by_itself = entry[0] in alone
+        if current and (by_itself or size + nbytes > cap):
             buckets.append(current)
             current, size, cap = [], 0, bucket_bytes
         current.append(entry)
         size += nbytes
+        if by_itself:
+            buckets.append(current)
+            current, size, cap = [], 0, bucket_bytes
     if current:
         buckets.append(current)
     return buckets
@@ -82,6 +92,17 @@ def pack_into(buffer: torch.Tensor, bucket: Sequence[Sequence], tensors: Sequenc
         nbytes = entry_nbytes((name, dtype, shape))
         view = buffer[offset : offset + nbytes].view(str_to_dtype(dtype)).view(shape)
         view.copy_(tensor, non_blocking=True)
+
+
+def bytes_in_place(bucket: Sequence[Sequence], tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The bucket's bytes as a view of the tensor itself, when `bucket` holds one entry and its tensor already is
+    what the wire carries (announced dtype and shape, contiguous); None when it must be packed."""
+    if len(bucket) != 1:
+        return None
+    (_, dtype, shape), tensor = bucket[0], tensors[0]
+    if tensor.dtype != str_to_dtype(dtype) or list(tensor.shape) != list(shape) or not tensor.is_contiguous():
+        return None
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 def unpack(buffer: torch.Tensor, bucket: Sequence[Sequence]) -> list[tuple[str, torch.Tensor]]:

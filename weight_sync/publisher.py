@@ -7,7 +7,9 @@
 
 `publish` plans buckets of `bucket_mb` from the names/shapes (DTensor shapes are global, so nothing is gathered
 yet), announces the layout in Redis, then pipelines: bucket k is broadcast asynchronously while bucket k+1 is
-gathered (`DTensor.full_tensor()`) and packed into the other of two staging buffers. It then waits for every
+gathered (`DTensor.full_tensor()`) and packed into the other of two staging buffers. A tensor of at least
+`in_place_mb` gets a bucket of its own and, when it already has the wire dtype, goes on the wire from its own memory
+with no copy (fp32 weights published as fp32, bf16 ones as bf16, gathered DTensors). It then waits for every
 engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` raise `WeightSyncError` (or
 TimeoutError for acks), and the next `publish` re-opens the group under a new epoch, which engines re-join.
 
@@ -23,13 +25,21 @@ import contextlib
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 import redis
 import torch
 
 from weight_sync import rendezvous
-from weight_sync.buckets import bucket_offsets, dtype_to_str, pack_into, plan_buckets
+from weight_sync.buckets import (
+    bucket_offsets,
+    bytes_in_place,
+    dtype_to_str,
+    entry_nbytes,
+    pack_into,
+    plan_buckets,
+)
 from weight_sync.group import SyncGroup, WeightSyncError, make_group, open_store, resolve_backend
 from weight_sync.settings import WeightSyncConfig
 
@@ -177,15 +187,14 @@ class WeightPublisher:
                 "weight_sync/bytes": 0,
                 "weight_sync/gbps": 0.0,
                 "weight_sync/buckets": 0,
+                "weight_sync/in_place_bytes": 0,
             }
         if self.group is None:
             self.connect()
         assert self.group is not None
         start = time.perf_counter()
-        # Names and shapes only: a DTensor reports its global shape without gathering.
         items = [(name, tensor.detach()) for name, tensor in named_tensors]
-        entries = [(name, dtype_to_str(dtype or tensor.dtype), list(tensor.shape)) for name, tensor in items]
-        buckets = self.plan(entries)
+        buckets = self.plan(items, dtype)
         update = {
             "version": int(version),
             "epoch": self.epoch,
@@ -194,7 +203,7 @@ class WeightPublisher:
         }
         rendezvous.announce_update(self.redis, self.namespace, update)
         try:
-            total_bytes = self._broadcast_buckets(iter(items), buckets, version, dtype)
+            total_bytes, in_place_bytes = self._broadcast_buckets(iter(items), buckets, version, dtype)
             rendezvous.wait_acks(
                 self.redis,
                 self.namespace,
@@ -219,49 +228,71 @@ class WeightPublisher:
             "weight_sync/bytes": total_bytes,
             "weight_sync/gbps": total_bytes * 8 / seconds / 1e9,
             "weight_sync/buckets": len(buckets),
+            "weight_sync/in_place_bytes": in_place_bytes,  # sent from the tensors' own memory, not packed
         }
 
-    def plan(self, entries: list) -> list:
-        """The buckets a publish of `entries` ((name, dtype, shape)) sends: `bucket_mb` each, the first a quarter
-        of that (gathering and packing it is the one step no broadcast overlaps)."""
+    def plan(self, named_tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> list:
+        """The buckets of (name, wire dtype, shape) a publish of `named_tensors` in `dtype` sends: `bucket_mb` each,
+        the first a quarter of that (gathering and packing it is the one step no broadcast overlaps). A tensor of
+        `in_place_mb` or more that needs no conversion (already in `dtype`, or a DTensor, which is gathered in it)
+        gets a bucket of its own, sent from its memory. Nothing is gathered: a DTensor reports its global shape."""
+        entries, alone = [], set()
+        in_place_bytes = self.cfg.in_place_mb * 2**20
+        for name, tensor in named_tensors:
+            entry = (name, dtype_to_str(dtype or tensor.dtype), list(tensor.shape))
+            entries.append(entry)
+            no_conversion = dtype in (None, tensor.dtype) or hasattr(tensor, "full_tensor")
+            if in_place_bytes and no_conversion and entry_nbytes(entry) >= in_place_bytes:
+                alone.add(name)
         bucket_bytes = int(self.cfg.bucket_mb * 2**20)
-        return plan_buckets(entries, bucket_bytes, first_bucket_bytes=bucket_bytes // 4)
+        return plan_buckets(entries, bucket_bytes, first_bucket_bytes=bucket_bytes // 4, alone=alone)
 
-    def _staging_buffers(self, capacity: int, count: int, device: torch.device) -> list[torch.Tensor]:
-        """Two staging buffers kept between publishes (fresh large buffers would be page-faulted every time)."""
-        held = self._staging
-        if len(held) < count or any(b.numel() < capacity or b.device != device for b in held[:count]):
-            held = self._staging = [
-                torch.empty(capacity, dtype=torch.uint8, device=device) for _ in range(count)
-            ]
-        return held[:count]
+    def _staging_buffer(self, slot: int, nbytes: int, device: torch.device) -> torch.Tensor:
+        """Staging buffer `slot` (of two), kept between publishes and grown on demand (fresh large buffers would be
+        page-faulted in every time)."""
+        while len(self._staging) <= slot:
+            self._staging.append(torch.empty(0, dtype=torch.uint8, device=device))
+        held = self._staging[slot]
+        if held.numel() < nbytes or held.device != device:
+            held = self._staging[slot] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return held[:nbytes]
 
     def _broadcast_buckets(
         self, items: Iterator, buckets: list, version: int, dtype: torch.dtype | None
-    ) -> int:
-        """Two staging buffers: pack bucket k+1 (gathering its tensors in the wire `dtype`) while bucket k is on
-        the wire."""
+    ) -> tuple[int, int]:
+        """Gather bucket k+1 (in the wire `dtype`) while bucket k is on the wire. A bucket that is one tensor already
+        in the wire dtype is sent from that tensor's memory; the others are packed into whichever of two staging
+        buffers is not on the wire. At most two buckets' worth of bytes are in flight (gathered tensors stay alive
+        until sent). Returns (bytes sent, bytes sent in place)."""
         group = self.group
         assert group is not None
-        capacity = max(bucket_offsets(b)[1] for b in buckets)
-        staging = self._staging_buffers(capacity, min(2, len(buckets)), group.device)
-        in_flight: list = [None] * len(staging)
-        total = 0
-        for k, bucket in enumerate(buckets):
-            slot = k % len(staging)
-            if in_flight[slot] is not None:
-                group.wait(in_flight[slot], f"sending bucket {k - 1}/{len(buckets)} of version {version}")
-            tensors = [gather_for_wire(next(items)[1], dtype) for _ in bucket]
+        budget = max(2 * int(self.cfg.bucket_mb * 2**20), max(bucket_offsets(b)[1] for b in buckets))
+        in_flight: deque = deque()  # (work, staging slot or None, nbytes, payload kept alive), oldest first
+        sent = packed = in_place = 0
+
+        def wait_oldest() -> None:
+            work = in_flight.popleft()[0]
+            group.wait(work, f"sending bucket {sent - len(in_flight)}/{len(buckets)} of version {version}")
+
+        for bucket in buckets:
+            tensors = [gather_for_wire(next(items)[1], dtype).to(group.device) for _ in bucket]
             _, nbytes = bucket_offsets(bucket)
-            buffer = staging[slot][:nbytes]
-            sending = any(work is not None for work in in_flight)
-            with _single_thread_on_cpu(group.device, sending):
-                pack_into(buffer, bucket, [t.to(group.device) for t in tensors])
+            payload, slot = bytes_in_place(bucket, tensors), None
+            if payload is not None:
+                in_place += nbytes
+            else:
+                slot, packed = packed % 2, packed + 1
+                while any(entry[1] == slot for entry in in_flight):
+                    wait_oldest()
+                payload = self._staging_buffer(slot, nbytes, group.device)
+                with _single_thread_on_cpu(group.device, sending=bool(in_flight)):
+                    pack_into(payload, bucket, tensors)
+            while in_flight and sum(entry[2] for entry in in_flight) + nbytes > budget:
+                wait_oldest()
             if group.backend == "nccl":
                 torch.cuda.current_stream().synchronize()
-            in_flight[slot] = group.broadcast(buffer)
-            total += nbytes
-        for k, work in enumerate(in_flight):
-            if work is not None:
-                group.wait(work, f"sending the last buckets of version {version} (slot {k})")
-        return total
+            in_flight.append((group.broadcast(payload), slot, nbytes, payload))
+            sent += 1
+        while in_flight:
+            wait_oldest()
+        return sum(bucket_offsets(b)[1] for b in buckets), in_place

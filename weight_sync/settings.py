@@ -16,6 +16,13 @@ class WeightSyncConfig(BaseModel):
     bucket_mb: float = Field(
         256.0, gt=0, description="Parameters are gathered and broadcast in buckets of this size."
     )
+    in_place_mb: float = Field(
+        1.0,
+        ge=0,
+        description="A tensor of at least this size that needs no conversion (already in the wire dtype, or an FSDP "
+        "shard gathered in it) is broadcast from its own memory instead of being copied into a bucket (0: copy every "
+        "tensor).",
+    )
     timeout_s: float = Field(
         300.0,
         gt=0,

@@ -131,13 +131,15 @@ def fsdp_learner_rank(
             "fully_shard should turn parameters into DTensors"
         )
         if rank == 0:
-            cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.25, timeout_s=timeout_s)
+            # tensors of 64 KB or more (the embeddings, the projections) go on the wire from the gathered tensors
+            cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.25, in_place_mb=1 / 16, timeout_s=timeout_s)
             publisher = WeightPublisher(
                 redis.Redis.from_url(redis_url), namespace, cfg, num_engines=num_engines
             )
             publisher.connect(timeout_s=timeout_s)
-            publisher.publish(named, version=version, dtype=wire)
+            stats = publisher.publish(named, version=version, dtype=wire)
             publisher.close()
+            assert stats["weight_sync/in_place_bytes"] > 0, "gathered tensors should go on the wire in place"
         else:
             gather_in_step(named, wire)
         dist.barrier()

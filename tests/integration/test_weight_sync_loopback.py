@@ -29,6 +29,7 @@ def _weights(seed: int) -> dict[str, torch.Tensor]:
         "model.embed_tokens.weight": torch.randn(300, 64, generator=g),
         "model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=g),
         "model.layers.0.self_attn.q_proj.bias": torch.randn(64, generator=g),
+        "model.layers.0.self_attn.k_proj.bias": torch.randn(64, generator=g),
         "model.layers.0.mlp.up_proj.weight": torch.randn(128, 64, generator=g).to(torch.bfloat16),
         "model.norm.weight": torch.randn(64, generator=g),
         "lm_head.weight": torch.randn(300, 64, generator=g),
@@ -71,7 +72,8 @@ def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, tmp_
     procs = [threading.Thread(target=receive, args=(f"eng{i}", str(d))) for i, d in enumerate(dirs)]
     for proc in procs:
         proc.start()
-    cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.05, timeout_s=30)  # ~50 KB buckets: several per update
+    # ~50 KB buckets: several per update; tensors of 16 KB or more alone, sent in place when no conversion is needed
+    cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.05, in_place_mb=2**-6, timeout_s=30)
     pub = WeightPublisher(r, NS, cfg, num_engines=2)
     try:
         pub.connect()
@@ -79,8 +81,13 @@ def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, tmp_
         stats = pub.publish(sent1.items(), version=1)
         assert stats["weight_sync/buckets"] >= 3
         assert stats["weight_sync/bytes"] >= sum(t.numel() * t.element_size() for t in sent1.values())
+        # every tensor alone in its bucket goes in place (up_proj as bf16, its own dtype); the two biases share one
+        total = sum(t.numel() * t.element_size() for t in sent1.values())
+        assert stats["weight_sync/in_place_bytes"] == total - 2 * 64 * 4
         sent2 = _weights(2)
-        pub.publish(sent2.items(), version=2, dtype=torch.bfloat16)
+        stats = pub.publish(sent2.items(), version=2, dtype=torch.bfloat16)
+        # as bf16 only up_proj is already in the wire dtype: the fp32 tensors are converted into staging
+        assert stats["weight_sync/in_place_bytes"] == 128 * 64 * 2
     finally:
         pub.close()
         for proc in procs:

@@ -8,6 +8,7 @@ import torch
 from weight_sync.buckets import (
     ALIGN,
     bucket_offsets,
+    bytes_in_place,
     entry_nbytes,
     pack_into,
     plan_buckets,
@@ -42,12 +43,34 @@ def test_first_bucket_cap_applies_to_the_first_bucket_only():
     assert plan_buckets(_entries(), 256, first_bucket_bytes=None) == plan_buckets(_entries(), 256)
 
 
+def test_entries_named_alone_get_a_bucket_of_their_own_and_order_is_kept():
+    buckets = plan_buckets(_entries(), bucket_bytes=256, alone={"a"})
+    assert [[e[0] for e in b] for b in buckets] == [["a"], ["b"], ["c"], ["d", "e"]]
+    buckets = plan_buckets(_entries(), bucket_bytes=256, alone={"d"})
+    assert [[e[0] for e in b] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+
+
+def test_a_one_tensor_bucket_in_the_wire_dtype_is_sent_from_the_tensor_itself():
+    weight = torch.randn(4, 6)
+    bucket = [("w", "float32", [4, 6])]
+    view = bytes_in_place(bucket, [weight])
+    assert view is not None and view.numel() == bucket_offsets(bucket)[1]
+    assert view.data_ptr() == weight.data_ptr()  # no copy
+    assert torch.equal(unpack(view.clone(), bucket)[0][1], weight)
+    # anything that needs converting or compacting is packed instead
+    assert bytes_in_place([("w", "bfloat16", [4, 6])], [weight]) is None
+    assert bytes_in_place(bucket, [weight.t().contiguous().t()]) is None
+    assert bytes_in_place([("w", "float32", [6, 4])], [weight]) is None
+    assert bytes_in_place(_entries()[:2], [weight, weight]) is None
+
+
 def test_offsets_are_aligned_and_do_not_overlap():
     offsets, total = bucket_offsets(_entries())
     ends = [o + entry_nbytes(e) for o, e in zip(offsets, _entries(), strict=True)]
     assert all(o % ALIGN == 0 for o in offsets)
     assert all(end <= nxt for end, nxt in zip(ends, offsets[1:], strict=False))
-    assert total >= ends[-1] and total % ALIGN == 0
+    assert total == ends[-1]  # no trailing padding: a one-entry bucket is exactly its tensor's bytes
+    assert bucket_offsets([("x", "bfloat16", [3, 5])]) == ([0], 30)
 
 
 def test_pack_unpack_round_trip_converts_dtypes_exactly():
