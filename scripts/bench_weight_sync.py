@@ -1,9 +1,11 @@
 """Benchmark weight sync: a full `WeightPublisher.publish` against one raw broadcast of the same bytes.
 
-Both run in the same process group in the same run, interleaved round by round, so the ratio
-(publish effective bandwidth / raw broadcast bandwidth, target >= 0.8) isolates what bucketing, packing, dtype
-conversion, the Redis announcement and the acks cost. Figures are medians over `--rounds` after `--warmup` unmeasured pairs. The model is a synthetic Qwen2-shaped set of fp32 tensors of
-about 100M parameters (`--quick`: about 20M), published in bf16 by default, as a learner would.
+Both run in the same process group in the same run, interleaved round by round, so the ratio (publish effective
+bandwidth / raw broadcast bandwidth, target >= 0.8) isolates what bucketing, packing, dtype conversion, the Redis
+announcement and the acks cost. Figures are medians over `--rounds` after `--warmup` unmeasured pairs. The model is a
+synthetic Qwen2-shaped set of fp32 tensors of about 100M parameters (`--quick`: about 20M), published as fp32 (the CPU preset's dtype: large tensors go on the wire
+from their own memory) and as bf16 (the GPU preset's: every tensor is converted, here on the CPU), each measured on
+its own with its own raw baseline.
 
 Receivers are plain processes running the same receive code as the vLLM worker extension
 (`weight_sync.receiver.receive_update`), without vLLM: this measures the transport, not vLLM's reload.
@@ -11,7 +13,7 @@ Receivers are plain processes running the same receive code as the vLLM worker e
 The second half (skip it with --skip-learner) is the learner's throughput with sequence packing against padding on
 variable-length groups (scripts/bench_learner.py, target >= 1.5x), reported under "learner".
 
-    python scripts/bench_weight_sync.py [--quick] [--json] [--receivers 1] [--bucket-mb 64] [--dtype bfloat16]
+    python scripts/bench_weight_sync.py [--quick] [--json] [--receivers 1] [--bucket-mb 64] [--dtype float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -89,53 +91,25 @@ def receiver(redis_url: str, worker_id: str, rounds: int, raw_nbytes: int) -> No
     group.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="~20M parameters, 2 rounds")
-    parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
-    parser.add_argument("--receivers", type=int, default=1, help="number of receiving processes (engines)")
-    parser.add_argument("--bucket-mb", type=float, default=64.0, help="weight_sync.bucket_mb")
-    parser.add_argument("--dtype", default="bfloat16", help="transport dtype (model tensors are fp32)")
-    parser.add_argument(
-        "--rounds", type=int, default=None, help="measured publish/raw pairs (median reported)"
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=1, help="unmeasured pairs first (buffers get allocated)"
-    )
-    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    parser.add_argument("--skip-learner", action="store_true", help="only the weight-sync half")
-    args = parser.parse_args(argv)
-
+def measure_publish(args: argparse.Namespace, tensors: list, dtype_name: str) -> dict:
+    """Raw broadcast vs full publish of `tensors` as `dtype_name`, interleaved round by round (medians)."""
     import redis
     import torch
 
     from buffer.local_redis import LocalRedis
-    from weight_sync.buckets import str_to_dtype
+    from weight_sync.buckets import bucket_offsets, str_to_dtype
     from weight_sync.publisher import WeightPublisher
     from weight_sync.settings import WeightSyncConfig
 
     rounds = args.rounds or (3 if args.quick else 5)
     total_rounds = args.warmup + rounds
-    if args.quick:
-        shapes = qwen2_shaped(hidden=512, layers=4, intermediate=1408, vocab=8000, kv_dim=128)
-    else:
-        shapes = qwen2_shaped(hidden=768, layers=12, intermediate=2048, vocab=16000, kv_dim=256)
-    g = torch.Generator().manual_seed(0)
-    tensors = [(name, torch.randn(shape, generator=g)) for name, shape in shapes]
-    params = sum(t.numel() for _, t in tensors)
-    dtype = str_to_dtype(args.dtype)
+    dtype = str_to_dtype(dtype_name)
     cfg = WeightSyncConfig(backend=args.backend, bucket_mb=args.bucket_mb, timeout_s=120)
-
     with tempfile.TemporaryDirectory() as tmp, LocalRedis(Path(tmp)) as server:
         r = redis.Redis.from_url(server.url)
         pub = WeightPublisher(r, NS, cfg, num_engines=args.receivers)
-        # Raw baseline moves exactly the bytes a publish moves (same bucket padding included).
-        from weight_sync.buckets import bucket_offsets
-
-        buckets = pub.plan(tensors, dtype)
-        nbytes = sum(bucket_offsets(b)[1] for b in buckets)
+        # Raw baseline moves exactly the bytes a publish moves (alignment padding inside buckets included).
+        nbytes = sum(bucket_offsets(b)[1] for b in pub.plan(tensors, dtype))
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=receiver, args=(server.url, f"recv{i}", total_rounds, nbytes), daemon=True)
                  for i in range(args.receivers)]  # fmt: skip
@@ -156,18 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             p.join(timeout=60)
         pub.close()
-
     raw_med, pub_med = statistics.median(raw_s), statistics.median(pub_s)
-    result = {
-        "params": params,
+    return {
         "bytes": nbytes,
-        "dtype": args.dtype,
-        "bucket_mb": args.bucket_mb,
         "buckets": stats["weight_sync/buckets"],
-        "receivers": args.receivers,
+        "in_place_bytes": stats["weight_sync/in_place_bytes"],
         "backend": pub.backend,
         "rounds": rounds,
-        "warmup_rounds": args.warmup,
         "raw_broadcast_s": raw_med,
         "publish_s": pub_med,
         "raw_broadcast_gbps": nbytes * 8 / raw_med / 1e9,
@@ -175,8 +144,48 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_publish_over_raw": raw_med / pub_med,
         "raw_broadcast_s_all": raw_s,
         "publish_s_all": pub_s,
-        "note": NOTE,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="~20M parameters, 3 rounds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
+    parser.add_argument("--receivers", type=int, default=1, help="number of receiving processes (engines)")
+    parser.add_argument("--bucket-mb", type=float, default=64.0, help="weight_sync.bucket_mb")
+    parser.add_argument(
+        "--dtype",
+        default="float32,bfloat16",
+        help="transport dtypes, comma-separated, each measured on its own (model tensors are fp32)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="measured publish/raw pairs (median reported)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured pairs first (buffers get allocated)"
+    )
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    parser.add_argument("--skip-learner", action="store_true", help="only the weight-sync half")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if args.quick:
+        shapes = qwen2_shaped(hidden=512, layers=4, intermediate=1408, vocab=8000, kv_dim=128)
+    else:
+        shapes = qwen2_shaped(hidden=768, layers=12, intermediate=2048, vocab=16000, kv_dim=256)
+    g = torch.Generator().manual_seed(0)
+    tensors = [(name, torch.randn(shape, generator=g)) for name, shape in shapes]
+    result: dict = {
+        "params": sum(t.numel() for _, t in tensors),
+        "bucket_mb": args.bucket_mb,
+        "receivers": args.receivers,
+        "warmup_rounds": args.warmup,
         "target_ratio": 0.8,
+        "note": NOTE,
+        "dtypes": {name: measure_publish(args, tensors, name) for name in args.dtype.split(",")},
     }
     if not args.skip_learner:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -186,18 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         result["learner"]["target_ratio"] = 1.5
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"weight sync benchmark ({NOTE})")
-        print(f"  model: {params / 1e6:.1f}M params, {nbytes / 2**20:.0f} MiB as {args.dtype}, "
-              f"{result['buckets']} buckets of <= {args.bucket_mb} MB, {args.receivers} receiver(s), {pub.backend}")  # fmt: skip
-        print(f"  raw broadcast: {raw_med:.3f} s  {result['raw_broadcast_gbps']:.2f} Gbit/s")
-        print(f"  full publish:  {pub_med:.3f} s  {result['publish_gbps']:.2f} Gbit/s")
-        print(f"  ratio publish/raw: {result['ratio_publish_over_raw']:.2f} (target >= 0.8)")
-        if "learner" in result:
-            learner = result["learner"]
-            print(f"learner tokens/s: packed {learner['packed/tokens_per_s']:.0f}, padded "
-                  f"{learner['padded/tokens_per_s']:.0f} (pad fraction {learner['padded/pad_fraction']:.2f})")  # fmt: skip
-            print(f"  ratio packed/padded: {learner['ratio_packed_over_padded']:.2f} (target >= 1.5)")
+        return 0
+    print(f"weight sync benchmark ({NOTE})")
+    print(f"  model: {result['params'] / 1e6:.1f}M fp32 params, buckets of <= {args.bucket_mb} MB, "
+          f"{args.receivers} receiver(s)")  # fmt: skip
+    for name, fig in result["dtypes"].items():
+        print(f"  as {name}: {fig['bytes'] / 2**20:.0f} MiB in {fig['buckets']} buckets "
+              f"({fig['in_place_bytes'] / 2**20:.0f} MiB sent in place), {fig['backend']}")  # fmt: skip
+        print(f"    raw broadcast: {fig['raw_broadcast_s']:.3f} s  {fig['raw_broadcast_gbps']:.2f} Gbit/s")
+        print(f"    full publish:  {fig['publish_s']:.3f} s  {fig['publish_gbps']:.2f} Gbit/s")
+        print(f"    ratio publish/raw: {fig['ratio_publish_over_raw']:.2f} (target >= 0.8)")
+    if "learner" in result:
+        learner = result["learner"]
+        print(f"learner tokens/s: packed {learner['packed/tokens_per_s']:.0f}, padded "
+              f"{learner['padded/tokens_per_s']:.0f} (pad fraction {learner['padded/pad_fraction']:.2f})")  # fmt: skip
+        print(f"  ratio packed/padded: {learner['ratio_packed_over_padded']:.2f} (target >= 1.5)")
     return 0
 
 
