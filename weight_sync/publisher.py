@@ -8,15 +8,15 @@
 `publish` plans buckets of `bucket_mb` from the names/shapes (DTensor shapes are global, so nothing is gathered
 yet), announces the layout in Redis, then pipelines: bucket k is broadcast asynchronously while bucket k+1 is
 gathered (`DTensor.full_tensor()`) and packed into the other of two staging buffers. A tensor of at least
-`in_place_mb` gets a bucket of its own and, when it already has the wire dtype, goes on the wire from its own memory
-with no copy (fp32 weights published as fp32, bf16 ones as bf16, gathered DTensors). It then waits for every
-engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` raise `WeightSyncError` (or
+`in_place_mb` that needs no conversion (fp32 weights published as fp32, a DTensor, whose gather yields a fresh tensor
+in the wire dtype) gets a bucket of its own and goes on the wire from its own memory, with no copy. It then waits
+for every engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` raise `WeightSyncError` (or
 TimeoutError for acks), and the next `publish` re-opens the group under a new epoch, which engines re-join.
 
 FSDP2: every learner rank must call `full_tensor()` on the same parameters in the same order. Either pass DTensors
-to `publish` on rank 0 and call `gather_in_step(named_params, dtype)` on the other ranks (streaming: one bucket of full
-tensors alive at a time), or pass an iterator that calls `full_tensor()` itself (correct, but rank 0 then holds a
-full copy while planning).
+to `publish` on rank 0 and call `gather_in_step(named_params, dtype)` on the other ranks (streaming: at most two
+buckets' worth of full tensors alive at a time), or pass an iterator that calls `full_tensor()` itself (correct, but
+rank 0 then holds a full copy while planning).
 """
 
 from __future__ import annotations
