@@ -2,10 +2,10 @@
 
 Both run in the same process group in the same run, interleaved round by round, so the ratio (publish effective
 bandwidth / raw broadcast bandwidth, target >= 0.8) isolates what bucketing, packing, dtype conversion, the Redis
-announcement and the acks cost. Figures are medians over `--rounds` after `--warmup` unmeasured pairs. The model is a
-synthetic Qwen2-shaped set of fp32 tensors of about 100M parameters (`--quick`: about 20M), published as fp32 (the CPU preset's dtype: large tensors go on the wire
-from their own memory) and as bf16 (the GPU preset's: every tensor is converted, here on the CPU), each measured on
-its own with its own raw baseline.
+announcement and the acks cost. Figures are medians over `--rounds` after `--warmup` unmeasured pairs. The model is
+a synthetic Qwen2-shaped set of fp32 tensors of about 100M parameters (`--quick`: about 20M), published as fp32 (the
+CPU preset's dtype: large tensors go on the wire from their own memory) and as bf16 (the GPU preset's: every tensor
+is converted, here on the CPU), each measured on its own with its own raw baseline.
 
 Receivers are plain processes running the same receive code as the vLLM worker extension
 (`weight_sync.receiver.receive_update`), without vLLM: this measures the transport, not vLLM's reload.
@@ -83,9 +83,8 @@ def receiver(redis_url: str, worker_id: str, rounds: int, raw_nbytes: int) -> No
         group.wait(group.broadcast(raw), "raw broadcast")
         cursor = rendezvous.event_cursor(r, NS)
         while (update := rendezvous.latest_update(r, NS)) is None or update["version"] != version:
-            cursor = rendezvous.wait_for_event(
-                r, NS, cursor, 1.0
-            )  # woken by the announcement, as engines are
+            # woken by the announcement, as engines are
+            cursor = rendezvous.wait_for_event(r, NS, cursor, 1.0)
         receive_update(group, update, pool)
         rendezvous.ack_update(r, NS, version, worker_id)
     group.close()

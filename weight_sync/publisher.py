@@ -244,8 +244,13 @@ class WeightPublisher:
             no_conversion = dtype in (None, tensor.dtype) or hasattr(tensor, "full_tensor")
             if in_place_bytes and no_conversion and entry_nbytes(entry) >= in_place_bytes:
                 alone.add(name)
-        bucket_bytes = int(self.cfg.bucket_mb * 2**20)
-        return plan_buckets(entries, bucket_bytes, first_bucket_bytes=bucket_bytes // 4, alone=alone)
+        return plan_buckets(
+            entries, self._bucket_bytes, first_bucket_bytes=self._bucket_bytes // 4, alone=alone
+        )
+
+    @property
+    def _bucket_bytes(self) -> int:
+        return int(self.cfg.bucket_mb * 2**20)
 
     def _staging_buffer(self, slot: int, nbytes: int, device: torch.device) -> torch.Tensor:
         """Staging buffer `slot` (of two), kept between publishes and grown on demand (fresh large buffers would be
@@ -266,7 +271,8 @@ class WeightPublisher:
         until sent). Returns (bytes sent, bytes sent in place)."""
         group = self.group
         assert group is not None
-        budget = max(2 * int(self.cfg.bucket_mb * 2**20), max(bucket_offsets(b)[1] for b in buckets))
+        sizes = [bucket_offsets(b)[1] for b in buckets]
+        budget = max(2 * self._bucket_bytes, *sizes)
         in_flight: deque = deque()  # (work, staging slot or None, nbytes, payload kept alive), oldest first
         sent = packed = in_place = 0
 
@@ -274,9 +280,8 @@ class WeightPublisher:
             work = in_flight.popleft()[0]
             group.wait(work, f"sending bucket {sent - len(in_flight)}/{len(buckets)} of version {version}")
 
-        for bucket in buckets:
+        for bucket, nbytes in zip(buckets, sizes, strict=True):
             tensors = [gather_for_wire(next(items)[1], dtype).to(group.device) for _ in bucket]
-            _, nbytes = bucket_offsets(bucket)
             payload, slot = bytes_in_place(bucket, tensors), None
             if payload is not None:
                 in_place += nbytes
@@ -295,4 +300,4 @@ class WeightPublisher:
             sent += 1
         while in_flight:
             wait_oldest()
-        return sum(bucket_offsets(b)[1] for b in buckets), in_place
+        return sum(sizes), in_place
