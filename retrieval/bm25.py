@@ -6,13 +6,19 @@ Pyserini BM25 index. Passages are tokenised with English stop words removed and 
 Two scorers give the same hits (scores equal up to float32 rounding; ids may differ only among equal scores):
 - "bm25s": bm25s's numba kernel fills a score array the size of the corpus per query and scans it for the top k,
   so its cost follows the corpus size and a batch costs as much as its queries one by one;
-- "pruned" (the default with numba): our own nogil numba kernel over bm25s's precomputed CSC score matrix
-  (`model.scores`), MaxScore-style: the query's rarest terms give the candidates, the common terms are looked up
-  for the candidates only, and an upper bound on the common terms' scores proves when no other document can
-  enter the top k (otherwise their posting lists are scanned too, still exactly). Its cost follows the rare
-  terms' posting lists, and its corpus-sized scratch arrays are reused per thread instead of refilled per query.
+- "pruned" (the default with numba): our own nogil numba kernel (`retrieval.bm25_topk`) over bm25s's
+  precomputed CSC score matrix (`model.scores`), MaxScore-style: the query's rarest terms give the candidates, the
+  common terms are looked up for the candidates only, and an upper bound on the common terms' scores proves when
+  no other document can enter the top k (otherwise their posting lists are scanned too, still exactly). Its cost
+  follows the rare terms' posting lists, and its corpus-sized scratch arrays are reused per thread instead of
+  refilled per query.
 The scorer is chosen per retriever (`self.scorer`), never per batch, so a query's hits never depend on the
 batch it arrives in.
+
+An empty or whitespace-only query gets the first k passages of the corpus, in corpus order, with score 0.0: every
+passage scores 0 for it (bm25s's own retrieve answers a query without terms with the same k passages, rows k-1..0,
+all scored 0), and Search-R1's server answers an empty query with top-k documents like any other. A non-empty
+query whose words are all stop words or absent from the index matches no passage and gets no documents.
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from retrieval.base import Hits, LocalRetriever, hits_from_rows
+from retrieval.bm25_topk import postings_sorted as _postings_sorted
+from retrieval.bm25_topk import pruned_kernel as _pruned_kernel
 from retrieval.corpus import DocStore
+
+if TYPE_CHECKING:
+    from retrieval.settings import RetrievalConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,204 +78,6 @@ def _enable_numba_cache() -> None:
             dispatcher.enable_caching()
         except Exception:  # noqa: BLE001 - an unwritable cache dir only costs compile time
             log.debug("numba caching unavailable")
-
-
-def _pruned_topk_py(
-    q_terms: np.ndarray,
-    q_counts: np.ndarray,
-    q_ptr: np.ndarray,
-    k: int,
-    data: np.ndarray,
-    indices: np.ndarray,
-    indptr: np.ndarray,
-    num_docs: int,
-    upper: np.ndarray,
-    budget: int,
-    acc: np.ndarray,
-    stamp: np.ndarray,
-    cand: np.ndarray,
-    stamp_base: int,
-    out_docs: np.ndarray,
-    out_scores: np.ndarray,
-    out_n: np.ndarray,
-) -> int:
-    """Exact BM25 top-k per query from bm25s's CSC score matrix, touching only posting lists (MaxScore-style).
-
-    Per query (terms unique, `q_counts` their occurrences): the rarest terms, up to `budget` posting entries (at
-    least one term), are "essential": their documents are the candidates. The other terms' scores are added to the
-    candidates only (binary search or a scan of the posting list, whichever is cheaper). If the k-th best candidate
-    score beats the sum of the other terms' score upper bounds, no other document can enter the top k; otherwise
-    the other terms' remaining documents are scored too, which is still exact. Writes positive-score hits best
-    first into row q of `out_docs`/`out_scores`, their number into `out_n[q]`; returns how many queries fell back.
-    `acc` (float32), `stamp` (int64, all below `stamp_base`) and `cand` (int64) are corpus-sized scratch arrays
-    reused across calls: a document's `acc` entry counts only while its stamp is the current query's.
-    """
-    n_queries = len(q_ptr) - 1
-    heap_v = np.empty(k, dtype=np.float32)
-    heap_d = np.empty(k, dtype=np.int64)
-    fallbacks = 0
-    for q in range(n_queries):
-        lo, hi = q_ptr[q], q_ptr[q + 1]
-        nt = hi - lo
-        terms = q_terms[lo:hi]
-        counts = q_counts[lo:hi]
-        dfs = indptr[terms + 1] - indptr[terms]
-        order = np.argsort(dfs, kind="mergesort")
-        # stamps: a candidate of this query / a document first found in the fallback
-        seen, extra = stamp_base + 2 * q, stamp_base + 2 * q + 1
-        n_c = 0
-        spent = 0
-        n_ess = 0
-        for j in range(nt):
-            t = terms[order[j]]
-            df = indptr[t + 1] - indptr[t]
-            if n_ess > 0 and spent + df > budget:
-                break
-            spent += df
-            n_ess += 1
-            c = counts[order[j]]
-            for p in range(indptr[t], indptr[t + 1]):
-                doc = indices[p]
-                if stamp[doc] != seen:
-                    stamp[doc] = seen
-                    acc[doc] = 0.0
-                    cand[n_c] = doc
-                    n_c += 1
-                for _ in range(c):  # bm25s adds a term's score once per occurrence in the query
-                    acc[doc] += data[p]
-        bound = 0.0
-        for j in range(n_ess, nt):
-            bound += upper[terms[order[j]]] * counts[order[j]]
-        # Float sums of upper bounds may round; a small margin keeps the pruning conservative.
-        slack = bound * 1.0001 + 1e-6
-        n_keep = n_c
-        if n_ess < nt:
-            # Scores only grow as terms are added, so the k-th best essential-only score is a lower bound of the
-            # final k-th best: a candidate that cannot reach it even with every other term is dropped unscored.
-            n_h = _heap_topk(acc, cand, n_c, heap_v, heap_d)
-            if n_h == k:
-                floor = heap_v[0]
-                n_keep = 0
-                for i in range(n_c):
-                    if acc[cand[i]] + slack >= floor:
-                        cand[n_keep] = cand[i]
-                        n_keep += 1
-        for j in range(n_ess, nt):
-            t = terms[order[j]]
-            c = counts[order[j]]
-            start, end = indptr[t], indptr[t + 1]
-            df = end - start
-            if n_keep * (np.log2(df + 1.0) + 1.0) < df:
-                postings = indices[start:end]
-                for i in range(n_keep):
-                    doc = cand[i]
-                    pos = np.searchsorted(postings, doc)
-                    if pos < df and postings[pos] == doc:
-                        for _ in range(c):
-                            acc[doc] += data[start + pos]
-            else:
-                for p in range(start, end):
-                    doc = indices[p]
-                    if stamp[doc] == seen:
-                        for _ in range(c):
-                            acc[doc] += data[p]
-        n_c = n_keep
-        n_h = _heap_topk(acc, cand, n_c, heap_v, heap_d)
-        threshold = heap_v[0] if n_h == k else 0.0
-        if n_ess < nt and not (n_h == k and slack < threshold):
-            fallbacks += 1
-            n_c0 = n_c
-            for j in range(n_ess, nt):
-                t = terms[order[j]]
-                c = counts[order[j]]
-                for p in range(indptr[t], indptr[t + 1]):
-                    doc = indices[p]
-                    st = stamp[doc]
-                    if st == seen:
-                        continue  # already has this term's score
-                    if st != extra:
-                        stamp[doc] = extra
-                        acc[doc] = 0.0
-                        cand[n_c] = doc
-                        n_c += 1
-                    for _ in range(c):
-                        acc[doc] += data[p]
-            n_h = _heap_topk(acc, cand[n_c0:], n_c - n_c0, heap_v, heap_d, n_h)
-        order_h = np.argsort(-heap_v[:n_h], kind="mergesort")
-        m = 0
-        for i in order_h:
-            if heap_v[i] > 0:
-                out_docs[q, m] = heap_d[i]
-                out_scores[q, m] = heap_v[i]
-                m += 1
-        out_n[q] = m
-    return fallbacks
-
-
-def _heap_topk_py(
-    acc: np.ndarray, cand: np.ndarray, n_c: int, heap_v: np.ndarray, heap_d: np.ndarray, n_h: int = 0
-) -> int:
-    """Push the scores of `cand[:n_c]` into the min-heap (`heap_v`, `heap_d`, `n_h` filled) of capacity k."""
-    k = len(heap_v)
-    for i in range(n_c):
-        doc = cand[i]
-        v = acc[doc]
-        if n_h < k:
-            pos = n_h
-            n_h += 1
-            while pos > 0:  # sift up
-                parent = (pos - 1) >> 1
-                if heap_v[parent] <= v:
-                    break
-                heap_v[pos] = heap_v[parent]
-                heap_d[pos] = heap_d[parent]
-                pos = parent
-            heap_v[pos] = v
-            heap_d[pos] = doc
-        elif v > heap_v[0]:
-            pos = 0
-            while True:  # sift the new root down
-                child = 2 * pos + 1
-                if child >= k:
-                    break
-                if child + 1 < k and heap_v[child + 1] < heap_v[child]:
-                    child += 1
-                if heap_v[child] >= v:
-                    break
-                heap_v[pos] = heap_v[child]
-                heap_d[pos] = heap_d[child]
-                pos = child
-            heap_v[pos] = v
-            heap_d[pos] = doc
-    return n_h
-
-
-def _postings_sorted_py(indices: np.ndarray, indptr: np.ndarray) -> bool:
-    """Whether every posting list lists its documents in increasing order (the binary search needs it)."""
-    for t in range(len(indptr) - 1):
-        for p in range(indptr[t] + 1, indptr[t + 1]):
-            if indices[p] <= indices[p - 1]:
-                return False
-    return True
-
-
-_KERNEL: object | None = None
-
-
-def _pruned_kernel() -> object:
-    """The numba-compiled (nogil, disk-cached) pruned kernel, compiled on first use."""
-    global _KERNEL, _heap_topk, _postings_sorted
-    if _KERNEL is None:
-        from numba import njit
-
-        _postings_sorted = njit(nogil=True, cache=True)(_postings_sorted_py)
-        _heap_topk = njit(nogil=True, cache=True)(_heap_topk_py)
-        _KERNEL = njit(nogil=True, cache=True)(_pruned_topk_py)
-    return _KERNEL
-
-
-_heap_topk = _heap_topk_py
-_postings_sorted = _postings_sorted_py
 
 
 def _stopwords() -> frozenset[str]:
@@ -520,6 +333,12 @@ class BM25Retriever(LocalRetriever):
         k = max(1, min(topk, n_docs))
         query_ids = [self.query_term_ids(q) for q in queries]
         out: list[Hits] = [Hits() for _ in queries]
+        blank = [i for i, q in enumerate(queries) if not q.strip()]
+        if blank:  # every passage scores 0: the first k of the corpus (see the module docstring)
+            first = np.arange(min(topk, n_docs), dtype=np.int64)
+            zeros = np.zeros(len(first), dtype=np.float32)
+            for i, hits in zip(blank, hits_from_rows(self.store, [(first, zeros)] * len(blank)), strict=True):
+                out[i] = hits
         live = [i for i, q in enumerate(query_ids) if q]
         if not live:
             return out
@@ -532,3 +351,22 @@ class BM25Retriever(LocalRetriever):
         for qi, hits in zip(live, hits_from_rows(self.store, ranked), strict=True):
             out[qi] = hits
         return out
+
+
+# -- registry hooks (`retrieval.settings.METHODS`) ---------------------------------------------------------------
+def from_config(cfg: RetrievalConfig, show_progress: bool = False) -> BM25Retriever:
+    """`retrieval.method: bm25`: load `cfg.index_path`, or index the corpus in memory when there is none."""
+    from retrieval.factory import open_store
+
+    store = open_store(cfg)
+    if cfg.index_path is not None:
+        return BM25Retriever.load(cfg.index_path, store, threads=cfg.bm25_threads)
+    log.info("no retrieval.index_path: indexing %d passages with BM25 in memory", len(store))
+    return BM25Retriever.build(
+        store, k1=cfg.bm25_k1, b=cfg.bm25_b, threads=cfg.bm25_threads, show_progress=show_progress
+    )
+
+
+def build_index_files(cfg: RetrievalConfig, store: DocStore, out: Path, show_progress: bool = True) -> None:
+    """`sr1 retrieval build-index --method bm25`: index `store` and save it into `out`."""
+    BM25Retriever.build(store, k1=cfg.bm25_k1, b=cfg.bm25_b, show_progress=show_progress).save(out)

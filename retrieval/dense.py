@@ -285,3 +285,26 @@ class DenseRetriever(LocalRetriever):
             scores, rows = self.index.search(q, k)
         keep = rows >= 0  # faiss pads with -1 when fewer than k vectors are reachable
         return hits_from_rows(self.store, [(r[m], s[m]) for r, s, m in zip(rows, scores, keep, strict=True)])
+
+
+# -- registry hooks (`retrieval.settings.METHODS`) ---------------------------------------------------------------
+def from_config(cfg: RetrievalConfig, show_progress: bool = False) -> DenseRetriever:
+    """`retrieval.method: dense`: the encoder plus `cfg.index_path` (a build-index directory or a faiss file), or
+    the corpus encoded in memory when there is none. An empty query is encoded like any other (top-k passages)."""
+    from retrieval.factory import open_store
+
+    store = open_store(cfg)
+    encoder = Encoder(cfg.encoder)
+    if cfg.index_path is not None:
+        index = DenseRetriever.read_index(cfg.index_path)
+    else:
+        log.info("no retrieval.index_path: encoding %d passages in memory (%s)", len(store), cfg.faiss_index)
+        index, _ = build_dense_index(store, encoder, cfg.faiss_index, show_progress=show_progress)
+    return DenseRetriever(encoder, index, store, cfg)
+
+
+def build_index_files(cfg: RetrievalConfig, store: DocStore, out: Path, show_progress: bool = True) -> None:
+    """`sr1 retrieval build-index --method dense`: encode `store` into a `cfg.faiss_index` index saved in `out`."""
+    encoder = Encoder(cfg.encoder)
+    index, _ = build_dense_index(store, encoder, cfg.faiss_index, show_progress=show_progress)
+    DenseRetriever(encoder, index, store, cfg.model_copy(update={"faiss_gpu": False})).save(out)

@@ -1,8 +1,9 @@
 """`build_retriever(config)`: the one place that turns a `RetrievalConfig` into a ready retriever.
 
-Dispatches on `config.method`: `bm25` (load an index directory, or index the corpus in memory at start),
-`dense` (encoder + faiss index file/directory, or encode a small corpus in memory), and the online engines;
-wraps the result in the cross-encoder reranker when `config.reranker.enabled`.
+Dispatches on `config.method` through the registry `retrieval.settings.METHODS`: `bm25` (load an index
+directory, or index the corpus in memory at start), `dense` (encoder + faiss index file/directory, or encode a
+small corpus in memory), and the online engines; wraps the result in the cross-encoder reranker when
+`config.reranker.enabled`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import logging
 import time
 from pathlib import Path
 
+from config.imports import import_object
 from retrieval.base import Retriever
 from retrieval.corpus import DocStore
-from retrieval.settings import ONLINE_METHODS, RetrievalConfig
+from retrieval.settings import RetrievalConfig, retrieval_method
 
 log = logging.getLogger(__name__)
 
@@ -27,36 +29,7 @@ def open_store(cfg: RetrievalConfig) -> DocStore:
 
 def build_retriever(cfg: RetrievalConfig, show_progress: bool = False) -> Retriever:
     """A loaded retriever for `cfg` (indexes read or built, models loaded)."""
-    if cfg.method in ONLINE_METHODS:
-        from retrieval.online import build_online_engine
-
-        retriever: Retriever = build_online_engine(cfg.method, cfg.online)
-    elif cfg.method == "bm25":
-        from retrieval.bm25 import BM25Retriever
-
-        store = open_store(cfg)
-        if cfg.index_path is not None:
-            retriever = BM25Retriever.load(cfg.index_path, store, threads=cfg.bm25_threads)
-        else:
-            log.info("no retrieval.index_path: indexing %d passages with BM25 in memory", len(store))
-            retriever = BM25Retriever.build(
-                store, k1=cfg.bm25_k1, b=cfg.bm25_b, threads=cfg.bm25_threads, show_progress=show_progress
-            )
-    elif cfg.method == "dense":
-        from retrieval.dense import DenseRetriever, Encoder, build_dense_index
-
-        store = open_store(cfg)
-        encoder = Encoder(cfg.encoder)
-        if cfg.index_path is not None:
-            index = DenseRetriever.read_index(cfg.index_path)
-        else:
-            log.info(
-                "no retrieval.index_path: encoding %d passages in memory (%s)", len(store), cfg.faiss_index
-            )
-            index, _ = build_dense_index(store, encoder, cfg.faiss_index, show_progress=show_progress)
-        retriever = DenseRetriever(encoder, index, store, cfg)
-    else:  # pragma: no cover - the Literal type makes this unreachable
-        raise ValueError(f"unknown retrieval.method {cfg.method!r}")
+    retriever: Retriever = import_object(retrieval_method(cfg.method).build)(cfg, show_progress)
     if cfg.reranker.enabled:
         from retrieval.reranker import CrossEncoderReranker, RerankingRetriever
 

@@ -4,7 +4,8 @@ Each adapter calls its vendor's JSON API and returns documents in the corpus sha
 "\"Title\"\\nsnippet"}`, scored 1/rank, so the server answers exactly as for BM25 or dense. Keys come from the
 environment (`GOOGLE_API_KEY` + `GOOGLE_CSE_ID`, `BING_API_KEY`, `BRAVE_API_KEY`, `SERPAPI_API_KEY`, or
 `online.api_key_env`); `online.base_url` points an adapter elsewhere (the tests use loopback fakes that answer
-with the vendors' response layouts).
+with the vendors' response layouts). Each engine is a line of the registry `retrieval.settings.METHODS`. An empty
+or whitespace-only query is not sent to the vendor (web search APIs refuse it): it gets no documents.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import aiohttp
 
 from retrieval.base import Hits
 from retrieval.corpus import join_contents
-from retrieval.settings import OnlineConfig
+from retrieval.settings import OnlineConfig, RetrievalConfig, retrieval_method
 
 _TAG = re.compile(r"<[^>]+>")
 
@@ -54,6 +55,11 @@ class OnlineEngine:
         self._sem: asyncio.Semaphore | None = None
         self.store = None
 
+    @classmethod
+    def from_config(cls, cfg: RetrievalConfig, show_progress: bool = False) -> OnlineEngine:
+        """The registry's builder (`retrieval.settings.METHODS`): this engine with `cfg.online`'s settings."""
+        return cls(cfg.online)
+
     # -- vendor specifics ------------------------------------------------------------------------------------
     def request(self, query: str, topk: int) -> tuple[str, dict[str, Any], dict[str, str]]:
         """(url, params, headers) of the vendor call."""
@@ -66,6 +72,8 @@ class OnlineEngine:
     # -- the retriever protocol --------------------------------------------------------------------------------
     async def _one(self, query: str, topk: int) -> Hits:
         assert self._session is not None and self._sem is not None
+        if not query.strip():
+            return Hits()
         url, params, headers = self.request(query, min(topk, self.max_per_call))
         async with self._sem, self._session.get(url, params=params, headers=headers) as resp:
             text = await resp.text()
@@ -200,15 +208,13 @@ class SerpApiEngine(OnlineEngine):
         return [(r.get("link", ""), r.get("title", ""), r.get("snippet", "")) for r in results]
 
 
-ENGINES: dict[str, type[OnlineEngine]] = {
-    "google": GoogleEngine,
-    "bing": BingEngine,
-    "brave": BraveEngine,
-    "serpapi": SerpApiEngine,
-}
-
-
 def build_online_engine(method: str, cfg: OnlineConfig) -> OnlineEngine:
-    if method not in ENGINES:
-        raise ValueError(f"unknown online engine {method!r}; expected one of {sorted(ENGINES)}")
-    return ENGINES[method](cfg)
+    """The online engine registered as `method`, with `cfg`'s settings."""
+    from config.imports import import_object
+
+    if retrieval_method(method).local:
+        raise ValueError(f"{method!r} is a local retriever, not an online engine")
+    engine: OnlineEngine = import_object(retrieval_method(method).build)(
+        RetrievalConfig(method=method, online=cfg)
+    )
+    return engine

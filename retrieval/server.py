@@ -7,6 +7,8 @@
     GET  /metrics   JSON counters (`retrieval/requests`, `retrieval/batch_mean`, latency percentiles, ...)
 
 Every bad request gets a JSON 4xx `{"error": "..."}` naming what was wrong; nothing a client sends can crash it.
+Request fields other than those three are ignored, as Search-R1's server does, and counted in
+`retrieval/unknown_fields`. Every query, an empty one included, is searched (see `retrieval/api.py`).
 Run it with `sr1 retrieval serve ...` (see `retrieval/cli.py`).
 """
 
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from retrieval.api import RequestError, format_result, parse_retrieve_request
 from retrieval.base import Hits, Retriever
 from retrieval.batcher import LRUCache, MicroBatcher, NaiveDispatcher
 from retrieval.online import OnlineSearchError
@@ -34,70 +37,7 @@ log = logging.getLogger(__name__)
 RETRIEVER_KEY = web.AppKey("retriever", object)
 STATE_KEY = web.AppKey("state", object)
 SHARE_TASK_KEY = web.AppKey("share_counters", asyncio.Task)
-
-
-class RequestError(Exception):
-    """A client mistake: becomes an HTTP 4xx with a JSON reason."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def parse_retrieve_request(body: bytes, cfg: RetrievalConfig) -> tuple[list[str], int, bool]:
-    """Validate a /retrieve body; returns (queries, topk, return_scores) or raises `RequestError`."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise RequestError(400, f"request body must be a JSON object, got {type(payload).__name__}")
-    unknown = set(payload) - {"queries", "topk", "return_scores"}
-    if unknown:
-        raise RequestError(
-            400, f"unknown field(s) {sorted(unknown)}; expected 'queries', 'topk', 'return_scores'"
-        )
-    if "queries" not in payload:
-        raise RequestError(400, "missing 'queries' (a list of strings)")
-    queries = payload["queries"]
-    if not isinstance(queries, list):
-        raise RequestError(400, f"'queries' must be a list of strings, got {type(queries).__name__}")
-    if len(queries) > cfg.max_queries_per_request:
-        raise RequestError(
-            413, f"too many queries: {len(queries)} > max_queries_per_request ({cfg.max_queries_per_request})"
-        )
-    for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise RequestError(400, f"queries[{i}] must be a string, got {type(q).__name__}")
-        if len(q) > cfg.max_query_chars:
-            raise RequestError(
-                413, f"queries[{i}] has {len(q)} characters > max_query_chars ({cfg.max_query_chars})"
-            )
-    topk = payload.get("topk")
-    if topk is None:
-        topk = cfg.topk
-    if not isinstance(topk, int) or isinstance(topk, bool):
-        raise RequestError(400, f"'topk' must be an integer, got {type(topk).__name__}")
-    if not 1 <= topk <= cfg.max_topk:
-        raise RequestError(400, f"'topk' must be between 1 and {cfg.max_topk}, got {topk}")
-    return_scores = payload.get("return_scores", False)
-    if return_scores is None:
-        return_scores = False
-    if not isinstance(return_scores, bool):
-        raise RequestError(400, f"'return_scores' must be true or false, got {type(return_scores).__name__}")
-    return queries, topk, return_scores
-
-
-def format_result(hits: list[Hits], return_scores: bool) -> dict[str, Any]:
-    """Search-R1's answer layout."""
-    if return_scores:
-        return {
-            "result": [
-                [{"document": d, "score": s} for d, s in zip(h.docs, h.scores, strict=True)] for h in hits
-            ]
-        }
-    return {"result": [list(h.docs) for h in hits]}
+MAX_LOGGED_UNKNOWN_FIELDS = 64  # distinct ignored field names a worker logs (once each)
 
 
 # Counters a worker reports; with several workers (`retrieval.workers`) /metrics sums them across the pool, except
@@ -112,6 +52,7 @@ SUMMED_COUNTERS = (
     "cache_hits",
     "cache_misses",
     "cache_entries",
+    "unknown_fields",
     *(f"errors_{code}" for code in ERROR_CODES),
     "errors_other",
 )
@@ -156,6 +97,8 @@ class ServerState:
         self.requests = 0
         self.queries = 0
         self.errors: dict[int, int] = {}
+        self.unknown_fields = 0  # request fields ignored (not queries/topk/return_scores)
+        self.logged_fields: set[str] = set()
         self.latencies: deque[float] = deque(maxlen=4096)
         self.peers, self.slot = peers, slot
         # a restarted worker carries on from the counts its predecessor left in the shared slot
@@ -164,10 +107,8 @@ class ServerState:
     async def retrieve(self, queries: list[str], topk: int) -> list[Hits]:
         results: list[Hits | None] = [None] * len(queries)
         missing: list[int] = []
+        # an empty query is searched too: Search-R1's server answers it with top-k documents
         for i, q in enumerate(queries):
-            if not q.strip():
-                results[i] = Hits()  # nothing to search for: no documents
-                continue
             cached = self.cache.get((q, topk))
             if cached is None:
                 missing.append(i)
@@ -179,6 +120,17 @@ class ServerState:
                 results[i] = h
                 self.cache.put((queries[i], topk), h)
         return results  # type: ignore[return-value]
+
+    def count_unknown_fields(self, names: list[str]) -> None:
+        """Count request fields the API ignores; the first time a name is seen it is logged (a client sending
+        `top_k` gets the default topk, as with Search-R1's server)."""
+        self.unknown_fields += len(names)
+        for name in names:
+            if name not in self.logged_fields and len(self.logged_fields) < MAX_LOGGED_UNKNOWN_FIELDS:
+                self.logged_fields.add(name)
+                log.warning(
+                    "ignoring unknown /retrieve field %r (known: queries, topk, return_scores)", name[:80]
+                )
 
     def counters(self) -> dict[str, float]:
         """This worker's counters (`COUNTER_KEYS`), including what a predecessor in its slot counted."""
@@ -197,6 +149,7 @@ class ServerState:
             "cache_hits": self.cache.hits,
             "cache_misses": self.cache.misses,
             "cache_entries": len(self.cache),
+            "unknown_fields": self.unknown_fields,
             **{f"errors_{code}": self.errors.get(code, 0) for code in ERROR_CODES},
             "errors_other": sum(n for code, n in self.errors.items() if code not in ERROR_CODES),
             "batch_max": s.max_batch,
@@ -233,6 +186,7 @@ class ServerState:
             "retrieval/cache_hits": int(c["cache_hits"]),
             "retrieval/cache_misses": int(c["cache_misses"]),
             "retrieval/cache_entries": int(c["cache_entries"]),
+            "retrieval/unknown_fields": int(c["unknown_fields"]),
             "retrieval/errors": errors,
             "retrieval/latency_p50_ms": c["latency_p50_ms"],
             "retrieval/latency_p99_ms": c["latency_p99_ms"],
@@ -287,7 +241,10 @@ async def _retrieve(request: web.Request) -> web.Response:
     except web.HTTPRequestEntityTooLarge:
         raise RequestError(413, f"request body larger than max_body_bytes ({cfg.max_body_bytes})") from None
     t0 = time.perf_counter()
-    queries, topk, return_scores = parse_retrieve_request(body, cfg)
+    ignored: list[str] = []
+    queries, topk, return_scores = parse_retrieve_request(body, cfg, ignored)
+    if ignored:
+        state.count_unknown_fields(ignored)
     hits = await state.retrieve(queries, topk)
     state.requests += 1
     state.queries += len(queries)

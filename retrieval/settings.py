@@ -6,13 +6,52 @@ builder and the async client all read it; the defaults are the embedded CPU run 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-LOCAL_METHODS = ("bm25", "dense")
-ONLINE_METHODS = ("google", "bing", "brave", "serpapi")
+
+@dataclass(frozen=True)
+class RetrievalMethod:
+    """One value of `retrieval.method`: where it searches and how it is built.
+
+    `build` and `build_index` name callables as "module:attribute" (imported only when used, so this table stays
+    free of torch/faiss/bm25s): `build(cfg: RetrievalConfig, show_progress: bool) -> Retriever` returns a loaded
+    retriever; `build_index(cfg, store: DocStore, out: Path, show_progress: bool) -> None` writes the index files
+    `sr1 retrieval build-index` makes (None: the method has no index to build).
+    """
+
+    local: bool  # searches a local index over `retrieval.corpus_path` (needs a server process); else online engine
+    build: str
+    build_index: str | None = None
+
+
+# Every retriever the service knows; `build_retriever` (retrieval/factory.py) dispatches on it, `retrieval.method`
+# is checked against it and the CLI offers its names. A new retriever is its module plus one line here.
+METHODS: dict[str, RetrievalMethod] = {
+    "bm25": RetrievalMethod(True, "retrieval.bm25:from_config", "retrieval.bm25:build_index_files"),
+    "dense": RetrievalMethod(True, "retrieval.dense:from_config", "retrieval.dense:build_index_files"),
+    "google": RetrievalMethod(False, "retrieval.online:GoogleEngine.from_config"),
+    "bing": RetrievalMethod(False, "retrieval.online:BingEngine.from_config"),
+    "brave": RetrievalMethod(False, "retrieval.online:BraveEngine.from_config"),
+    "serpapi": RetrievalMethod(False, "retrieval.online:SerpApiEngine.from_config"),
+}
+
+
+def retrieval_method(name: str) -> RetrievalMethod:
+    """The registry entry of `name`; ValueError naming the known methods when there is none."""
+    entry = METHODS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown retrieval.method {name!r}; known methods: {', '.join(METHODS)}")
+    return entry
+
+
+def is_local_method(name: str) -> bool:
+    """Whether `name` searches a local index over a corpus (bm25, dense): it needs a retrieval server process and
+    `retrieval.corpus_path`. False for online engines, which call a web search API."""
+    return retrieval_method(name).local
 
 
 class EncoderConfig(BaseModel):
@@ -83,8 +122,11 @@ class RetrievalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # what to serve
-    method: Literal["bm25", "dense", "google", "bing", "brave", "serpapi"] = Field(
-        "bm25", description="Retriever: local 'bm25' / 'dense', or an online engine."
+    method: str = Field(
+        "bm25",
+        description="Retriever, one of "
+        + ", ".join(f"'{name}' ({'local index' if m.local else 'online'})" for name, m in METHODS.items())
+        + ".",
     )
     corpus_path: Path | None = Field(
         None, description="Corpus JSONL ({'id', 'contents': '\"Title\"\\ntext'}, Search-R1 wiki-18 format)."
@@ -158,6 +200,17 @@ class RetrievalConfig(BaseModel):
     timeout_s: float = Field(10.0, gt=0, description="Client: timeout of one HTTP attempt.")
     max_retries: int = Field(3, ge=0, description="Client: retries after the first attempt fails.")
     backoff_s: float = Field(0.2, ge=0, description="Client: first retry delay, doubled each retry.")
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, name: str) -> str:
+        retrieval_method(name)
+        return name
+
+    @property
+    def serves_locally(self) -> bool:
+        """`is_local_method(self.method)`: a local index over a corpus, served by a retrieval server process."""
+        return is_local_method(self.method)
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalConfig:

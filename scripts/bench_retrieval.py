@@ -78,7 +78,7 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
     from retrieval.build_index import build_index
     from retrieval.corpus import DocStore, write_corpus_jsonl
     from retrieval.settings import RetrievalConfig
-    from retrieval.synthetic import synthetic_records
+    from tests.fakes.corpus import synthetic_records
 
     out: dict[str, tuple[Path, Path]] = {}
     for method, n in sizes.items():
@@ -110,7 +110,7 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
 def start_server(
     method: str, corpus: Path, index: Path, batching: bool, torch_threads: int = 0, workers: int = 0
 ) -> tuple[subprocess.Popen, str]:
-    from retrieval.testing import start_server as spawn
+    from tests.fakes.retrieval_server import start_server as spawn
 
     args = ["--method", method, "--corpus", str(corpus), "--index", str(index)]
     args += ["--cache-size", "0", "--log-level", "WARNING", "--workers", str(workers)]
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from retrieval.pool import resolve_workers
     from retrieval.settings import RetrievalConfig
-    from retrieval.synthetic import synthetic_queries, synthetic_records
-    from retrieval.testing import stop_server
+    from tests.fakes.corpus import synthetic_queries, synthetic_records
+    from tests.fakes.retrieval_server import stop_server
 
     report: dict = {
         "quick": args.quick,

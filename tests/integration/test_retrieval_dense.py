@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from retrieval.corpus import DocStore, write_corpus_jsonl
-from retrieval.synthetic import synthetic_records
+from tests.fakes.corpus import synthetic_records
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -186,8 +186,8 @@ def test_cli_builds_a_dense_index_and_serves_it(corpus, tmp_path):
 
     import requests
 
-    from buffer.local_redis import free_port
-    from retrieval.testing import stop_server
+    from sr1.launch.supervisor import free_port
+    from tests.fakes.retrieval_server import stop_server
     from tests.integration.test_retrieval_server import ROOT, start_server
 
     out = tmp_path / "dense_idx"
@@ -233,3 +233,42 @@ def test_torch_flat_scan_equals_faiss_search(dense):
         s, i = _exact_ip_search(_flat_ip_view(retriever.index), q, 5, max_scores=chunk * len(q))
         np.testing.assert_array_equal(i, ref_i)
         np.testing.assert_allclose(s, ref_s, atol=1e-5)
+
+
+def test_empty_query_is_encoded_and_gets_topk_passages(dense):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from retrieval.dense import DenseRetriever
+    from retrieval.server import create_app
+    from retrieval.settings import RetrievalConfig
+
+    retriever, _ = dense
+    via_faiss = DenseRetriever(
+        retriever.encoder,
+        retriever.index,
+        retriever.store,
+        RetrievalConfig(method="dense", flat_search="faiss"),
+    )
+    for r in (retriever, via_faiss):
+        blank, spaces = r.search(["", "   "], 5)
+        assert len(blank.docs) == 5 and len(spaces.docs) == 5
+        assert blank.scores == sorted(blank.scores, reverse=True)
+    assert [d["id"] for d in via_faiss.search([""], 5)[0].docs] == [d["id"] for d in blank.docs]
+
+    async def go():
+        client = TestClient(TestServer(create_app(retriever, RetrievalConfig(method="dense", cache_size=0))))
+        await client.start_server()
+        try:
+            empty, bad, good = await asyncio.gather(
+                client.post("/retrieve", json={"queries": ["", PAIRS[0][2]], "topk": 4}),
+                client.post("/retrieve", json={"queries": ["plants \ud800"], "topk": 4}),
+                client.post("/retrieve", json={"queries": [PAIRS[1][2]], "topk": 4}),
+            )
+            return (empty.status, await empty.json()), bad.status, (good.status, await good.json())
+        finally:
+            await client.close()
+
+    (status, empty), bad_status, (good_status, good) = asyncio.run(go())
+    assert status == 200 and [len(r) for r in empty["result"]] == [4, 4]
+    assert bad_status == 400  # a lone surrogate would break the tokenizer, and the batch it shares
+    assert good_status == 200 and good["result"][0][0]["id"] == "fact1"

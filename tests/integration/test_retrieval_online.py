@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -146,14 +148,23 @@ async def test_engine_returns_corpus_shaped_documents(method, monkeypatch):
     assert hits[0].scores == [1.0, 0.5]
 
 
-async def test_online_engine_behind_the_server_and_vendor_errors_are_502(monkeypatch):
-    monkeypatch.setenv("BRAVE_API_KEY", "k3y")
-    seen = []
-    vendor = await _fake_vendor("brave", seen)
-    cfg = RetrievalConfig(method="brave", online=OnlineConfig(base_url=str(vendor.make_url(""))))
-    client = TestClient(TestServer(create_app(build_online_engine("brave", cfg.online), cfg)))
+@contextlib.asynccontextmanager
+async def _served(method: str, seen: list, fail: bool = False):
+    """The retrieval server in front of a fake vendor: (its test client, the vendor, the online config)."""
+    vendor = await _fake_vendor(method, seen, fail=fail)
+    cfg = RetrievalConfig(method=method, online=OnlineConfig(base_url=str(vendor.make_url(""))))
+    client = TestClient(TestServer(create_app(build_online_engine(method, cfg.online), cfg)))
     await client.start_server()
     try:
+        yield client, cfg
+    finally:
+        await client.close()
+        await vendor.close()
+
+
+async def test_online_engine_behind_the_server_and_vendor_errors_are_502(monkeypatch):
+    monkeypatch.setenv("BRAVE_API_KEY", "k3y")
+    async with _served("brave", []) as (client, cfg):
         resp = await client.post("/retrieve", json={"queries": ["paris"], "topk": 3, "return_scores": True})
         result = (await resp.json())["result"]
         assert [e["document"]["id"] for e in result[0]] == [u for u, _, _ in RESULTS]
@@ -162,23 +173,23 @@ async def test_online_engine_behind_the_server_and_vendor_errors_are_502(monkeyp
         with pytest.raises(OnlineSearchError, match="HTTP 403"):
             await bad.asearch(["x"], 1)
         await bad.aclose()
-    finally:
-        await client.close()
-        await vendor.close()
 
 
 async def test_vendor_failure_through_the_server_is_a_json_502(monkeypatch):
     monkeypatch.setenv("SERPAPI_API_KEY", "k3y")
-    vendor = await _fake_vendor("serpapi", [], fail=True)
-    cfg = RetrievalConfig(method="serpapi", online=OnlineConfig(base_url=str(vendor.make_url(""))))
-    client = TestClient(TestServer(create_app(build_online_engine("serpapi", cfg.online), cfg)))
-    await client.start_server()
-    try:
+    async with _served("serpapi", [], fail=True) as (client, _):
         resp = await client.post("/retrieve", json={"queries": ["paris"]})
         assert resp.status == 502 and "serpapi answered HTTP 403" in (await resp.json())["error"]
-    finally:
-        await client.close()
-        await vendor.close()
+
+
+async def test_empty_query_is_not_sent_to_the_vendor(monkeypatch):
+    monkeypatch.setenv("BRAVE_API_KEY", "k3y")
+    seen = []
+    async with _served("brave", seen) as (client, _):
+        resp = await client.post("/retrieve", json={"queries": ["", "  ", "paris"], "topk": 2})
+        assert resp.status == 200
+        assert [len(r) for r in (await resp.json())["result"]] == [0, 0, 2]
+        assert [r.query["q"] for r in seen] == ["paris"]
 
 
 def test_missing_key_names_the_variable(monkeypatch):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from retrieval import testing as retrieval_testing
 from retrieval.corpus import write_corpus_jsonl
-from retrieval.synthetic import synthetic_records
-from retrieval.testing import stop_server
+from tests.fakes import retrieval_server as retrieval_testing
+from tests.fakes.corpus import synthetic_records
+from tests.fakes.retrieval_server import stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = [
@@ -50,7 +50,7 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bm25_server(corpus, tmp_path_factory):
-    from buffer.local_redis import free_port
+    from sr1.launch.supervisor import free_port
 
     port = free_port()
     proc = start_server(["--method", "bm25", "--corpus", str(corpus)], port)
@@ -86,13 +86,14 @@ def test_search_r1_client_gets_what_it_expects(bm25_server):
 def test_our_client_formats_like_search_r1(bm25_server):
     import asyncio
 
-    from retrieval.client import RetrievalClient, format_observation
+    from retrieval.client import RetrievalClient
+    from tasks.search_r1.protocol import format_documents
 
     async def go():
         async with RetrievalClient(f"{bm25_server}/retrieve", topk=3) as client:
             return await client.search("largest city of France")
 
-    ours = format_observation(asyncio.run(go()))
+    ours = format_documents(asyncio.run(go()).documents)
     theirs = _search_r1_batch_search(f"{bm25_server}/retrieve", ["largest city of France"], 3)[0]
     assert theirs.count("Doc ") == 3
     assert ours == theirs.strip()
@@ -128,6 +129,25 @@ def test_bad_input_gets_json_4xx_and_the_server_survives(bm25_server):
     assert metrics["retrieval/errors"]["400"] >= 3
 
 
+def test_fuzzer_cases_over_a_socket(bm25_server):
+    url = f"{bm25_server}/retrieve"
+    before = requests.get(f"{bm25_server}/metrics").json()
+    nested = b"[" * 100_000 + b"]" * 100_000  # json.loads raises RecursionError on it
+    r = requests.post(url, data=nested, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
+    # Search-R1 clients that send extra fields are served, as by Search-R1's server; the fields are counted
+    r = requests.post(
+        url, json={"queries": ["Nile river"], "topk": 2, "return_scores": True, "top_k": 5, "x": 1}
+    )
+    assert r.status_code == 200 and len(r.json()["result"][0]) == 2
+    r = requests.post(url, json={"queries": ["", " "], "topk": 3})
+    assert r.status_code == 200 and [len(docs) for docs in r.json()["result"]] == [3, 3]
+    assert [d["id"] for d in r.json()["result"][0]] == ["paris", "everest", "nile"]
+    after = requests.get(f"{bm25_server}/metrics").json()
+    assert after["retrieval/unknown_fields"] - before["retrieval/unknown_fields"] == 2
+    assert after["retrieval/errors"].get("500", 0) == before["retrieval/errors"].get("500", 0)
+
+
 def _build_bm25_index(corpus: Path, out: Path, timeout_s: float) -> subprocess.CompletedProcess:
     """`python -m retrieval.cli build-index --method bm25` as a separate process."""
     cmd = [sys.executable, "-m", "retrieval.cli", "build-index", "--method", "bm25", "--corpus", str(corpus),
@@ -137,7 +157,7 @@ def _build_bm25_index(corpus: Path, out: Path, timeout_s: float) -> subprocess.C
 
 
 def test_build_index_then_serve_from_it(corpus, tmp_path):
-    from buffer.local_redis import free_port
+    from sr1.launch.supervisor import free_port
 
     out = tmp_path / "bm25_index"
     t0 = time.monotonic()
@@ -165,7 +185,7 @@ def test_bad_corpus_line_fails_with_the_line_number(tmp_path):
 
 
 def test_bearer_token_is_required_when_set(corpus):
-    from buffer.local_redis import free_port
+    from sr1.launch.supervisor import free_port
 
     port = free_port()
     proc = start_server(["--method", "bm25", "--corpus", str(corpus), "--token", "s3cret"], port)
@@ -218,7 +238,7 @@ def test_workers_share_the_port_count_together_and_a_dead_worker_is_replaced(cor
 
     import psutil
 
-    from buffer.local_redis import free_port
+    from sr1.launch.supervisor import free_port
 
     port = free_port()
     args = ["--method", "bm25", "--corpus", str(corpus), "--index", str(bm25_index), "--workers", "2"]

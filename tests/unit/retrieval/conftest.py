@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from retrieval.corpus import DocStore, write_corpus_jsonl
-from retrieval.synthetic import synthetic_records
+from tests.fakes.corpus import synthetic_records
 
 FACTS = [
     {"id": "paris", "title": "Paris", "text": "Paris is the capital and largest city of France."},

@@ -10,8 +10,23 @@ def test_finds_the_passage_that_shares_the_words(bm25):
 
 
 def test_queries_without_known_words_get_no_documents(bm25):
-    hits = bm25.search(["the of and", "xyzzyqwerty", ""], 3)
+    hits = bm25.search(["the of and", "xyzzyqwerty", "?!"], 3)
     assert [h.docs for h in hits] == [[], [], []]
+
+
+def test_empty_query_gets_the_first_k_passages_with_score_zero(bm25):
+    hits = bm25.search(["", " \t\n", "capital of Japan"], 3)
+    for blank in hits[:2]:
+        assert [d["id"] for d in blank.docs] == ["paris", "tokyo", "nile"]  # corpus rows 0, 1, 2
+        assert blank.scores == [0.0, 0.0, 0.0]
+    assert hits[2].docs[0]["id"] == "tokyo" and hits[2].scores[0] > 0
+    assert len(bm25.search([""], 40)[0].docs) == 40
+    original = bm25.scorer
+    try:
+        bm25.scorer = "bm25s"  # the answer does not depend on the scorer
+        assert bm25.search([""], 3)[0].docs == hits[0].docs
+    finally:
+        bm25.scorer = original
 
 
 def test_batched_equals_one_at_a_time(bm25):
@@ -32,6 +47,7 @@ def test_topk_larger_than_corpus_is_clamped(tmp_path):
     )
     r = BM25Retriever.build(DocStore(path))
     assert {d["id"] for d in r.search(["apple"], 50)[0].docs} == {"a", "b"}
+    assert [d["id"] for d in r.search([""], 50)[0].docs] == ["a", "b"]
 
 
 def test_save_and_load_give_the_same_results(bm25, corpus_path, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import retrieval.bm25 as bm25_mod
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import DocStore, write_corpus_jsonl
-from retrieval.synthetic import synthetic_queries, synthetic_records
+from tests.fakes.corpus import synthetic_queries, synthetic_records
 
 pytest.importorskip("numba")
 

@@ -1,4 +1,4 @@
-"""The async client against small in-process aiohttp servers: sharing, retries, failures, formatting."""
+"""The async client against small in-process aiohttp servers: sharing, retries, failures."""
 
 import asyncio
 import json
@@ -6,31 +6,11 @@ import json
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from retrieval.client import RetrievalClient, SearchResult, format_observation
+from retrieval.client import RetrievalClient, SearchResult
+from tasks.search_r1.protocol import format_documents
 
 
-def test_format_observation_is_search_r1_text():
-    result = SearchResult(
-        query="q",
-        documents=[
-            {"id": "1", "contents": '"Paris"\nParis is the capital.\nIt is big.'},
-            {"id": "2", "contents": '"Nile"\nA river.'},
-        ],
-        scores=[2.0, 1.0],
-    )
-    # Search-R1's _passages2string keeps the first line as the title, quotes included
-    assert (
-        format_observation(result)
-        == 'Doc 1(Title: "Paris") Paris is the capital.\nIt is big.\nDoc 2(Title: "Nile") A river.'
-    )
-
-
-def test_format_observation_is_never_empty():
-    assert format_observation(SearchResult("q")) != ""
-    text = format_observation(
-        SearchResult("q", error="cannot reach the retrieval server at http://x/retrieve")
-    )
-    assert text.startswith("Search unavailable: cannot reach") and text.endswith("Answer from what you know.")
+def test_a_result_is_ok_unless_it_has_an_error():
     assert not SearchResult("q", error="x").ok and SearchResult("q").ok
 
 
@@ -128,7 +108,7 @@ async def test_timeouts_are_retried_and_end_in_an_explicit_failure():
         ) as client:
             result = await client.search("q")
             assert "did not answer within 0.1s" in result.error
-            assert format_observation(result).startswith("Search unavailable")
+            assert format_documents(result.documents, result.error).startswith("Search unavailable")
     finally:
         await server.close()
 

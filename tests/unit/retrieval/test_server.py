@@ -56,7 +56,9 @@ async def _client(retriever, **overrides):
         (b'{"queries": ["a"], "topk": 0}', 400, "between 1 and 100, got 0"),
         (b'{"queries": ["a"], "topk": 101}', 400, "between 1 and 100, got 101"),
         (b'{"queries": ["a"], "return_scores": "yes"}', 400, "'return_scores' must be true or false"),
-        (b'{"queries": ["a"], "top_k": 3}', 400, "unknown field"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+        (b'{"queries": ["a"], "topk": ' + b"7" * 5000 + b"}", 400, "not valid JSON"),
+        (b'{"queries": ["ok", "a\\ud800"]}', 400, r"queries\[1\] is not valid Unicode"),
         (json.dumps({"queries": ["q"] * 1025}).encode(), 413, r"1025 > max_queries_per_request \(1024\)"),
         (json.dumps({"queries": ["x" * 4097]}).encode(), 413, r"4097 characters > max_query_chars \(4096\)"),
     ],
@@ -76,6 +78,85 @@ def test_parse_defaults_follow_search_r1():
         3,
         True,
     )
+
+
+def test_unknown_fields_are_ignored_and_reported():
+    ignored: list[str] = []
+    body = b'{"queries": ["a"], "top_k": 9, "topk": 2, "mode": "x", "return_scores": true}'
+    assert parse_retrieve_request(body, RetrievalConfig(), ignored) == (["a"], 2, True)
+    assert ignored == ["top_k", "mode"]
+    assert parse_retrieve_request(b'{"queries": [], "extra": 1}', RetrievalConfig()) == ([], 3, False)
+
+
+async def test_unknown_fields_are_served_like_search_r1_and_counted_in_metrics():
+    retriever = CountingRetriever()
+    client = await _client(retriever, cache_size=0)
+    try:
+        plain = await client.post("/retrieve", json={"queries": ["a"], "topk": 2, "return_scores": True})
+        extra = await client.post(
+            "/retrieve",
+            json={"queries": ["a"], "topk": 2, "return_scores": True, "top_k": 7, "session": {"id": 1}},
+        )
+        assert (plain.status, extra.status) == (200, 200)
+        assert (await extra.json()) == (await plain.json())
+        # `top_k` is not `topk`: it is ignored, as Search-R1 does, and the request gets its topk
+        assert len((await extra.json())["result"][0]) == 2
+        resp = await client.post("/retrieve", json={"queries": ["b"], "filters": None})
+        assert resp.status == 200 and len((await resp.json())["result"][0]) == 3
+        metrics = await (await client.get("/metrics")).json()
+        assert metrics["retrieval/unknown_fields"] == 3
+        assert metrics["retrieval/requests"] == 3 and metrics["retrieval/errors"] == {}
+    finally:
+        await client.close()
+
+
+async def test_deeply_nested_or_oversized_json_is_a_json_400_not_a_500():
+    client = await _client(CountingRetriever())
+    try:
+        for body in (
+            b"[" * 100_000 + b"]" * 100_000,
+            b'{"queries": [' * 50_000 + b"]}" * 50_000,
+            b'{"queries": ["a"], "topk": ' + b"9" * 5000 + b"}",
+        ):
+            resp = await client.post("/retrieve", data=body, headers={"Content-Type": "application/json"})
+            assert resp.status == 400
+            assert "not valid JSON" in (await resp.json())["error"]
+        resp = await client.post("/retrieve", json={"queries": ["still serving"]})
+        assert resp.status == 200
+        metrics = await (await client.get("/metrics")).json()
+        assert metrics["retrieval/errors"] == {"400": 3}
+    finally:
+        await client.close()
+
+
+async def test_empty_queries_are_searched_and_get_topk_documents():
+    retriever = CountingRetriever()
+    client = await _client(retriever, cache_size=0)
+    try:
+        resp = await client.post("/retrieve", json={"queries": ["", "  \t", "x"], "topk": 4})
+        assert resp.status == 200
+        result = (await resp.json())["result"]
+        assert [len(r) for r in result] == [4, 4, 4]
+        assert [d["id"] for d in result[0]] == ["-0", "-1", "-2", "-3"]
+        assert sorted(q for batch, _ in retriever.calls for q in batch) == ["", "  \t", "x"]
+    finally:
+        await client.close()
+
+
+async def test_empty_query_gets_the_first_topk_bm25_passages(bm25):
+    client = await _client(bm25, cache_size=0)
+    try:
+        body = {"queries": ["", "   ", "capital of Japan"], "topk": 5, "return_scores": True}
+        resp = await client.post("/retrieve", json=body)
+        assert resp.status == 200
+        blank, spaces, japan = (await resp.json())["result"]
+        first_five = [bm25.store.get(row)["id"] for row in range(5)]
+        assert first_five[:3] == ["paris", "tokyo", "nile"]
+        assert [e["document"]["id"] for e in blank] == first_five
+        assert [e["score"] for e in blank] == [0.0] * 5 and spaces == blank
+        assert japan[0]["document"]["id"] == "tokyo" and japan[0]["score"] > 0
+    finally:
+        await client.close()
 
 
 async def test_answer_shapes_with_and_without_scores():
@@ -236,6 +317,21 @@ def test_pool_metrics_sum_counts_and_report_the_worst_latency():
     assert first.metrics()["retrieval/worker_requests"] == [3, 4]
     restarted.publish_counters()
     assert first.metrics()["retrieval/worker_requests"] == [3, 5]
+
+
+def test_pool_metrics_sum_unknown_fields_across_workers():
+    import multiprocessing as mp
+
+    from retrieval.pool import SharedCounters
+    from retrieval.server import ServerState
+
+    peers = SharedCounters(2, mp.get_context("spawn"))
+    first, second = (ServerState(CountingRetriever(), RetrievalConfig(), peers, slot) for slot in (0, 1))
+    first.count_unknown_fields(["top_k"])
+    second.count_unknown_fields(["top_k", "mode", "mode"])
+    second.publish_counters()
+    assert first.metrics()["retrieval/unknown_fields"] == 4
+    assert second.logged_fields == {"top_k", "mode"}
 
 
 def test_worker_count_defaults_to_cores_only_for_a_prebuilt_bm25_index(tmp_path, monkeypatch):

@@ -23,3 +23,32 @@ def test_validation_names_the_numbers():
         RetrievalConfig(reranker={"enabled": True})
     with pytest.raises(ValidationError, match="extra"):
         RetrievalConfig(topK=3)
+
+
+def test_unknown_method_is_refused_naming_the_known_ones():
+    message = r"unknown retrieval.method 'bm26'; known methods: bm25, dense, google, bing, brave, serpapi"
+    with pytest.raises(ValidationError, match=message):
+        RetrievalConfig(method="bm26")
+
+
+def test_registry_says_which_methods_serve_a_local_index():
+    from retrieval.settings import METHODS, is_local_method
+
+    assert [name for name in METHODS if is_local_method(name)] == ["bm25", "dense"]
+    assert set(METHODS) == {"bm25", "dense", "google", "bing", "brave", "serpapi"}
+    assert RetrievalConfig(method="dense").serves_locally
+    assert not RetrievalConfig(method="brave").serves_locally
+    with pytest.raises(ValueError, match="known methods: bm25, dense"):
+        is_local_method("pyserini")
+
+
+def test_every_registered_builder_resolves():
+    from config.imports import import_object as resolve
+    from retrieval.settings import METHODS
+
+    for name, method in METHODS.items():
+        assert callable(resolve(method.build)), name
+        if method.local:  # a local index can be built with `sr1 retrieval build-index`
+            assert method.build_index is not None and callable(resolve(method.build_index)), name
+        else:
+            assert method.build_index is None, name
