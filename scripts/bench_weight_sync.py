@@ -7,8 +7,9 @@ a synthetic Qwen2-shaped set of fp32 tensors of about 100M parameters (`--quick`
 CPU preset's dtype: large tensors go on the wire from their own memory) and as bf16 (the GPU preset's: every tensor
 is converted, here on the CPU), each measured on its own with its own raw baseline.
 
-Receivers are plain processes running the same receive code as the vLLM worker extension
-(`weight_sync.receiver.receive_update`), without vLLM: this measures the transport, not vLLM's reload.
+Receivers are plain processes (joining through `tests.fakes.receiver`) running the same receive code as the vLLM
+worker extension (`weight_sync.receiver.receive_update`), without vLLM: this measures the transport, not vLLM's
+reload.
 
 The second half (skip it with --skip-learner) is the learner's throughput with sequence packing against padding on
 variable-length groups (scripts/bench_learner.py, target >= 1.5x), reported under "learner".
@@ -30,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NS = "bench-ws"
+# a receiver gives up waiting for the learner's rendezvous or its next update after this long
+RECEIVER_TIMEOUT_S = 600.0
 NOTE = (
     "receivers are plain processes running weight_sync.receiver.receive_update (the vLLM extension's receive "
     "code) without vLLM: this measures the transport"
@@ -63,50 +66,46 @@ def qwen2_shaped(
 
 def receiver(redis_url: str, worker_id: str, rounds: int, raw_nbytes: int) -> None:
     """Join; per round: one raw broadcast of `raw_nbytes`, then one announced update (receive + ack)."""
-    import redis
     import torch
 
-    from weight_sync import rendezvous
-    from weight_sync.group import make_group, open_store
+    from tests.fakes.receiver import join_group, wait_update
     from weight_sync.receiver import receive_update
+    from weight_sync.rendezvous import Rendezvous
 
-    r = redis.Redis.from_url(redis_url)
-    while (info := rendezvous.read_rendezvous(r, NS)) is None:
-        time.sleep(0.01)
-    rank = rendezvous.claim_rank(r, NS, info["epoch"], worker_id)
-    store = open_store(info["addr"], info["port"], is_master=False, timeout_s=info["join_timeout_s"] + 10)
-    group = make_group(store, rank=rank, world_size=info["world_size"], backend=info["backend"],
-                       epoch=info["epoch"], timeout_s=info["timeout_s"], connect_timeout_s=info["join_timeout_s"])  # fmt: skip
-    raw = torch.empty(raw_nbytes, dtype=torch.uint8, device=group.device)
-    pool: dict | None = {} if info.get("keep_buffers", True) else None
-    for version in range(1, rounds + 1):
-        group.wait(group.broadcast(raw), "raw broadcast")
-        cursor = rendezvous.event_cursor(r, NS)
-        while (update := rendezvous.latest_update(r, NS)) is None or update["version"] != version:
+    with Rendezvous(redis_url, NS) as rv:
+        group, info = join_group(rv, worker_id, timeout_s=RECEIVER_TIMEOUT_S)
+        raw = torch.empty(raw_nbytes, dtype=torch.uint8, device=group.device)
+        pool: dict | None = {} if info.get("keep_buffers", True) else None
+        for version in range(1, rounds + 1):
+            group.wait(group.broadcast(raw), "raw broadcast")
             # woken by the announcement, as engines are
-            cursor = rendezvous.wait_for_event(r, NS, cursor, 1.0)
-        receive_update(group, update, pool)
-        rendezvous.ack_update(r, NS, version, worker_id)
-    group.close()
+            deadline = time.monotonic() + RECEIVER_TIMEOUT_S
+            update = wait_update(rv, group, version - 1, deadline, worker_id)
+            receive_update(group, update, pool)
+            rv.ack_update(version, worker_id)
+        group.close()
 
 
 def measure_publish(args: argparse.Namespace, tensors: list, dtype_name: str) -> dict:
     """Raw broadcast vs full publish of `tensors` as `dtype_name`, interleaved round by round (medians)."""
-    import redis
     import torch
 
-    from buffer.local_redis import LocalRedis
+    from sr1.launch.redis_server import LocalRedis
     from weight_sync.buckets import bucket_offsets, str_to_dtype
     from weight_sync.publisher import WeightPublisher
+    from weight_sync.rendezvous import Rendezvous
     from weight_sync.settings import WeightSyncConfig
 
     rounds = args.rounds or (3 if args.quick else 5)
     total_rounds = args.warmup + rounds
     dtype = str_to_dtype(dtype_name)
     cfg = WeightSyncConfig(backend=args.backend, bucket_mb=args.bucket_mb, timeout_s=120)
-    with tempfile.TemporaryDirectory() as tmp, LocalRedis(Path(tmp)) as server:
-        r = redis.Redis.from_url(server.url)
-        pub = WeightPublisher(r, NS, cfg, num_engines=args.receivers)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalRedis(Path(tmp)) as server,
+        Rendezvous(server.url, NS) as rv,
+    ):
+        pub = WeightPublisher(rv, cfg, num_engines=args.receivers)
         # Raw baseline moves exactly the bytes a publish moves (alignment padding inside buckets included).
         nbytes = sum(bucket_offsets(b)[1] for b in pub.plan(tensors, dtype))
         ctx = mp.get_context("spawn")

@@ -1,6 +1,6 @@
 """Learner side of weight sync: `WeightPublisher` (learner rank 0 only) pushes full weights to every engine.
 
-    pub = WeightPublisher(redis_client, namespace, cfg.weight_sync, num_engines=4)
+    pub = WeightPublisher(Rendezvous(redis_url, namespace), cfg.weight_sync, num_engines=4)
     pub.connect()                                   # TCP store + rendezvous in Redis; waits for every engine
     stats = pub.publish(model.named_parameters(), version=7, dtype=torch.bfloat16)
     buffer.publish_version(7)
@@ -28,10 +28,8 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-import redis
 import torch
 
-from weight_sync import rendezvous
 from weight_sync.buckets import (
     bucket_offsets,
     bytes_in_place,
@@ -41,6 +39,7 @@ from weight_sync.buckets import (
     plan_buckets,
 )
 from weight_sync.group import SyncGroup, WeightSyncError, make_group, open_store, resolve_backend
+from weight_sync.rendezvous import Rendezvous, to_jsonable
 from weight_sync.settings import WeightSyncConfig
 
 log = logging.getLogger(__name__)
@@ -85,13 +84,15 @@ def gather_in_step(
 
 
 class WeightPublisher:
-    """Learner rank 0's end of the weight-sync group (see the module docstring)."""
+    """Learner rank 0's end of the weight-sync group (see the module docstring).
 
-    def __init__(self, r: redis.Redis, namespace: str, cfg: WeightSyncConfig, num_engines: int):
+    `rendezvous` stays the caller's: `close()` withdraws the rendezvous but leaves its Redis client open.
+    """
+
+    def __init__(self, rendezvous: Rendezvous, cfg: WeightSyncConfig, num_engines: int):
         if num_engines < 0:
             raise ValueError(f"num_engines must be >= 0, got {num_engines}")
-        self.redis = r
-        self.namespace = namespace
+        self.rendezvous = rendezvous
         self.cfg = cfg
         self.num_engines = num_engines
         self.backend = resolve_backend(cfg.backend)
@@ -113,7 +114,7 @@ class WeightPublisher:
                 self.cfg.master_addr, self.cfg.master_port or 0, is_master=True, timeout_s=self.cfg.timeout_s
             )
         # A fresh epoch per connect: engines still in an old group see it and re-join.
-        self.epoch = rendezvous.next_epoch(self.redis, self.namespace)
+        self.epoch = self.rendezvous.next_epoch()
         info = {
             "addr": self._advertised_addr(),
             "port": int(self._store.port),
@@ -124,7 +125,7 @@ class WeightPublisher:
             "join_timeout_s": timeout_s,
             "keep_buffers": self.cfg.keep_receive_buffers,
         }
-        rendezvous.publish_rendezvous(self.redis, self.namespace, info)
+        self.rendezvous.publish(info)
         log.info(
             "weight sync: waiting for %d engine(s) at %s:%d (epoch %d)",
             self.num_engines,
@@ -132,9 +133,7 @@ class WeightPublisher:
             info["port"],
             self.epoch,
         )
-        self.members = rendezvous.wait_members(
-            self.redis, self.namespace, self.epoch, self.num_engines, timeout_s
-        )
+        self.members = self.rendezvous.wait_members(self.epoch, self.num_engines, timeout_s)
         self.group = make_group(
             self._store,
             rank=0,
@@ -167,9 +166,9 @@ class WeightPublisher:
         """Leave the group, withdraw the rendezvous, close the store."""
         self._drop_group()
         if self._store is not None:
-            info = rendezvous.read_rendezvous(self.redis, self.namespace)
+            info = self.rendezvous.read()
             if info is not None and info["epoch"] == self.epoch:
-                rendezvous.clear_rendezvous(self.redis, self.namespace)
+                self.rendezvous.clear()
             self._store = None
 
     # 2. publish ---------------------------------------------------------------------------------------------
@@ -198,20 +197,13 @@ class WeightPublisher:
         update = {
             "version": int(version),
             "epoch": self.epoch,
-            "buckets": rendezvous.to_jsonable(buckets),
+            "buckets": to_jsonable(buckets),
             "dtype": dtype_to_str(dtype) if dtype is not None else "mixed",
         }
-        rendezvous.announce_update(self.redis, self.namespace, update)
+        self.rendezvous.announce_update(update)
         try:
             total_bytes, in_place_bytes = self._broadcast_buckets(iter(items), buckets, version, dtype)
-            rendezvous.wait_acks(
-                self.redis,
-                self.namespace,
-                version,
-                self.num_engines,
-                self.cfg.timeout_s,
-                expected=self.members,
-            )
+            self.rendezvous.wait_acks(version, self.num_engines, self.cfg.timeout_s, expected=self.members)
         except WeightSyncError as exc:
             # The group is unusable after a failed collective; the next publish re-opens it (new epoch).
             self._drop_group()

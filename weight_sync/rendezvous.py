@@ -1,5 +1,7 @@
 """Redis coordination for weight sync: where the learner's store listens, who joined, which update is current, acks.
 
+    rv = Rendezvous(redis_url, namespace)   # the one Redis client of weight sync; rv.close() when done
+
 Learner rank 0 publishes the rendezvous (`{"addr", "port", "world_size", "backend", "epoch", "timeout_s"}`); each
 engine claims a rank for that epoch (1..world_size-1) and joins the store-based process group; for every new
 version the learner announces the bucket layout, broadcasts, and waits for one ack per engine.
@@ -11,6 +13,7 @@ which `wait_acks` blocks on the same way.
 
 All keys live under `<namespace>:ws:` so one Redis can hold several runs. Values are JSON (never pickle).
 A new `epoch` (the learner re-opened the group, e.g. after an engine died) tells engines to leave and re-join.
+This is the only module of `weight_sync` that talks to Redis.
 """
 
 from __future__ import annotations
@@ -23,12 +26,9 @@ import redis
 
 # Redis keys expire after this long without a refresh so a finished run leaves nothing behind forever.
 _TTL_S = 7 * 24 * 3600
+_ACKS_TTL_S = 3600
 _POLL_S = 0.05
 _EVENTS_KEPT = 64
-
-
-def _key(namespace: str, *parts: object) -> str:
-    return ":".join([namespace, "ws", *(str(p) for p in parts)])
 
 
 def _text(value: bytes | str) -> str:
@@ -41,172 +41,187 @@ def _loads(raw: bytes | str | None) -> dict | None:
     return json.loads(raw)
 
 
-def publish_rendezvous(r: redis.Redis, namespace: str, info: dict) -> None:
-    """Learner rank 0: publish where its store listens. `info` needs addr, port, world_size, backend, epoch, timeout_s."""
-    missing = {"addr", "port", "world_size", "backend", "epoch", "timeout_s"} - set(info)
-    if missing:
-        raise ValueError(f"rendezvous info lacks {sorted(missing)}; got keys {sorted(info)}")
-    pipe = r.pipeline()
-    # A fresh epoch starts with a fresh rank counter and member table.
-    pipe.delete(_key(namespace, "rank", info["epoch"]), _key(namespace, "members", info["epoch"]))
-    pipe.set(_key(namespace, "rendezvous"), json.dumps(info), ex=_TTL_S)
-    _add_event(pipe, namespace, "rendezvous", info["epoch"])
-    pipe.execute()
-
-
-def _add_event(pipe: Any, namespace: str, kind: str, value: object, stream: str = "events") -> None:
-    """Append to one of the namespace's notification streams (`events`: rendezvous and updates, which engines
-    wait on; `ack_events`: acks, which the learner waits on), so waiters block instead of polling."""
-    key = _key(namespace, stream)
-    pipe.xadd(key, {"kind": kind, "value": str(value)}, maxlen=_EVENTS_KEPT, approximate=True)
-    pipe.expire(key, _TTL_S)
-
-
-def _stream_cursor(r: redis.Redis, key: str) -> str:
-    newest = r.xrevrange(key, count=1)
-    if not newest:
-        return "0-0"
-    return _text(newest[0][0])
-
-
-def _wait_stream(r: redis.Redis, key: str, cursor: str, timeout_s: float) -> str:
-    got = r.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
-    if not got:
-        return cursor
-    return _text(got[0][1][-1][0])
-
-
-def event_cursor(r: redis.Redis, namespace: str) -> str:
-    """The id of the newest event (take it before looking at the rendezvous/update keys, then wait from it)."""
-    return _stream_cursor(r, _key(namespace, "events"))
-
-
-def wait_for_event(r: redis.Redis, namespace: str, cursor: str, timeout_s: float) -> str:
-    """Block until a rendezvous or update is announced after `cursor` (at once if one already was), or until
-    `timeout_s`; returns the cursor to wait from next. Engines wake within a Redis round trip of a publish
-    instead of up to a poll interval later, while the learner's first broadcast is waiting for them."""
-    return _wait_stream(r, _key(namespace, "events"), cursor, timeout_s)
-
-
-def next_epoch(r: redis.Redis, namespace: str) -> int:
-    """Learner: a new epoch number, never handed out before in this namespace (survives learner restarts)."""
-    return int(r.incr(_key(namespace, "epoch")))
-
-
-def read_rendezvous(r: redis.Redis, namespace: str) -> dict | None:
-    """The current rendezvous info, or None when no learner has published one."""
-    return _loads(r.get(_key(namespace, "rendezvous")))
-
-
-def clear_rendezvous(r: redis.Redis, namespace: str) -> None:
-    """Learner: withdraw the rendezvous (the group is closed; engines must not try to join it)."""
-    r.delete(_key(namespace, "rendezvous"))
-
-
-def claim_rank(r: redis.Redis, namespace: str, epoch: int, worker_id: str | None = None) -> int:
-    """Engine: claim the next free rank (1, 2, ...) of `epoch`; `worker_id` is recorded so errors can name engines.
-
-    Raises RuntimeError when more engines claim a rank than the rendezvous' world size allows.
-    """
-    rank = int(r.incr(_key(namespace, "rank", epoch)))
-    r.expire(_key(namespace, "rank", epoch), _TTL_S)
-    info = read_rendezvous(r, namespace)
-    if info is not None and info["epoch"] == epoch and rank >= int(info["world_size"]):
-        raise RuntimeError(
-            f"weight sync epoch {epoch} has world size {info['world_size']} (learner + "
-            f"{int(info['world_size']) - 1} engines) but engine {worker_id or '?'} claimed rank {rank}: "
-            "more engines are running than the learner expects (check the learner's num_engines)"
-        )
-    r.hset(_key(namespace, "members", epoch), str(rank), worker_id or f"rank{rank}")
-    r.expire(_key(namespace, "members", epoch), _TTL_S)
-    return rank
-
-
-def members(r: redis.Redis, namespace: str, epoch: int) -> dict[int, str]:
-    """Ranks claimed in `epoch`, mapped to the worker ids that claimed them."""
-    raw = r.hgetall(_key(namespace, "members", epoch))
-    return {int(k): _text(v) for k, v in raw.items()}
-
-
-def announce_update(r: redis.Redis, namespace: str, update: dict) -> None:
-    """Learner: announce `{"version", "epoch", "buckets", "dtype"}`; engines broadcast-receive it right after."""
-    missing = {"version", "epoch", "buckets", "dtype"} - set(update)
-    if missing:
-        raise ValueError(f"update lacks {sorted(missing)}; got keys {sorted(update)}")
-    pipe = r.pipeline()
-    pipe.set(_key(namespace, "update"), json.dumps(update), ex=_TTL_S)
-    _add_event(pipe, namespace, "update", update["version"])
-    pipe.execute()
-
-
-def latest_update(r: redis.Redis, namespace: str) -> dict | None:
-    """The last announced update, or None."""
-    return _loads(r.get(_key(namespace, "update")))
-
-
-def ack_update(r: redis.Redis, namespace: str, version: int, worker_id: str) -> None:
-    """Engine: say that `version` is loaded (called after `ws_receive` returned)."""
-    key = _key(namespace, "acks", version)
-    pipe = r.pipeline()
-    pipe.sadd(key, worker_id)
-    pipe.expire(key, 3600)
-    _add_event(pipe, namespace, "ack", version, stream="ack_events")
-    pipe.execute()
-
-
-def acked(r: redis.Redis, namespace: str, version: int) -> set[str]:
-    """Worker ids that acked `version`."""
-    return {_text(m) for m in r.smembers(_key(namespace, "acks", version))}
-
-
-def wait_acks(
-    r: redis.Redis,
-    namespace: str,
-    version: int,
-    n: int,
-    timeout_s: float,
-    expected: dict[int, str] | None = None,
-) -> None:
-    """Block until `n` engines acked `version`; raise TimeoutError naming the missing ones after `timeout_s`.
-
-    `expected` (rank -> worker id, e.g. from `members`) lets the error name the engines that did not ack.
-    """
-    deadline = time.monotonic() + timeout_s
-    acks_stream = _key(namespace, "ack_events")
-    cursor = _stream_cursor(r, acks_stream)  # before looking: an ack landing meanwhile still wakes the wait
-    while True:
-        got = acked(r, namespace, version)
-        if len(got) >= n:
-            return
-        if time.monotonic() >= deadline:
-            if expected:
-                missing = sorted(f"{wid} (rank {rank})" for rank, wid in expected.items() if wid not in got)
-            else:
-                missing = [f"{n - len(got)} unnamed engine(s)"]
-            raise TimeoutError(
-                f"weight sync version {version}: {len(got)} of {n} engines acked within {timeout_s:.1f} s; "
-                f"missing: {', '.join(missing)}; acked: {sorted(got) or 'none'}"
-            )
-        # woken by the next ack (any version: then look again), or after the remaining time
-        cursor = _wait_stream(r, acks_stream, cursor, max(0.001, deadline - time.monotonic()))
-
-
-def wait_members(r: redis.Redis, namespace: str, epoch: int, n: int, timeout_s: float) -> dict[int, str]:
-    """Learner: block until `n` engines claimed a rank in `epoch`; TimeoutError saying who is there otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = members(r, namespace, epoch)
-        if len(got) >= n:
-            return got
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"weight sync epoch {epoch}: {len(got)} of {n} engines joined within {timeout_s:.1f} s "
-                f"(joined: {sorted(got.values()) or 'none'}); are the generators running with the same "
-                f"Redis and namespace, and is num_engines right?"
-            )
-        time.sleep(_POLL_S)
-
-
 def to_jsonable(obj: Any) -> Any:
     """Round-trip through JSON, as an announced update does (tuples become lists)."""
     return json.loads(json.dumps(obj))
+
+
+class Rendezvous:
+    """The weight-sync keys of one namespace in one Redis; owns its Redis client (`close()` it).
+
+    Safe to share between threads (redis-py's client takes a connection from its pool per command).
+    """
+
+    def __init__(self, redis_url: str, namespace: str):
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self._redis = redis.Redis.from_url(redis_url)
+
+    def close(self) -> None:
+        """Close the Redis client's connections."""
+        self._redis.close()
+
+    def __enter__(self) -> Rendezvous:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Rendezvous(namespace={self.namespace!r})"
+
+    def _key(self, *parts: object) -> str:
+        return ":".join([self.namespace, "ws", *(str(p) for p in parts)])
+
+    # the rendezvous and its epochs ---------------------------------------------------------------------------
+    def publish(self, info: dict) -> None:
+        """Learner rank 0: publish where its store listens.
+
+        `info` needs addr, port, world_size, backend, epoch, timeout_s."""
+        missing = {"addr", "port", "world_size", "backend", "epoch", "timeout_s"} - set(info)
+        if missing:
+            raise ValueError(f"rendezvous info lacks {sorted(missing)}; got keys {sorted(info)}")
+        pipe = self._redis.pipeline()
+        # A fresh epoch starts with a fresh rank counter and member table.
+        pipe.delete(self._key("rank", info["epoch"]), self._key("members", info["epoch"]))
+        pipe.set(self._key("rendezvous"), json.dumps(info), ex=_TTL_S)
+        self._add_event(pipe, "rendezvous", info["epoch"])
+        pipe.execute()
+
+    def read(self) -> dict | None:
+        """The current rendezvous info, or None when no learner has published one."""
+        return _loads(self._redis.get(self._key("rendezvous")))
+
+    def clear(self) -> None:
+        """Learner: withdraw the rendezvous (the group is closed; engines must not try to join it)."""
+        self._redis.delete(self._key("rendezvous"))
+
+    def next_epoch(self) -> int:
+        """Learner: a new epoch number, never handed out before in this namespace (survives learner restarts)."""
+        return int(self._redis.incr(self._key("epoch")))
+
+    # members ------------------------------------------------------------------------------------------------
+    def claim_rank(self, epoch: int, worker_id: str | None = None) -> int:
+        """Engine: claim the next free rank (1, 2, ...) of `epoch`; `worker_id` is recorded to name engines.
+
+        Raises RuntimeError when more engines claim a rank than the rendezvous' world size allows.
+        """
+        rank = int(self._redis.incr(self._key("rank", epoch)))
+        self._redis.expire(self._key("rank", epoch), _TTL_S)
+        info = self.read()
+        if info is not None and info["epoch"] == epoch and rank >= int(info["world_size"]):
+            raise RuntimeError(
+                f"weight sync epoch {epoch} has world size {info['world_size']} (learner + "
+                f"{int(info['world_size']) - 1} engines) but engine {worker_id or '?'} claimed rank {rank}: "
+                "more engines are running than the learner expects (check the learner's num_engines)"
+            )
+        self._redis.hset(self._key("members", epoch), str(rank), worker_id or f"rank{rank}")
+        self._redis.expire(self._key("members", epoch), _TTL_S)
+        return rank
+
+    def members(self, epoch: int) -> dict[int, str]:
+        """Ranks claimed in `epoch`, mapped to the worker ids that claimed them."""
+        raw = self._redis.hgetall(self._key("members", epoch))
+        return {int(k): _text(v) for k, v in raw.items()}
+
+    def wait_members(self, epoch: int, n: int, timeout_s: float) -> dict[int, str]:
+        """Learner: block until `n` engines claimed a rank in `epoch`; TimeoutError saying who is there otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.members(epoch)
+            if len(got) >= n:
+                return got
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"weight sync epoch {epoch}: {len(got)} of {n} engines joined within {timeout_s:.1f} s "
+                    f"(joined: {sorted(got.values()) or 'none'}); are the generators running with the same "
+                    f"Redis and namespace, and is num_engines right?"
+                )
+            time.sleep(_POLL_S)
+
+    # updates and acks ---------------------------------------------------------------------------------------
+    def announce_update(self, update: dict) -> None:
+        """Learner: announce `{"version", "epoch", "buckets", "dtype"}`; engines broadcast-receive it next."""
+        missing = {"version", "epoch", "buckets", "dtype"} - set(update)
+        if missing:
+            raise ValueError(f"update lacks {sorted(missing)}; got keys {sorted(update)}")
+        pipe = self._redis.pipeline()
+        pipe.set(self._key("update"), json.dumps(update), ex=_TTL_S)
+        self._add_event(pipe, "update", update["version"])
+        pipe.execute()
+
+    def latest_update(self) -> dict | None:
+        """The last announced update, or None."""
+        return _loads(self._redis.get(self._key("update")))
+
+    def ack_update(self, version: int, worker_id: str) -> None:
+        """Engine: say that `version` is loaded (called after `ws_receive` returned)."""
+        key = self._key("acks", version)
+        pipe = self._redis.pipeline()
+        pipe.sadd(key, worker_id)
+        pipe.expire(key, _ACKS_TTL_S)
+        self._add_event(pipe, "ack", version, stream="ack_events")
+        pipe.execute()
+
+    def acked(self, version: int) -> set[str]:
+        """Worker ids that acked `version`."""
+        return {_text(m) for m in self._redis.smembers(self._key("acks", version))}
+
+    def wait_acks(
+        self, version: int, n: int, timeout_s: float, expected: dict[int, str] | None = None
+    ) -> None:
+        """Block until `n` engines acked `version`; raise TimeoutError naming the missing ones after `timeout_s`.
+
+        `expected` (rank -> worker id, e.g. from `members`) lets the error name the engines that did not ack.
+        """
+        deadline = time.monotonic() + timeout_s
+        acks_stream = self._key("ack_events")
+        # taken before looking: an ack landing meanwhile still wakes the wait
+        cursor = self._stream_cursor(acks_stream)
+        while True:
+            got = self.acked(version)
+            if len(got) >= n:
+                return
+            if time.monotonic() >= deadline:
+                if expected:
+                    missing = sorted(
+                        f"{wid} (rank {rank})" for rank, wid in expected.items() if wid not in got
+                    )
+                else:
+                    missing = [f"{n - len(got)} unnamed engine(s)"]
+                raise TimeoutError(
+                    f"weight sync version {version}: {len(got)} of {n} engines acked within {timeout_s:.1f} s; "
+                    f"missing: {', '.join(missing)}; acked: {sorted(got) or 'none'}"
+                )
+            # woken by the next ack (any version: then look again), or after the remaining time
+            cursor = self._wait_stream(acks_stream, cursor, max(0.001, deadline - time.monotonic()))
+
+    # announcements: engines block on them instead of polling -------------------------------------------------
+    def event_cursor(self) -> str:
+        """The id of the newest event (take it before reading the rendezvous/update keys, then wait from it)."""
+        return self._stream_cursor(self._key("events"))
+
+    def wait_for_event(self, cursor: str, timeout_s: float) -> str:
+        """Block until a rendezvous or update is announced after `cursor` (at once if one already was), or until
+        `timeout_s`; returns the cursor to wait from next. Engines wake within a Redis round trip of a publish
+        instead of up to a poll interval later, while the learner's first broadcast is waiting for them."""
+        return self._wait_stream(self._key("events"), cursor, timeout_s)
+
+    def _add_event(self, pipe: Any, kind: str, value: object, stream: str = "events") -> None:
+        """Append to one of the namespace's notification streams (`events`: rendezvous and updates, which engines
+        wait on; `ack_events`: acks, which the learner waits on), so waiters block instead of polling."""
+        key = self._key(stream)
+        pipe.xadd(key, {"kind": kind, "value": str(value)}, maxlen=_EVENTS_KEPT, approximate=True)
+        pipe.expire(key, _TTL_S)
+
+    def _stream_cursor(self, key: str) -> str:
+        newest = self._redis.xrevrange(key, count=1)
+        if not newest:
+            return "0-0"
+        return _text(newest[0][0])
+
+    def _wait_stream(self, key: str, cursor: str, timeout_s: float) -> str:
+        got = self._redis.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
+        if not got:
+            return cursor
+        return _text(got[0][1][-1][0])

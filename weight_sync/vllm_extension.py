@@ -2,8 +2,8 @@
 
 Pass `worker_extension_cls="weight_sync.vllm_extension.WeightSyncExtension"` to vLLM's engine args; vLLM mixes
 this class into its worker, and the engine side calls the methods through
-`await async_llm.collective_rpc("ws_join" | "ws_receive" | "ws_leave", args=(...))`. `engine_side.py` has the
-async helpers that do the whole dance (claim a rank, join, pause, receive, resume, ack).
+`await async_llm.collective_rpc("ws_join" | "ws_receive" | "ws_leave", args=(...))`. `engine_side.py`'s
+`EngineWeightSync` claims the rank and calls `ws_join`; the caller pauses generation around `ws_receive`, then acks.
 
 Loading goes through vLLM's own `reload_weights` (checkpoint-format names, i.e. HF `state_dict()` names), which
 fuses q/k/v and gate/up projections and re-runs any post-load processing (e.g. CPU weight packing).

@@ -14,9 +14,10 @@ import pytest
 import redis
 import torch
 
+from tests.fakes.receiver import run_plain_receiver
 from weight_sync.group import WeightSyncError
-from weight_sync.plain_receiver import run_plain_receiver
 from weight_sync.publisher import WeightPublisher
+from weight_sync.rendezvous import Rendezvous
 from weight_sync.settings import WeightSyncConfig
 
 NS = "wstest"
@@ -47,6 +48,12 @@ def _start(redis_url: str, worker_id: str, **kwargs) -> mp.Process:
     return proc
 
 
+@pytest.fixture
+def rv(redis_url):
+    with Rendezvous(redis_url, NS) as rendezvous:
+        yield rendezvous
+
+
 def _stop(*procs: mp.Process) -> None:
     for proc in procs:
         proc.join(timeout=10)
@@ -55,8 +62,7 @@ def _stop(*procs: mp.Process) -> None:
             proc.join()
 
 
-def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, tmp_path):
-    r = redis.Redis.from_url(redis_url)
+def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, rv, tmp_path):
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         d.mkdir()
@@ -74,7 +80,7 @@ def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, tmp_
         proc.start()
     # ~50 KB buckets: several per update; tensors of 16 KB or more alone, sent in place when no conversion is needed
     cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.05, in_place_mb=2**-6, timeout_s=30)
-    pub = WeightPublisher(r, NS, cfg, num_engines=2)
+    pub = WeightPublisher(rv, cfg, num_engines=2)
     try:
         pub.connect()
         sent1 = _weights(1)
@@ -105,12 +111,11 @@ def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, tmp_
             assert torch.equal(got2[name], tensor.to(torch.bfloat16)), name
 
 
-def test_receiver_dying_mid_publish_makes_publish_raise_then_a_new_epoch_works(redis_url, tmp_path):
-    r = redis.Redis.from_url(redis_url)
+def test_receiver_dying_mid_publish_makes_publish_raise_then_a_new_epoch_works(redis_url, rv, tmp_path):
     healthy = _start(redis_url, "healthy", num_updates=1)
     dying = _start(redis_url, "dying", die_after_buckets=1)
     cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.05, timeout_s=5)
-    pub = WeightPublisher(r, NS, cfg, num_engines=2)
+    pub = WeightPublisher(rv, cfg, num_engines=2)
     try:
         pub.connect(timeout_s=JOIN_S)
         start = time.monotonic()
@@ -140,11 +145,10 @@ def test_receiver_dying_mid_publish_makes_publish_raise_then_a_new_epoch_works(r
     assert all(torch.equal(got[k], v) for k, v in sent.items())
 
 
-def test_hung_receiver_makes_publish_raise_within_the_timeout(redis_url):
-    r = redis.Redis.from_url(redis_url)
+def test_hung_receiver_makes_publish_raise_within_the_timeout(redis_url, rv):
     stalled = _start(redis_url, "stalled", stall=True)
     cfg = WeightSyncConfig(backend="gloo", bucket_mb=1, timeout_s=3)
-    pub = WeightPublisher(r, NS, cfg, num_engines=1)
+    pub = WeightPublisher(rv, cfg, num_engines=1)
     try:
         pub.connect(timeout_s=JOIN_S)
         start = time.monotonic()
@@ -159,20 +163,16 @@ def test_hung_receiver_makes_publish_raise_within_the_timeout(redis_url):
         stalled.join()
 
 
-def test_connect_names_the_missing_engines(redis_url):
-    from weight_sync import rendezvous
-
-    r = redis.Redis.from_url(redis_url)
-
+def test_connect_names_the_missing_engines(rv):
     def one_engine_claims():  # an engine that claims its rank; the second engine never comes
         deadline = time.monotonic() + 10
-        while (info := rendezvous.read_rendezvous(r, NS)) is None and time.monotonic() < deadline:
+        while (info := rv.read()) is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        rendezvous.claim_rank(r, NS, info["epoch"], "only-one")
+        rv.claim_rank(info["epoch"], "only-one")
 
     claimer = threading.Thread(target=one_engine_claims)
     claimer.start()
-    pub = WeightPublisher(r, NS, WeightSyncConfig(backend="gloo", timeout_s=30), num_engines=2)
+    pub = WeightPublisher(rv, WeightSyncConfig(backend="gloo", timeout_s=30), num_engines=2)
     try:
         with pytest.raises(TimeoutError, match=r"1 of 2 engines joined.*only-one"):
             pub.connect(timeout_s=2)
@@ -181,13 +181,14 @@ def test_connect_names_the_missing_engines(redis_url):
         claimer.join()
 
 
-def test_no_engines_publish_returns_at_once(redis_url):
-    r = redis.Redis.from_url(redis_url)
-    pub = WeightPublisher(r, NS, WeightSyncConfig(backend="gloo"), num_engines=0)
+def test_no_engines_publish_returns_at_once(redis_url, rv):
+    pub = WeightPublisher(rv, WeightSyncConfig(backend="gloo"), num_engines=0)
     pub.connect()
     stats = pub.publish(_weights(0).items(), version=3)
     assert stats["weight_sync/buckets"] == 0
+    r = redis.Redis.from_url(redis_url)
     assert r.get(f"{NS}:ws:update") is None
+    r.close()
     pub.close()
 
 
@@ -208,32 +209,30 @@ class _DiesWhenGathered:
 
 
 def _learner_that_dies_mid_publish(redis_url: str) -> None:
-    r = redis.Redis.from_url(redis_url)
-    pub = WeightPublisher(r, NS, WeightSyncConfig(backend="gloo", bucket_mb=0.05, timeout_s=3), num_engines=1)
+    rv = Rendezvous(redis_url, NS)
+    pub = WeightPublisher(rv, WeightSyncConfig(backend="gloo", bucket_mb=0.05, timeout_s=3), num_engines=1)
     pub.connect(timeout_s=JOIN_S)
     named = [("first", torch.ones(100, 100)), ("second", _DiesWhenGathered([100, 100]))]
     pub.publish(named, version=1)
 
 
-def test_engine_side_raises_within_the_timeout_when_the_learner_dies(redis_url):
-    from weight_sync import rendezvous
+def test_engine_side_raises_within_the_timeout_when_the_learner_dies(redis_url, rv):
     from weight_sync.group import make_group, open_store
     from weight_sync.receiver import receive_update
 
-    r = redis.Redis.from_url(redis_url)
     learner = mp.get_context("spawn").Process(
         target=_learner_that_dies_mid_publish, args=(redis_url,), daemon=True
     )
     learner.start()
     try:
         deadline = time.monotonic() + JOIN_S
-        while (info := rendezvous.read_rendezvous(r, NS)) is None:
+        while (info := rv.read()) is None:
             assert time.monotonic() < deadline, "the learner never published a rendezvous"
             time.sleep(0.02)
-        rank = rendezvous.claim_rank(r, NS, info["epoch"], "survivor")
+        rank = rv.claim_rank(info["epoch"], "survivor")
         store = open_store(info["addr"], info["port"], is_master=False, timeout_s=30)
         group = make_group(store, rank=rank, world_size=2, backend="gloo", epoch=info["epoch"], timeout_s=3)
-        while (update := rendezvous.latest_update(r, NS)) is None:
+        while (update := rv.latest_update()) is None:
             assert time.monotonic() < deadline, "the learner never announced an update"
             time.sleep(0.01)
         assert len(update["buckets"]) == 2
@@ -254,7 +253,7 @@ def test_two_fsdp_ranks_publish_bf16_that_equals_the_full_weights_cast(
     receiver process: every tensor arrives equal to the unsharded fp32 weight cast to bf16."""
     from safetensors.torch import load_file
 
-    from weight_sync.testing import fsdp_learner_rank, perturbed_model
+    from tests.fakes.weight_sync import fsdp_learner_rank, perturbed_model
 
     ns, version = "wsfsdp", 5
     ctx = mp.get_context("spawn")

