@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from buffer.records import PromptRecord, make_group_id
+from buffer.records import PromptRecord
 from buffer.redis_buffer import ReplayBuffer, TakenGroup
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,7 @@ class PromptFeeder:
             epoch, i = divmod(self.cursor, len(self._sequence))
             prompt = self._sequence[i]
             if epoch:  # the same question in a later epoch is a different group
-                prompt = dataclasses.replace(
-                    prompt, group_id=make_group_id(prompt.data_source, prompt.split, prompt.index, epoch)
-                )
+                prompt = prompt.in_epoch(epoch)
         else:
             prompt = next(self._iterator, None)
             if prompt is None:
@@ -103,13 +101,6 @@ class PromptFeeder:
                 return None
         self.cursor += 1
         return prompt
-
-    def allowance(self) -> int:
-        """How many prompts the rule allows to release right now."""
-        limit = admission_limit(
-            self.buffer.version(), groups_per_step=self.groups_per_step, max_staleness=self.max_staleness
-        )
-        return max(0, limit - self.buffer.released_count())
 
     def pump(self) -> int:
         """Release as many prompts as the rule allows now, stamped with the current version; return how many."""
@@ -173,7 +164,7 @@ class BatchAssembler:
         """The batch for `version` from the held groups, or None if it needs groups that are not finished yet."""
         s, g = self.max_staleness, self.groups_per_step
         held = list(self._held.values())  # stream order: oldest finished first
-        release = {t.entry_id: unconsumed.get(t.group.group_id, t.group.release_version) for t in held}
+        release = {t.entry_id: unconsumed[t.group.group_id] for t in held}
         by_release = sorted(held, key=lambda t: release[t.entry_id])  # stable: stream order within a version
         chosen: dict[str, TakenGroup] = {}
         for j in range(max(s, 1)):
@@ -212,7 +203,7 @@ class BatchAssembler:
             inflight = self.buffer.inflight()
             self._handed &= inflight.keys()  # acked groups leave the in-flight set
             unconsumed = {gid: rv for gid, rv in inflight.items() if gid not in self._handed}
-            for t in self._held.values():  # groups put without a release still count
+            for t in self._held.values():  # groups put without a release (tests, benchmarks) still count
                 unconsumed.setdefault(t.group.group_id, t.group.release_version)
             batch = self._select(version, unconsumed)
             if batch is not None:

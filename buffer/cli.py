@@ -45,12 +45,12 @@ def _resolve_url(args: argparse.Namespace) -> str:
     if args.url:
         return args.url
     if args.run_dir:
-        from buffer.local_redis import url_of_run
+        from buffer.settings import local_redis_dir
 
-        url = url_of_run(args.run_dir)
-        if url is None:
+        url_file = local_redis_dir(args.run_dir) / "url"
+        if not url_file.is_file():
             raise SystemExit(f"sr1 buffer: no running local Redis found for run directory {args.run_dir!r}")
-        return url
+        return url_file.read_text().strip()
     return os.environ.get("SR1_BUFFER__REDIS_URL") or DEFAULT_URL
 
 

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from buffer.redis_buffer import ReplayBuffer
+from buffer.stats import STALENESS_HIST
 
 # (stats key, label, help) for the queue table and the Prometheus gauges, in display order
 GAUGES: list[tuple[str, str, str]] = [
@@ -29,8 +30,8 @@ GAUGES: list[tuple[str, str, str]] = [
     ("buffer/malformed", "malformed", "malformed payloads moved to the dead-letter stream"),
     ("buffer/oversized", "oversized", "groups over max_payload_bytes"),
     ("buffer/poison_prompts", "poison prompts", "prompts dead-lettered after max_prompt_deliveries leases"),
-    ("staleness/mean", "staleness mean", "mean per-token staleness of consumed tokens"),
-    ("staleness/max", "staleness max", "max per-token staleness of consumed tokens"),
+    ("buffer/staleness_mean", "staleness mean", "mean per-token staleness of every trained token"),
+    ("buffer/staleness_max", "staleness max", "max per-token staleness of every trained token"),
 ]
 
 
@@ -43,8 +44,7 @@ def _fmt(value: Any) -> str:
 
 
 def staleness_histogram(stats: dict[str, Any]) -> dict[int, int]:
-    prefix = "staleness/hist/"
-    return {int(k[len(prefix) :]): v for k, v in stats.items() if k.startswith(prefix)}
+    return {int(k[len(STALENESS_HIST) :]): v for k, v in stats.items() if k.startswith(STALENESS_HIST)}
 
 
 def render(stats: dict[str, Any], workers: list[dict], *, title: str = "sr1 buffer"):

@@ -1,4 +1,4 @@
-"""The records that cross Redis: prompts handed to generators, trajectories and GRPO groups (DESIGN.md section 4).
+"""The records that cross Redis: prompts handed to generators, trajectories and GRPO groups.
 
 A `Trajectory` holds numpy arrays aligned token by token over the response (everything after the prompt):
 sampled tokens have `loss_mask=1`, their engine log-prob and the policy version that sampled them; observation
@@ -8,6 +8,7 @@ text to be re-tokenized.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,13 @@ class PromptRecord:
             "release_version": int(self.release_version),
         }
 
+    def in_epoch(self, epoch: int) -> PromptRecord:
+        """This prompt on another pass over the data: its group id names the epoch (a `/dupK` suffix is kept)."""
+        base = make_group_id(self.data_source, self.split, self.index, 0)
+        suffix = self.group_id[len(base) :] if self.group_id.startswith(base) else ""
+        group_id = make_group_id(self.data_source, self.split, self.index, epoch) + suffix
+        return dataclasses.replace(self, group_id=group_id)
+
 
 @dataclass
 class Trajectory:
@@ -75,7 +83,7 @@ class Trajectory:
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
 
     def validate(self) -> None:
-        """Raise RecordError if the arrays do not line up the way DESIGN.md section 4 says."""
+        """Raise RecordError if the arrays do not line up as described above (module docstring)."""
         n = len(self.response_ids)
         for name in ("loss_mask", "behavior_logprobs", "versions"):
             got = len(getattr(self, name))

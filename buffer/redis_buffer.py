@@ -1,6 +1,9 @@
 """The Redis replay buffer of one run: prompts to generators, finished groups to the learner, version, heartbeats.
 
-    buf = ReplayBuffer("redis://127.0.0.1:6379/0", namespace="run1")
+The buffer is the one module that talks to Redis for a run (the weight-sync rendezvous keeps its own keys); every
+other part calls its named operations.
+
+    buf = open_buffer(cfg.buffer)                      # or ReplayBuffer("redis://127.0.0.1:6379/0", namespace="run1")
     buf.release_prompts(prompts)                       # feeder (learner rank 0), see buffer/admission.py
     claimed = buf.claim_prompts("gen-0", 4)            # generator: a claim is a lease
     buf.put_group(group, claimed[0].entry_id)          # atomic: XADD the group + XACK/XDEL the prompt
@@ -20,105 +23,35 @@ Keys, all under `<namespace>:`
     version        the published policy version
     worker:<id>    a worker's heartbeat (JSON, TTL heartbeat_ttl_s); `workers` is the set of known ids
     rate:<name>:<bucket>   event counts per RATE_BUCKET_S seconds, for produced/consumed rates
+    eval:*         evaluation requests and results (buffer/evaluations.py)
 
 Every write that must not be torn (put a group and finish its prompt; ack and leave the in-flight set) is one Lua
-script, so a crash between two calls never loses or duplicates a group.
+script (buffer/lua.py), so a crash between two calls never loses or duplicates a group. Heartbeats, the staleness
+histogram and `stats()` are in buffer/stats.py, evaluation requests in buffer/evaluations.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import redis
 
+from buffer import lua
 from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, encode_prompt
+from buffer.evaluations import EvaluationRequests
 from buffer.records import Group, PromptRecord
-
-if TYPE_CHECKING:
-    from buffer.settings import BufferConfig
+from buffer.settings import BufferConfig
+from buffer.stats import RATE_BUCKET_S, RATE_WINDOW_BUCKETS, RunStats, _s
 
 log = logging.getLogger(__name__)
 
-GENERATORS = "generators"
-LEARNER = "learner"
-RATE_BUCKET_S = 5  # produced/consumed rates are counted in buckets of this many seconds ...
-RATE_WINDOW_BUCKETS = 6  # ... and averaged over this many of them (30 s)
+GENERATORS, LEARNER = lua.GENERATORS, lua.LEARNER
 DEAD_LETTER_MAXLEN = 10_000
 DEAD_LETTER_HEAD_BYTES = 4096  # how much of a rejected payload the dead-letter entry keeps for debugging
-
-# KEYS: prompts, released_ids, inflight, counters. ARGV: n, then n triples (group_id, release_version, payload).
-# Returns one entry id per prompt ("" where the group_id was released before and is skipped).
-_RELEASE_LUA = """
-local n = tonumber(ARGV[1])
-local ids = {}
-local released = 0
-for i = 0, n - 1 do
-  local gid = ARGV[2 + 3 * i]
-  if redis.call('SADD', KEYS[2], gid) == 1 then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'gid', gid, 'd', ARGV[4 + 3 * i])
-    redis.call('ZADD', KEYS[3], ARGV[3 + 3 * i], gid)
-    released = released + 1
-  else
-    ids[#ids + 1] = ''
-    redis.call('HINCRBY', KEYS[4], 'duplicate_releases', 1)
-  end
-end
-if released > 0 then redis.call('HINCRBY', KEYS[4], 'released', released) end
-return ids
-"""
-
-# Runs inside MULTI right after `XADD groups * gid <group_id> d <payload>`, so the stream's last entry is that
-# group (the payload itself never passes through Lua, where large values cost more than the stream write).
-# KEYS: groups, prompts, put_ids, counters, rate key. ARGV: group_id, prompt entry id or "", rate ttl.
-# Finishes the prompt either way; a group put before is removed again at once (nobody can have read it: MULTI)
-# and counted as a duplicate. Returns 1 if the group was added, 0 for a duplicate.
-_PUT_LUA = """
-if ARGV[2] ~= '' then
-  redis.call('XACK', KEYS[2], 'generators', ARGV[2])
-  redis.call('XDEL', KEYS[2], ARGV[2])
-end
-if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then
-  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  redis.call('XDEL', KEYS[1], last[1][1])
-  redis.call('HINCRBY', KEYS[4], 'duplicates', 1)
-  return 0
-end
-redis.call('HINCRBY', KEYS[4], 'produced', 1)
-redis.call('INCR', KEYS[5])
-redis.call('EXPIRE', KEYS[5], ARGV[3])
-return 1
-"""
-
-# KEYS: groups, inflight, counters, rate key. ARGV: rate ttl, then pairs (entry id, group_id or ""); an unknown
-# group_id is read from the entry before it is deleted.
-_ACK_LUA = """
-local acked = 0
-for i = 2, #ARGV, 2 do
-  local id, gid = ARGV[i], ARGV[i + 1]
-  if gid == '' then
-    local e = redis.call('XRANGE', KEYS[1], id, id)
-    if e[1] then
-      local f = e[1][2]
-      for k = 1, #f, 2 do if f[k] == 'gid' then gid = f[k + 1] end end
-    end
-  end
-  acked = acked + redis.call('XACK', KEYS[1], 'learner', id)
-  redis.call('XDEL', KEYS[1], id)
-  if gid ~= '' then redis.call('ZREM', KEYS[2], gid) end
-end
-if acked > 0 then
-  redis.call('HINCRBY', KEYS[3], 'consumed', acked)
-  redis.call('INCRBY', KEYS[4], acked)
-  redis.call('EXPIRE', KEYS[4], ARGV[1])
-end
-return acked
-"""
 
 
 @dataclass
@@ -131,13 +64,24 @@ class ClaimedPrompt:
 class TakenGroup:
     entry_id: str
     group: Group
+    payload: bytes  # the group as it came from Redis (the learner forwards it to its other ranks as is)
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+class BufferConfigError(ValueError):
+    """The buffer cannot be opened as configured (no Redis URL)."""
 
 
-class ReplayBuffer:
+def open_buffer(cfg: BufferConfig, url: str | None = None) -> ReplayBuffer:
+    """The run's buffer: Redis at `url` if given (a command line's `--redis-url`), else `cfg.redis_url`."""
+    url = url or cfg.redis_url
+    if not url:
+        raise BufferConfigError(
+            "no Redis URL: pass --redis-url or set buffer.redis_url (redis://host:port/db); `sr1 run` starts one"
+        )
+    return ReplayBuffer.from_config(cfg, url)
+
+
+class ReplayBuffer(EvaluationRequests, RunStats):
     """One run's buffer in Redis (sync redis-py; async callers use `asyncio.to_thread`)."""
 
     def __init__(
@@ -160,9 +104,8 @@ class ReplayBuffer:
         self.max_prompt_deliveries = int(max_prompt_deliveries)
         self._redis = redis.Redis.from_url(url)
         self._gid_of: dict[str, str] = {}  # group entry id -> group_id for entries this instance handed out
-        self._last_reclaim: dict[
-            str, float
-        ] = {}  # stream -> monotonic time of the last scan for expired entries
+        # stream -> monotonic time of the last scan for expired entries
+        self._last_reclaim: dict[str, float] = {}
         self._rate_ttl = RATE_BUCKET_S * (RATE_WINDOW_BUCKETS + 2)
         for stream, group in ((self.key("prompts"), GENERATORS), (self.key("groups"), LEARNER)):
             try:
@@ -182,10 +125,6 @@ class ReplayBuffer:
             max_payload_bytes=int(cfg.max_payload_mb * (1 << 20)),
             max_prompt_deliveries=cfg.max_prompt_deliveries,
         )
-
-    @property
-    def redis(self) -> redis.Redis:
-        return self._redis
 
     def key(self, *parts: str) -> str:
         return ":".join((self.namespace, *parts))
@@ -215,7 +154,7 @@ class ReplayBuffer:
         for p in prompts:
             args += [p.group_id, int(p.release_version), encode_prompt(p)]
         keys = [self.key("prompts"), self.key("released_ids"), self.key("inflight"), self.key("counters")]
-        ids = self._script(_RELEASE_LUA, keys, args)
+        ids = self._script(lua.RELEASE, keys, args)
         return [_s(i) for i in ids if i]
 
     def _reclaim(
@@ -319,7 +258,7 @@ class ReplayBuffer:
                 continue
             pipe.xadd(keys[0], {"gid": group.group_id, "d": payload})
             sent.append((i, len(pipe)))
-            self._script(_PUT_LUA, keys, [group.group_id, pid or "", self._rate_ttl], client=pipe)
+            self._script(lua.PUT, keys, [group.group_id, pid or "", self._rate_ttl], client=pipe)
         results = pipe.execute()
         for i, position in sent:
             if not results[position]:
@@ -407,7 +346,7 @@ class ReplayBuffer:
                 continue
             entry_id = _s(eid)
             self._gid_of[entry_id] = group.group_id
-            taken.append(TakenGroup(entry_id, group))
+            taken.append(TakenGroup(entry_id, group, bytes(payload)))
         return taken
 
     def take(self, count: int, consumer: str = "learner-0", block_ms: int = 1000) -> list[TakenGroup]:
@@ -436,7 +375,7 @@ class ReplayBuffer:
         for eid in entry_ids:
             args += [eid, self._gid_of.pop(eid, "")]
         keys = [self.key("groups"), self.key("inflight"), self.key("counters"), self._rate_key("consumed")]
-        self._script(_ACK_LUA, keys, args)
+        self._script(lua.ACK, keys, args)
 
     def pending_groups(self, consumer: str) -> list[TakenGroup]:
         """Entries `consumer` took and did not ack (after a learner restart), oldest first."""
@@ -472,105 +411,3 @@ class ReplayBuffer:
     def version(self) -> int:
         value = self._redis.get(self.key("version"))
         return int(value) if value is not None else 0
-
-    # -- heartbeats -----------------------------------------------------------------------------------------
-
-    def heartbeat(self, worker_id: str, role: str, metrics: dict) -> None:
-        body = json.dumps(
-            {"worker_id": worker_id, "role": role, "metrics": metrics, "time": time.time()}, default=str
-        )
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self.key("worker", worker_id), body, px=int(self.heartbeat_ttl_s * 1000))
-        pipe.sadd(self.key("workers"), worker_id)
-        pipe.execute()
-
-    def workers(self) -> list[dict]:
-        """Live workers (heartbeat within heartbeat_ttl_s): worker_id, role, metrics, age_s."""
-        ids = sorted(_s(w) for w in self._redis.smembers(self.key("workers")))
-        if not ids:
-            return []
-        bodies = self._redis.mget([self.key("worker", w) for w in ids])
-        now = time.time()
-        live, dead = [], []
-        for worker_id, body in zip(ids, bodies, strict=True):
-            if body is None:
-                dead.append(worker_id)
-                continue
-            info = json.loads(body)
-            info["age_s"] = max(0.0, now - float(info.pop("time", now)))
-            live.append(info)
-        if dead:
-            self._redis.srem(self.key("workers"), *dead)
-        return live
-
-    # -- monitoring -----------------------------------------------------------------------------------------
-
-    def record_consumed(self, staleness: list[int] | np.ndarray) -> None:
-        """Add one step's per-token staleness (consuming version - token version) to the histogram."""
-        values = np.asarray(staleness, dtype=np.int64).ravel()
-        if values.size == 0:
-            return
-        if values.min() < 0:
-            raise ValueError(f"staleness must be >= 0, got min {int(values.min())}")
-        counts = np.bincount(values)
-        pipe = self._redis.pipeline(transaction=False)
-        for value in np.nonzero(counts)[0]:
-            pipe.hincrby(self.key("staleness"), str(int(value)), int(counts[value]))
-        pipe.execute()
-
-    def staleness_histogram(self) -> dict[int, int]:
-        raw = self._redis.hgetall(self.key("staleness"))
-        return dict(sorted((int(k), int(v)) for k, v in raw.items()))
-
-    def stats(self) -> dict[str, Any]:
-        """A flat snapshot with namespaced keys (`buffer/depth`, `staleness/max`, ...), cheap enough to poll."""
-        now = time.time()
-        bucket = int(now // RATE_BUCKET_S)
-        buckets = list(range(bucket - RATE_WINDOW_BUCKETS + 1, bucket + 1))
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xlen(self.key("prompts"))
-        pipe.xpending(self.key("prompts"), GENERATORS)
-        pipe.xlen(self.key("groups"))
-        pipe.xpending(self.key("groups"), LEARNER)
-        pipe.zcard(self.key("inflight"))
-        pipe.hgetall(self.key("counters"))
-        pipe.get(self.key("version"))
-        pipe.get(self.key("version_time"))
-        pipe.xlen(self.key("dead"))
-        for name in ("produced", "consumed"):
-            pipe.mget([self.key("rate", name, str(b)) for b in buckets])
-        pipe.hgetall(self.key("staleness"))
-        (prompts_len, prompts_pending, groups_len, groups_pending, inflight, counters, version, version_time,
-         dead, produced_buckets, consumed_buckets, staleness) = pipe.execute()  # fmt: skip
-        counters = {_s(k): int(v) for k, v in counters.items()}
-        window_s = (RATE_WINDOW_BUCKETS - 1) * RATE_BUCKET_S + (now - bucket * RATE_BUCKET_S)
-        leased = int(prompts_pending["pending"])
-        taken = int(groups_pending["pending"])
-        out: dict[str, Any] = {
-            "buffer/depth": groups_len - taken,
-            "buffer/taken_unacked": taken,
-            "buffer/pending_prompts": prompts_len - leased,
-            "buffer/leased_prompts": leased,
-            "buffer/inflight_groups": inflight,
-            "buffer/released": counters.get("released", 0),
-            "buffer/produced": counters.get("produced", 0),
-            "buffer/consumed": counters.get("consumed", 0),
-            "buffer/malformed": counters.get("malformed", 0),
-            "buffer/oversized": counters.get("oversized", 0),
-            "buffer/poison_prompts": counters.get("poison_prompts", 0),
-            "buffer/duplicates": counters.get("duplicates", 0),
-            "buffer/duplicate_releases": counters.get("duplicate_releases", 0),
-            "buffer/dead_letters": dead,
-            "buffer/produced_per_s": sum(int(x or 0) for x in produced_buckets) / window_s,
-            "buffer/consumed_per_s": sum(int(x or 0) for x in consumed_buckets) / window_s,
-            "buffer/version": int(version) if version is not None else 0,
-            "buffer/version_age_s": now - float(version_time) if version_time is not None else None,
-        }
-        hist = {int(k): int(v) for k, v in staleness.items()}
-        total = sum(hist.values())
-        out["staleness/tokens"] = total
-        out["staleness/mean"] = sum(k * v for k, v in hist.items()) / total if total else 0.0
-        out["staleness/max"] = max(hist) if hist else 0
-        for k in sorted(hist):
-            out[f"staleness/hist/{k}"] = hist[k]
-        return out

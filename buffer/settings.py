@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def local_redis_dir(run_dir: Path | str) -> Path:
+    """Where a run's own redis-server keeps its AOF and, while it runs, its URL (`url`)."""
+    return Path(run_dir) / "redis"
 
 
 class BufferConfig(BaseModel):

@@ -1,14 +1,29 @@
 """Typed configuration of sr1: one root model, a section per pool, YAML presets, env and dotted overrides."""
 
-from config.loader import ConfigError, config_to_yaml, list_presets, load_config, parse_overrides, save_config
+from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
+from config.loader import (
+    ConfigError,
+    config_to_yaml,
+    list_presets,
+    load_config,
+    load_job,
+    parse_overrides,
+    save_config,
+    save_job,
+)
 from config.schema import Config
 
 __all__ = [
     "Config",
+    "GeneratorJob",
+    "LearnerJob",
+    "RetrievalJob",
     "ConfigError",
     "config_to_yaml",
     "list_presets",
     "load_config",
     "parse_overrides",
     "save_config",
+    "save_job",
+    "load_job",
 ]

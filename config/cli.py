@@ -13,7 +13,7 @@ import typing
 
 from pydantic import BaseModel
 
-from config.loader import ConfigError, config_to_yaml, list_presets, load_config
+from config.loader import ConfigError, config_to_yaml, list_presets, load_config, section_models
 from config.schema import Config
 
 
@@ -24,16 +24,39 @@ def _type_name(annotation: typing.Any) -> str:
 
 
 def reference_rows(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, description) for every leaf field, depth first."""
+    """(dotted key, type, default, description) for every leaf field, depth first. A union section (`learner.correction`)
+    gives its `type` row (every variant) and each variant's fields, marked with the variants that have them."""
     rows: list[tuple[str, str, str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            rows.extend(reference_rows(annotation, f"{key}."))
-            continue
-        default = field.get_default(call_default_factory=True)
-        rows.append((key, _type_name(annotation), repr(default), field.description or ""))
+        models = section_models(field.annotation)
+        if models and not field.discriminator:
+            rows.extend(reference_rows(models[0], f"{key}."))
+        elif models:
+            rows.extend(_union_rows(key, field, models))
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((key, _type_name(field.annotation), repr(default), field.description or ""))
+    return rows
+
+
+def _union_rows(
+    key: str, field: typing.Any, models: list[type[BaseModel]]
+) -> list[tuple[str, str, str, str]]:
+    tags = [m.model_fields["type"].default for m in models]
+    default = field.get_default(call_default_factory=True)
+    rows = [(f"{key}.type", " / ".join(repr(t) for t in tags), repr(default.type), field.description or "")]
+    seen: dict[str, list[str]] = {}  # field -> the variants that have it
+    for model, tag in zip(models, tags, strict=True):
+        for name in model.model_fields:
+            if name != "type":
+                seen.setdefault(name, []).append(tag)
+    for name, owners in seen.items():
+        sub = next(m for m, t in zip(models, tags, strict=True) if t == owners[0]).model_fields[name]
+        value = repr(sub.get_default(call_default_factory=True))
+        rows.append(
+            (f"{key}.{name}", _type_name(sub.annotation), value, f"({', '.join(owners)}) {sub.description}")
+        )
     return rows
 
 

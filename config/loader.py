@@ -11,12 +11,15 @@ from __future__ import annotations
 import difflib
 import os
 import threading
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -57,51 +60,101 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _field_names(model: type[BaseModel]) -> list[str]:
-    return list(model.model_fields)
+def section_models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field holds: one for a section, every member for a union section (`learner.correction`), none
+    for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return section_models(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in section_models(arg)]
+    return []
 
 
-def _check_key_path(keys: list[str], origin: str) -> None:
+def _fields_of(models: list[type[BaseModel]]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for model in models:
+        for name, field in model.model_fields.items():
+            fields.setdefault(name, field)
+    return fields
+
+
+def _check_key_path(keys: list[str], origin: str, root: type[BaseModel] = Config) -> None:
     """Raise a ConfigError naming the first unknown key of a dotted path, with close matches."""
-    model: type[BaseModel] = Config
+    models: list[type[BaseModel]] = [root]
     for depth, key in enumerate(keys):
-        fields = model.model_fields
+        fields = _fields_of(models)
         if key not in fields:
             dotted = ".".join(keys[: depth + 1])
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(fields)}"
             raise ConfigError(f"{origin}: unknown config key {dotted!r}{hint}")
-        annotation = fields[key].annotation
         if depth + 1 < len(keys):
-            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            models = section_models(fields[key].annotation)
+            if not models:
                 raise ConfigError(f"{origin}: {'.'.join(keys[: depth + 1])!r} is a value, not a section")
-            model = annotation
+
+
+def _normalize(values: dict[str, Any], model: type[BaseModel] = Config) -> dict[str, Any]:
+    """A union section given by its variant's name alone (`correction: icepop`) becomes `{"type": "icepop"}`, so
+    that a later source's `correction.cap` merges into it instead of replacing it."""
+    fields = model.model_fields
+    for key, value in values.items():
+        if key not in fields:
+            continue
+        models = section_models(fields[key].annotation)
+        if isinstance(value, str) and fields[key].discriminator:
+            values[key] = {"type": value}
+        elif isinstance(value, dict) and not fields[key].discriminator and models:
+            _normalize(value, models[0])
+    return values
+
+
+def _fill_variant_types(
+    update: dict[str, Any], base: dict[str, Any], model: type[BaseModel] = Config
+) -> None:
+    """A union section an override sets without its `type` (`task.reward=f1`) keeps the type the lower source gives,
+    else takes the field's default variant."""
+    fields = model.model_fields
+    for key, value in update.items():
+        if key not in fields or not isinstance(value, dict):
+            continue
+        models = section_models(fields[key].annotation)
+        below = base.get(key) if isinstance(base.get(key), dict) else {}
+        if fields[key].discriminator:
+            if "type" not in value and "type" not in below:
+                value["type"] = fields[key].get_default(call_default_factory=True).type
+        elif models:
+            _fill_variant_types(value, below, models[0])
 
 
 def _set_dotted(target: dict[str, Any], keys: list[str], value: Any) -> None:
     for key in keys[:-1]:
         node = target.setdefault(key, {})
-        if not isinstance(node, dict):
-            node = target[key] = {}
+        if not isinstance(
+            node, dict
+        ):  # `correction=icepop correction.low=0.3`: the shorthand, then one of its knobs
+            node = target[key] = {"type": node} if isinstance(node, str) else {}
         target = node
     target[keys[-1]] = value
 
 
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """`["learner.lr=1e-6", "seed=3"]` -> `{"learner": {"lr": 1e-6}, "seed": 3}` with keys checked."""
+def parse_overrides(overrides: list[str], root: type[BaseModel] = Config) -> dict[str, Any]:
+    """`["learner.lr=1e-6", "seed=3"]` -> `{"learner": {"lr": 1e-6}, "seed": 3}` with keys checked against `root`."""
     result: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.field=value")
         dotted, raw = item.split("=", 1)
-        keys = dotted.strip().split(".")
-        _check_key_path(keys, f"override {item!r}")
+        keys = renamed_key(dotted.strip(), f"override {item!r}").split(".")
+        _check_key_path(keys, f"override {item!r}", root)
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: cannot parse value {raw!r}: {err}") from err
         _set_dotted(result, keys, value)
-    return result
+    return _normalize(result, root)
 
 
 def _check_env() -> None:
@@ -111,16 +164,18 @@ def _check_env() -> None:
             _check_key_path(keys, f"environment variable {name}")
 
 
-def _check_yaml_keys(data: dict[str, Any], origin: str, prefix: list[str] | None = None) -> None:
+def _check_yaml_keys(
+    data: dict[str, Any], origin: str, root: type[BaseModel] = Config, prefix: list[str] | None = None
+) -> None:
     prefix = prefix or []
     for key, value in data.items():
         keys = [*prefix, str(key)]
-        _check_key_path(keys, origin)
-        model: Any = Config
+        _check_key_path(keys, origin, root)
+        models: list[type[BaseModel]] = [root]
         for k in keys:
-            model = model.model_fields[k].annotation
-        if isinstance(value, dict) and isinstance(model, type) and issubclass(model, BaseModel):
-            _check_yaml_keys(value, origin, keys)
+            models = section_models(_fields_of(models)[k].annotation)
+        if isinstance(value, dict) and models:
+            _check_yaml_keys(value, origin, root, keys)
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -138,10 +193,11 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
     preset_values: dict[str, Any] = {}
     if preset is not None:
         path = preset_path(preset)
-        preset_values = _read_yaml(path)
+        preset_values = _normalize(migrate(_read_yaml(path), str(path)))
         _check_yaml_keys(preset_values, str(path))
     _check_env()
     cli_values = parse_overrides(overrides or [])
+    _fill_variant_types(cli_values, preset_values)
     with _LOCK:  # the preset reaches the settings source through a module-level holder
         _PRESET_VALUES.set(preset_values)
         try:
@@ -152,7 +208,7 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
             _PRESET_VALUES.set({})
 
 
-def config_to_yaml(cfg: Config) -> str:
+def config_to_yaml(cfg: BaseModel) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
@@ -162,3 +218,54 @@ def save_config(cfg: Config, run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
     path.write_text(config_to_yaml(cfg))
     return path
+
+
+# -- each process's own config (config/jobs.py) --------------------------------------------------------------------
+
+JobT = typing.TypeVar("JobT", bound=BaseModel)
+
+
+def save_job(job: BaseModel, path: Path) -> Path:
+    """Write a process's job config (what a launcher hands to the process it starts)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_to_yaml(job))
+    return path
+
+
+def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | None = None) -> JobT:
+    """A process's typed config from `config`: a job file a launcher wrote (its `job:` names the kind), or a
+    preset / root config file, from which the root config makes the job. Dotted overrides apply either way."""
+    from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
+
+    kind = job_cls.model_fields["job"].default
+    path = Path(config)
+    values = _read_yaml(path) if path.suffix in (".yaml", ".yml") and path.is_file() else None
+    if values is None or "job" not in values:
+        root = load_config(config, overrides)
+        makers = {
+            GeneratorJob: root.generator_job,
+            LearnerJob: root.learner_job,
+            RetrievalJob: root.retrieval_job,
+        }
+        return makers[job_cls]()
+    if values["job"] != kind:
+        raise ConfigError(f"{path} is the job file of a {values['job']} process, not of a {kind} process")
+    _check_yaml_keys(values, str(path), job_cls)
+    values = _normalize(values, job_cls)
+    update = parse_overrides(overrides or [], job_cls)
+    _fill_variant_types(update, values, job_cls)
+    merged = _deep_merge(values, update)
+    try:
+        return job_cls(**merged)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

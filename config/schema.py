@@ -13,10 +13,12 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from buffer.settings import BufferConfig
+from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
 from config.sections import DataConfig, EvalConfig, LoggingConfig, ModelConfig
 from generators.settings import GeneratorsConfig
 from learner.settings import LearnerConfig
 from retrieval.settings import RetrievalConfig
+from tasks.settings import SearchR1Config, TaskConfig
 from weight_sync.settings import WeightSyncConfig
 
 ENV_PREFIX = "SR1_"
@@ -38,7 +40,7 @@ class _DictSource(PydanticBaseSettingsSource):
 
 
 class Config(BaseSettings):
-    """Everything a run needs. Each pool receives only its own section."""
+    """Everything a run needs. Each process receives only the sections it uses (`config/jobs.py`)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -51,6 +53,9 @@ class Config(BaseSettings):
     seed: int = Field(0, description="Seed for data order, model init of the tiny world, and sampling.")
     run_dir: Path | None = Field(None, description="Where the run writes everything (None: runs/<name>).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    task: TaskConfig = Field(
+        default_factory=SearchR1Config, description="The RL task: its prompts, tool and reward (`tasks/`)."
+    )
     data: DataConfig = Field(default_factory=DataConfig, description="Prompt datasets.")
     retrieval: RetrievalConfig = Field(
         default_factory=RetrievalConfig, description="Retrieval server and client."
@@ -93,6 +98,43 @@ class Config(BaseSettings):
     @property
     def resolved_run_dir(self) -> Path:
         return self.run_dir if self.run_dir is not None else Path("runs") / self.name
+
+    # -- each process's own config (config/jobs.py) ---------------------------------------------------------
+
+    def _common(self) -> dict[str, Any]:
+        return {"seed": self.seed, "run_dir": self.resolved_run_dir, "logging": self.logging}
+
+    def generator_job(self, worker_id: str = "gen-0", engine_index: int = 0) -> GeneratorJob:
+        return GeneratorJob(
+            **self._common(),
+            worker_id=worker_id,
+            engine_index=engine_index,
+            model=self.model,
+            task=self.task,
+            generators=self.generators,
+            retrieval=self.retrieval,
+            buffer=self.buffer,
+            data=self.data,
+            eval=self.eval,
+        )
+
+    def learner_job(self) -> LearnerJob:
+        num_engines = self.learner.num_engines
+        return LearnerJob(
+            **self._common(),
+            model=self.model,
+            task=self.task,
+            data=self.data,
+            learner=self.learner,
+            buffer=self.buffer,
+            weight_sync=self.weight_sync,
+            eval=self.eval,
+            temperature=self.generators.temperature,
+            num_engines=self.generators.num_engines if num_engines is None else num_engines,
+        )
+
+    def retrieval_job(self) -> RetrievalJob:
+        return RetrievalJob(**self._common(), retrieval=self.retrieval)
 
 
 class _PresetHolder:

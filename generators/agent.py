@@ -1,12 +1,13 @@
-"""The search agent loop: one asyncio task per trajectory, multi-turn generation with retrieval (DESIGN.md section 5).
+"""The agent loop: one asyncio task per trajectory, multi-turn generation with a task's tool.
 
-    rollout = await run_agent(engine, prompt_ids, search, tokenizer, AgentSettings.from_config(cfg, 512))
+    rollout = await run_agent(engine, prompt_ids, task, tokenizer, AgentSettings.from_config(cfg, 512))
 
-Each turn samples until `</search>`, `</answer>`, EOS or the turn's token limit. A search appends Search-R1's
-`\\n\\n<information>{docs}</information>\\n\\n` observation; a turn with neither action appends the "invalid action"
-message; both are observation tokens (`loss_mask=0`, log-prob 0, version -1). The arrays are built token by token
-as each piece is appended: the model's tokens are never decoded and re-encoded (text is decoded only to read the
-action). After `max_turns` action turns one final turn may answer (Search-R1's last rollout, without search).
+Each turn samples until one of the task's stop strings, EOS or the turn's token limit. The task reads the turn
+(`tasks/base.py`): a tool call appends the tool's observation, a turn with neither a tool call nor an answer appends
+the task's "invalid action" observation; both are observation tokens (`loss_mask=0`, log-prob 0, version -1). The
+arrays are built token by token as each piece is appended: the model's tokens are never decoded and re-encoded (text
+is decoded only to read the action). After `max_turns` action turns one final turn may answer (Search-R1's last
+rollout, without a tool).
 
 Finish reasons: `answer`; `eos` (the model ended without answering); `max_turns`; `budget` (the response budget
 or the model length ran out); `abort` (the engine dropped the request).
@@ -15,7 +16,6 @@ or the model length ran out); `abort` (the engine dropped the request).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,20 +23,11 @@ import numpy as np
 
 from buffer.records import Trajectory
 from generators.engine import Engine, Generation, SamplingSpec
-from generators.protocol import (
-    INFORMATION_CLOSE,
-    INFORMATION_OPEN,
-    INVALID_ACTION,
-    STOP_STRINGS,
-    extract_answer,
-    is_well_formed_turn,
-    parse_action,
-)
-from retrieval.client import SearchResult, format_observation
+from generators.settings import GeneratorsConfig
+from tasks import Observation, Task
 
 log = logging.getLogger(__name__)
 
-SearchFn = Callable[[str], Awaitable["str | SearchResult"]]
 FINISH_REASONS = ("answer", "eos", "max_turns", "budget", "abort")
 
 
@@ -48,17 +39,22 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    max_turns: int = 4
-    max_tokens_per_turn: int = 500
-    max_obs_tokens: int = 500
-    max_response_tokens: int = 4096
-    max_model_len: int = 8192
-    temperature: float = 1.0
-    top_p: float = 1.0
+    """The limits and sampling of one trajectory: the `generators` section's values plus the engine's model length
+    (defaults live in `GeneratorsConfig` only)."""
+
+    max_turns: int
+    max_tokens_per_turn: int
+    max_obs_tokens: int
+    max_response_tokens: int
+    max_model_len: int
+    temperature: float
+    top_p: float
 
     @classmethod
-    def from_config(cls, cfg: Any, max_model_len: int, *, max_turns: int | None = None) -> AgentSettings:
-        """From a `GeneratorsConfig` and the engine's model length."""
+    def from_config(
+        cls, cfg: GeneratorsConfig, max_model_len: int, *, max_turns: int | None = None
+    ) -> AgentSettings:
+        """From the `generators` section and the engine's model length (`max_turns` overrides, e.g. for evaluation)."""
         return cls(
             max_turns=max_turns or cfg.max_turns,
             max_tokens_per_turn=cfg.max_tokens_per_turn,
@@ -82,11 +78,12 @@ class Rollout:
     turn_texts: list[str] = field(default_factory=list)  # the model's text per turn (for rewards and logs)
     finish_reason: str = ""
     turns: int = 0
-    num_searches: int = 0
+    tool_calls: int = 0
     invalid_actions: int = 0
-    search_errors: int = 0
+    tool_errors: int = 0
     truncated_observations: int = 0
-    queries: list[str] = field(default_factory=list)
+    tool_inputs: list[str] = field(default_factory=list)  # e.g. the search queries
+    observations: list[str] = field(default_factory=list)  # the text appended after each turn but the last
 
     # -- appending (the only place the arrays grow, so they always line up) -----------------------------------
 
@@ -114,32 +111,17 @@ class Rollout:
         return "".join(self.turn_texts)
 
     @property
-    def answer(self) -> str | None:
-        return extract_answer(self.model_text)
-
-    @property
-    def well_formed(self) -> bool:
-        """Every turn `<think>…</think>` + one action, no invalid action, and the last turn answered."""
-        return (
-            self.finish_reason == "answer"
-            and self.invalid_actions == 0
-            and all(is_well_formed_turn(t) for t in self.turn_texts)
-        )
-
-    @property
     def sampled_tokens(self) -> int:
         return int(sum(self.loss_mask))
 
     def info(self) -> dict[str, Any]:
         return {
-            "answer": self.answer,
             "finish_reason": self.finish_reason,
             "turns": self.turns,
-            "num_searches": self.num_searches,
+            "tool_calls": self.tool_calls,
             "invalid_actions": self.invalid_actions,
-            "search_errors": self.search_errors,
+            "tool_errors": self.tool_errors,
             "truncated_observations": self.truncated_observations,
-            "well_formed": self.well_formed,
             "sampled_tokens": self.sampled_tokens,
         }
 
@@ -155,33 +137,21 @@ class Rollout:
         )
 
 
-def observation_ids(text: str, tokenizer: Tokenizer, max_tokens: int) -> tuple[list[int], bool]:
-    """Token ids of `<information>` + text + `</information>`, cut to `max_tokens` keeping the closing tag."""
-    ids = tokenizer.encode(f"{INFORMATION_OPEN}{text}{INFORMATION_CLOSE}", add_special_tokens=False)
-    if len(ids) <= max_tokens:
+def observation_ids(obs: Observation, tokenizer: Tokenizer, max_tokens: int) -> tuple[list[int], bool]:
+    """Token ids of an observation, cut to `max_tokens` keeping its `keep_tail` (its closing tag) when it has one."""
+    ids = tokenizer.encode(obs.text, add_special_tokens=False)
+    if obs.keep_tail is None or len(ids) <= max_tokens:
         return ids, False
-    head = tokenizer.encode(f"{INFORMATION_OPEN}{text}", add_special_tokens=False)
-    tail = tokenizer.encode(INFORMATION_CLOSE, add_special_tokens=False)
+    head = tokenizer.encode(obs.text[: len(obs.text) - len(obs.keep_tail)], add_special_tokens=False)
+    tail = tokenizer.encode(obs.keep_tail, add_special_tokens=False)
     keep = max(0, max_tokens - len(tail))
     return head[:keep] + tail, True
-
-
-async def _search_text(search: SearchFn, query: str) -> tuple[str, bool]:
-    """(observation text, failed) for one query; a search function that raises counts as a failed search."""
-    try:
-        result = await search(query)
-    except Exception as exc:  # a broken retriever must not kill the trajectory: the model is told instead
-        log.warning("search for %r raised %s: %s", query, type(exc).__name__, exc)
-        return format_observation(SearchResult(query=query, error=f"{type(exc).__name__}: {exc}")), True
-    if isinstance(result, SearchResult):
-        return format_observation(result), not result.ok
-    return str(result), False
 
 
 async def run_agent(
     engine: Engine,
     prompt_ids: list[int],
-    search: SearchFn,
+    task: Task,
     tokenizer: Tokenizer,
     settings: AgentSettings,
     *,
@@ -201,7 +171,7 @@ async def run_agent(
             max_tokens=min(settings.max_tokens_per_turn, remaining),
             temperature=0.0 if greedy else settings.temperature,
             top_p=1.0 if greedy else settings.top_p,
-            stop=STOP_STRINGS,
+            stop=task.stop_strings,
             logprobs=logprobs,
         )
         gen = await engine.generate(rollout.prompt_ids + rollout.response_ids, spec)
@@ -209,11 +179,11 @@ async def run_agent(
         rollout.turns += 1
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         rollout.turn_texts.append(text)
-        action, content = parse_action(text)
+        action = task.parse_action(text)
         if gen.finish_reason == "abort":
             rollout.finish_reason = "abort"
             break
-        if action == "answer":
+        if action.kind == "answer":
             rollout.finish_reason = "answer"
             break
         if gen.finish_reason == "eos":
@@ -226,16 +196,17 @@ async def run_agent(
         if last_turn:
             rollout.finish_reason = "max_turns"
             break
-        if action == "search":
-            rollout.num_searches += 1
-            rollout.queries.append(content)
-            obs_text, failed = await _search_text(search, content)
-            rollout.search_errors += int(failed)
-            obs, truncated = observation_ids(obs_text, tokenizer, settings.max_obs_tokens)
-            rollout.truncated_observations += int(truncated)
+        if action.kind == "tool":
+            rollout.tool_calls += 1
+            rollout.tool_inputs.append(action.content)
+            observation = await task.call_tool(action.content)
+            rollout.tool_errors += int(observation.failed)
         else:
             rollout.invalid_actions += 1
-            obs = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
+            observation = task.invalid_action()
+        rollout.observations.append(observation.text)
+        obs, truncated = observation_ids(observation, tokenizer, settings.max_obs_tokens)
+        rollout.truncated_observations += int(truncated)
         if len(obs) >= remaining:
             # nothing could be sampled after it: stop here rather than append a context the model cannot use
             rollout.finish_reason = "budget"

@@ -10,7 +10,7 @@ distribution (vLLM's processed log-probs, what the learner recomputes) and with 
 when the token arrived (outputs are streamed per step). Prefix caching is on, so later turns and the other samples
 of a GRPO group reuse the KV of their shared prefix.
 
-Weight updates (DESIGN.md section 7): the engine joins the weight-sync process group through the worker extension
+Weight updates (weight_sync/README.md): the engine joins the weight-sync process group through the worker extension
 `weight_sync.vllm_extension.WeightSyncExtension` (`ws_join`), and `apply_update` pauses generation (in-flight
 requests are frozen, not aborted), receives and reloads the tensors in place (`ws_receive`), sets the new version
 and resumes in a `finally`. Requests frozen across an update continue under the new weights, and their later tokens
@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from generators.protocol import STOP_STRINGS
+from tasks.search_r1.protocol import STOP_STRINGS
 
 if TYPE_CHECKING:
     from generators.settings import EngineConfig
@@ -197,16 +197,6 @@ class VLLMEngine:
         )
 
     # -- weight sync -------------------------------------------------------------------------------------------
-
-    async def join_weight_sync(self, info: dict, rank: int) -> None:
-        """Join the learner's weight-sync process group as `rank` (blocks until every member has joined)."""
-        if not self.has_weight_sync:
-            raise RuntimeError("this engine was started without the weight-sync worker extension")
-        await self.llm.collective_rpc("ws_join", args=(info, rank))
-
-    async def leave_weight_sync(self) -> None:
-        if self.has_weight_sync:
-            await self.llm.collective_rpc("ws_leave")
 
     async def apply_update(self, update: dict) -> int:
         """Receive the weights of `update` in place between a pause and a resume; returns tensors loaded."""

@@ -1,7 +1,10 @@
-"""Greedy evaluation: the agent loop once per test prompt, exact match overall and per data source.
+"""Evaluation: the agent loop once per test prompt (greedy by default), the task's metrics overall and per source.
 
-result = await evaluate(engine, prompts, search, tokenizer, cfg.generators, max_model_len=512)
-result["eval/em"], result["eval/em/nq"], result["eval/searches_per_traj"], result["eval/n"]
+    result = await evaluate(engine, prompts, task, tokenizer, cfg.generators, max_model_len=512)
+    result["eval/em"], result["eval/em/nq"], result["eval/tool_calls_per_traj"], result["eval/n"]
+
+Every number the task's `score` reports (Search-R1: `em`, `f1`, `substring_em`, `well_formed`) is averaged into
+`eval/<metric>` and, per data source, `eval/<metric>/<source>`; `eval/reward` is the mean reward.
 """
 
 from __future__ import annotations
@@ -11,16 +14,41 @@ from collections import defaultdict
 from typing import Any
 
 from buffer.records import PromptRecord
-from generators.agent import AgentSettings, SearchFn, encode_prompt, run_agent
-from generators.rewards import score
+from generators.agent import AgentSettings, encode_prompt, run_agent
+from generators.settings import GeneratorsConfig
+from tasks import Task
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def summarize(items: list[dict[str, Any]]) -> dict[str, float]:
+    """Means over evaluated items: overall and per data source, for the reward and every numeric task metric."""
+    n = len(items)
+    out: dict[str, float] = {"eval/n": n}
+    if not n:
+        return out
+    out["eval/tool_calls_per_traj"] = sum(i["tool_calls"] for i in items) / n
+    out["eval/turns_mean"] = sum(i["turns"] for i in items) / n
+    by_source: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for item in items:
+        by_source[item["data_source"]].append(item["metrics"])
+    names = sorted({k for item in items for k in item["metrics"]})
+    for name in names:
+        out[f"eval/{name}"] = sum(i["metrics"].get(name, 0.0) for i in items) / n
+    for source, rows in sorted(by_source.items()):
+        for name in names:
+            out[f"eval/{name}/{source}"] = sum(r.get(name, 0.0) for r in rows) / len(rows)
+    return out
 
 
 async def evaluate(
     engine: Any,
     prompts: list[PromptRecord],
-    search: SearchFn,
+    task: Task,
     tokenizer: Any,
-    cfg: Any,
+    cfg: GeneratorsConfig,
     *,
     greedy: bool = True,
     max_model_len: int | None = None,
@@ -29,9 +57,9 @@ async def evaluate(
     return_items: bool = False,
     concurrency: int = 256,
 ) -> dict[str, Any]:
-    """Run each prompt once (greedy by default) and return mean EM/F1, EM per data source, searches per trajectory.
+    """Run each prompt once (greedy by default); returns `summarize` of the items plus `eval/version`.
 
-    `cfg` is a `GeneratorsConfig` (turn and token limits); `max_model_len` defaults to the engine's if it has one.
+    `max_model_len` defaults to the engine's configured length.
     """
     if max_model_len is None:
         max_model_len = cfg.engine.max_model_len or 1 << 30
@@ -41,37 +69,25 @@ async def evaluate(
     async def one(prompt: PromptRecord) -> dict[str, Any]:
         async with limit:
             ids = encode_prompt(tokenizer, prompt.prompt, chat_template=chat_template)
-            rollout = await run_agent(engine, ids, search, tokenizer, settings, greedy=greedy, logprobs=False)
-        result = score(rollout.answer, prompt.ground_truth, kind="em")
+            rollout = await run_agent(engine, ids, task, tokenizer, settings, greedy=greedy, logprobs=False)
+        score = task.score(rollout, prompt.ground_truth)
         return {
             "group_id": prompt.group_id,
             "data_source": prompt.data_source,
             "question": prompt.question,
             "ground_truth": list(prompt.ground_truth),
-            "answer": rollout.answer,
-            "em": result.em,
-            "f1": result.f1,
-            "num_searches": rollout.num_searches,
+            "reward": score.reward,
+            "metrics": {"reward": score.reward} | _numbers(score.metrics),
+            "answer": score.metrics.get("answer"),
+            "tool_calls": rollout.tool_calls,
             "turns": rollout.turns,
             "finish_reason": rollout.finish_reason,
-            "queries": rollout.queries,
+            "tool_inputs": rollout.tool_inputs,
             "response": rollout.model_text,
         }
 
     items = list(await asyncio.gather(*(one(p) for p in prompts)))
-    n = len(items)
-    out: dict[str, Any] = {
-        "eval/n": n,
-        "eval/em": sum(i["em"] for i in items) / n if n else 0.0,
-        "eval/f1": sum(i["f1"] for i in items) / n if n else 0.0,
-        "eval/searches_per_traj": sum(i["num_searches"] for i in items) / n if n else 0.0,
-        "eval/version": int(getattr(engine, "version", 0)),
-    }
-    by_source: dict[str, list[float]] = defaultdict(list)
-    for item in items:
-        by_source[item["data_source"]].append(item["em"])
-    for source, ems in sorted(by_source.items()):
-        out[f"eval/em/{source}"] = sum(ems) / len(ems)
+    out: dict[str, Any] = summarize(items) | {"eval/version": int(getattr(engine, "version", 0))}
     if return_items:
         out["items"] = items
     return out

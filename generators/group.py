@@ -1,6 +1,6 @@
-"""One GRPO group: the n samples of a prompt run concurrently through the agent loop, scored and packed.
+"""One GRPO group: the n samples of a prompt run concurrently through the agent loop, scored by the task and packed.
 
-group = await run_group(engine, prompt, search, tokenizer, settings, n=5, reward="em", chat_template=True)
+group, rollouts = await run_group(engine, prompt, task, tokenizer, settings, n=5, chat_template=True)
 """
 
 from __future__ import annotations
@@ -11,24 +11,18 @@ from collections.abc import Callable
 from typing import Any
 
 from buffer.records import Group, PromptRecord
-from generators.agent import AgentSettings, Rollout, SearchFn, encode_prompt, run_agent
-from generators.rewards import score
-
-
-def score_rollout(rollout: Rollout, ground_truth: list[str], reward: str) -> tuple[float, dict[str, Any]]:
-    result = score(rollout.answer, ground_truth, kind=reward, well_formed=rollout.well_formed)
-    return result.reward, {"em": result.em, "f1": result.f1, "substring_em": result.substring_em}
+from generators.agent import AgentSettings, Rollout, encode_prompt, run_agent
+from tasks import Task
 
 
 async def run_group(
     engine: Any,
     prompt: PromptRecord,
-    search: SearchFn,
+    task: Task,
     tokenizer: Any,
     settings: AgentSettings,
     *,
     n: int,
-    reward: str = "em",
     chat_template: bool = True,
     max_prompt_tokens: int | None = None,
     worker_id: str = "",
@@ -47,7 +41,7 @@ async def run_group(
     else:
 
         async def one() -> Rollout:
-            rollout = await run_agent(engine, prompt_ids, search, tokenizer, settings)
+            rollout = await run_agent(engine, prompt_ids, task, tokenizer, settings)
             if on_rollout_done is not None:
                 on_rollout_done(rollout)  # as each one ends: its engine slot is free for another group
             return rollout
@@ -55,8 +49,8 @@ async def run_group(
         rollouts = list(await asyncio.gather(*(one() for _ in range(n))))
     trajectories = []
     for rollout in rollouts:
-        value, metrics = score_rollout(rollout, prompt.ground_truth, reward)
-        trajectories.append(rollout.to_trajectory(value, metrics))
+        score = task.score(rollout, prompt.ground_truth)
+        trajectories.append(rollout.to_trajectory(score.reward, score.metrics))
     group = Group(
         group_id=prompt.group_id,
         data_source=prompt.data_source,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -64,9 +64,6 @@ class GeneratorsConfig(BaseModel):
     )
     max_response_tokens: int = Field(
         4096, ge=16, description="Total budget of response tokens (sampled + observations) per trajectory."
-    )
-    reward: Literal["em", "f1", "format_em", "substring_em"] = Field(
-        "em", description="Reward: Search-R1 exact match, token F1, format-aware EM (v0.3) or substring EM."
     )
     max_inflight_groups: int = Field(
         64,

@@ -1,26 +1,23 @@
-"""A generator worker: one vLLM engine kept full of search-agent trajectories, streaming finished groups to Redis.
+"""A generator worker: one engine kept full of agent trajectories of the task, streaming finished groups to Redis.
 
-    python -m generators.worker --config tiny --redis-url redis://127.0.0.1:6379/0 --worker-id gen-0 [k=v ...]
+    worker = GeneratorWorker(job.generators, buffer, engine, tokenizer, task, worker_id="gen-0", max_model_len=512)
+    await worker.run()          # until request_stop(); the process around it is generators/main.py
 
 It claims prompts from the buffer (leases, renewed while they run), runs the n samples of each group concurrently
 (up to `generators.max_inflight_groups` groups at once, so the engine batches hundreds of trajectories), pushes
 each group the moment it is complete, heartbeats with metrics, answers evaluation requests, and follows the
 learner's weights: it joins the weight-sync group when a rendezvous appears (in the background, generating with
-the initial weights meanwhile) and applies every newer update. On SIGTERM/SIGINT it stops claiming, finishes what
-it holds within `generators.drain_timeout_s`, releases the rest to other workers and exits with status 0.
+the initial weights meanwhile) and applies every newer update. On stop it stops claiming, finishes what it holds
+within `generators.drain_timeout_s`, releases the rest to other workers and returns 0.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import signal
-import sys
 import time
 from collections import Counter, deque
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -28,6 +25,8 @@ import redis
 from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
+from generators.settings import GeneratorsConfig
+from tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +34,15 @@ ROLE = "generator"
 
 
 class GeneratorWorker:
-    """Owns an engine, a tokenizer, a search function and a buffer; `await run()` until `request_stop()`."""
+    """Owns an engine, a tokenizer, a task and a buffer; `await run()` until `request_stop()`."""
 
     def __init__(
         self,
-        cfg: Any,  # GeneratorsConfig
+        cfg: GeneratorsConfig,
         buffer: ReplayBuffer,
         engine: Any,
         tokenizer: Any,
-        search: Any,
+        task: Task,
         *,
         worker_id: str,
         max_model_len: int,
@@ -63,7 +62,7 @@ class GeneratorWorker:
         self.max_model_len = max_model_len
         self.eval_prompts = eval_prompts
         self.eval_max_turns = eval_max_turns
-        self._search = search
+        self.task = task
         self._stop = asyncio.Event()
         self._held: dict[str, ClaimedPrompt] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -73,15 +72,15 @@ class GeneratorWorker:
         self.inflight_trajectories = 0
         self._idle_s = 0.0  # time with no trajectory in flight (the engine had no rollout work)
         self._idle_since: float | None = self.started
-        self.searches = 0
+        self.tool_calls = 0
         self.groups_done = 0
         self.trajectories_done = 0
         self.groups_failed = 0
         self.finish_reasons: Counter[str] = Counter()
         self._recent: deque[tuple[float, int, float, int]] = deque(
             maxlen=4096
-        )  # (time, turns, reward, searches)
-        self._rate_marks: deque[tuple[float, int, int]] = deque(maxlen=64)  # (time, tokens, searches)
+        )  # (time, turns, reward, tool calls)
+        self._rate_marks: deque[tuple[float, int, int]] = deque(maxlen=64)  # (time, tokens, tool calls)
         self.weight_sync_state = "none"
 
     # -- public ----------------------------------------------------------------------------------------------
@@ -111,13 +110,9 @@ class GeneratorWorker:
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(
-                    self.buffer.heartbeat, self.worker_id, ROLE, self.metrics() | {"state": "stopped"}
+                    self.buffer.heartbeat, self.worker_id, ROLE, self.metrics() | {"rollout/state": "stopped"}
                 )
         return 0
-
-    async def search(self, query: str) -> Any:
-        self.searches += 1
-        return await self._search(query)
 
     def _count_inflight(self, delta: int) -> None:
         """Track trajectories in flight and the time the engine spent with none (its idle fraction)."""
@@ -136,7 +131,7 @@ class GeneratorWorker:
     def metrics(self) -> dict[str, Any]:
         now = time.monotonic()
         tokens = int(getattr(self.engine, "tokens_generated", 0))
-        self._rate_marks.append((now, tokens, self.searches))
+        self._rate_marks.append((now, tokens, self.tool_calls))
         # rates over the last ~30 s of heartbeats
         while len(self._rate_marks) > 2 and now - self._rate_marks[0][0] > 30:
             self._rate_marks.popleft()
@@ -145,22 +140,23 @@ class GeneratorWorker:
         recent = [r for r in self._recent if now - r[0] <= 60]
         out: dict[str, Any] = {
             "rollout/tokens_per_s": (tokens - tok0) / dt if len(self._rate_marks) > 1 else 0.0,
-            "rollout/searches_per_s": (self.searches - s0) / dt if len(self._rate_marks) > 1 else 0.0,
+            "rollout/tool_calls_per_s": (self.tool_calls - s0) / dt if len(self._rate_marks) > 1 else 0.0,
             "rollout/inflight_trajectories": self.inflight_trajectories,
             "rollout/inflight_groups": len(self._held),
             "rollout/groups_done": self.groups_done,
             "rollout/groups_failed": self.groups_failed,
             "rollout/trajectories_done": self.trajectories_done,
             "rollout/tokens_total": tokens,
-            "rollout/searches_total": self.searches,
-            "rollout/turns_mean": sum(r[1] for r in recent) / len(recent) if recent else 0.0,
-            "rollout/reward_mean": sum(r[2] for r in recent) / len(recent) if recent else 0.0,
-            "rollout/searches_per_traj": sum(r[3] for r in recent) / len(recent) if recent else 0.0,
+            "rollout/tool_calls_total": self.tool_calls,
+            # over the trajectories this worker finished in the last 60 s
+            "rollout/turns_mean_60s": sum(r[1] for r in recent) / len(recent) if recent else 0.0,
+            "rollout/reward_mean_60s": sum(r[2] for r in recent) / len(recent) if recent else 0.0,
+            "rollout/tool_calls_per_traj_60s": sum(r[3] for r in recent) / len(recent) if recent else 0.0,
             "rollout/version": int(getattr(self.engine, "version", 0)),
             "rollout/uptime_s": now - self.started,
             "rollout/idle_fraction": self.idle_fraction(now),
-            "weight_sync/state": self.weight_sync_state,
-            "state": "draining" if self._stop.is_set() else "running",
+            "rollout/weight_sync_state": self.weight_sync_state,
+            "rollout/state": "draining" if self._stop.is_set() else "running",
         }
         for reason, count in self.finish_reasons.items():
             out[f"rollout/finish/{reason}"] = count
@@ -201,17 +197,17 @@ class GeneratorWorker:
         def trajectory_done(rollout: Rollout) -> None:
             nonlocal finished
             finished += 1
+            self.tool_calls += rollout.tool_calls
             self._count_inflight(-1)
 
         try:
             group, rollouts = await run_group(
                 self.engine,
                 item.prompt,
-                self.search,
+                self.task,
                 self.tokenizer,
                 self.settings,
                 n=n,
-                reward=self.cfg.reward,
                 chat_template=self.chat_template,
                 max_prompt_tokens=self.max_prompt_tokens,
                 worker_id=self.worker_id,
@@ -222,7 +218,7 @@ class GeneratorWorker:
             now = time.monotonic()
             for traj, rollout in zip(group.trajectories, rollouts, strict=True):
                 self.finish_reasons[rollout.finish_reason] += 1
-                self._recent.append((now, rollout.turns, traj.reward, rollout.num_searches))
+                self._recent.append((now, rollout.turns, traj.reward, rollout.tool_calls))
             self.groups_done += 1
             self.trajectories_done += n
             del self._held[item.entry_id]
@@ -278,67 +274,69 @@ class GeneratorWorker:
         """Join the learner's weight-sync group when it appears; apply every newer update."""
         if not getattr(self.engine, "has_weight_sync", False):
             return
-        from weight_sync import rendezvous
         from weight_sync.engine_side import EngineWeightSync
+        from weight_sync.rendezvous import Rendezvous
 
-        r, namespace = self.buffer.redis, self.buffer.namespace
-        sync = EngineWeightSync(r, namespace, self.worker_id)
+        rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
+        sync = EngineWeightSync(rendezvous, self.worker_id)
         self.weight_sync_state = "waiting"
-        while True:
-            try:
+        try:
+            while True:
                 # taken before looking, so an announcement made while we look still wakes the wait below
-                cursor = await asyncio.to_thread(rendezvous.event_cursor, r, namespace)
-                joined = await sync.ensure_joined(self.engine.llm)
-                if joined:
-                    self.weight_sync_state = f"joined:{sync.epoch}"
-                    update = await asyncio.to_thread(sync.pending_update, self.engine.version)
-                    if update is not None:
-                        if update.get("epoch") != sync.epoch:
-                            sync.epoch = None
-                            await sync.ensure_joined(self.engine.llm)
-                        started = time.monotonic()
-                        loaded = await self.engine.apply_update(update)
-                        sync.mark_applied(update)
-                        await asyncio.to_thread(
-                            rendezvous.ack_update, r, namespace, int(update["version"]), self.worker_id
-                        )
-                        log.info(
-                            "worker %s: weights v%d (%d tensors) in %.2fs",
-                            self.worker_id,
-                            self.engine.version,
-                            loaded,
-                            time.monotonic() - started,
-                        )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broken group must not stop generation; the learner re-opens it
-                log.warning("weight sync: %s", exc)
+                cursor = await self._sync_once(sync)
+                if cursor is None:
+                    await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                    continue
+                # wakes when the learner announces a rendezvous or an update (at most weight_sync_poll_s later)
+                try:
+                    await asyncio.to_thread(rendezvous.wait_for_event, cursor, self.cfg.weight_sync_poll_s)
+                except redis.RedisError as exc:
+                    log.warning("weight sync: waiting for the learner's announcements: %s", exc)
+                    await asyncio.sleep(self.cfg.weight_sync_poll_s)
+        finally:
+            rendezvous.close()
+
+    async def _sync_once(self, sync: Any) -> str | None:
+        """Join if needed and load a pending update; returns the event cursor to wait from (None after an error)."""
+        rendezvous = sync.rendezvous
+        try:
+            cursor = await asyncio.to_thread(rendezvous.event_cursor)
+            if not await sync.ensure_joined(self.engine.llm):
+                return cursor
+            self.weight_sync_state = f"joined:{sync.epoch}"
+            update = await asyncio.to_thread(sync.pending_update, self.engine.version)
+            if update is None:
+                return cursor
+            if update.get("epoch") != sync.epoch:
                 sync.epoch = None
-                self.weight_sync_state = "error"
-                await asyncio.sleep(self.cfg.weight_sync_poll_s)
-                continue
-            # wakes when the learner announces a rendezvous or an update (at most weight_sync_poll_s later)
-            try:
-                await asyncio.to_thread(
-                    rendezvous.wait_for_event, r, namespace, cursor, self.cfg.weight_sync_poll_s
-                )
-            except redis.RedisError as exc:
-                log.warning("weight sync: waiting for the learner's announcements: %s", exc)
-                await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                await sync.ensure_joined(self.engine.llm)
+            started = time.monotonic()
+            loaded = await self.engine.apply_update(update)
+            sync.mark_applied(update)
+            await asyncio.to_thread(rendezvous.ack_update, int(update["version"]), self.worker_id)
+            log.info(
+                "worker %s: weights v%d (%d tensors) in %.2fs",
+                self.worker_id, self.engine.version, loaded, time.monotonic() - started,
+            )  # fmt: skip
+            return cursor
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken group must not stop generation; the learner re-opens it
+            log.warning("weight sync: %s", exc)
+            sync.epoch = None
+            self.weight_sync_state = "error"
+            return None
 
     async def _eval_loop(self) -> None:
-        """Answer evaluation requests (buffer/eval_queue.py) with greedy runs on the test prompts."""
+        """Answer evaluation requests (buffer/evaluations.py) with greedy runs on the test prompts."""
         if self.eval_prompts is None:
             return
-        from buffer import eval_queue
         from generators.evaluate import evaluate
 
         while True:
             await asyncio.sleep(1.0)
             try:
-                request = await asyncio.to_thread(
-                    eval_queue.pop_eval_request, self.buffer.redis, self.buffer.namespace
-                )
+                request = await asyncio.to_thread(self.buffer.pop_evaluation_request)
             except ValueError as exc:
                 log.warning("%s", exc)
                 continue
@@ -349,7 +347,7 @@ class GeneratorWorker:
             result = await evaluate(
                 self.engine,
                 prompts,
-                self.search,
+                self.task,
                 self.tokenizer,
                 self.cfg,
                 greedy=bool(request.get("greedy", True)),
@@ -362,123 +360,4 @@ class GeneratorWorker:
                 "step": request.get("step"),
                 "worker_id": self.worker_id,
             }
-            await asyncio.to_thread(
-                eval_queue.post_eval_result, self.buffer.redis, self.buffer.namespace, request["id"], result
-            )
-
-
-# -- process entry point -----------------------------------------------------------------------------------------
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m generators.worker",
-        description="One generator worker: a vLLM engine running the search agent.",
-    )
-    parser.add_argument("--config", default="tiny", help="preset name or YAML path (default: tiny)")
-    parser.add_argument(
-        "--redis-url", default=None, help="Redis URL of the buffer (default: buffer.redis_url)"
-    )
-    parser.add_argument(
-        "--worker-id", default=None, help="consumer name in Redis (default: gen-<engine-index>)"
-    )
-    parser.add_argument(
-        "--engine-index", type=int, default=0, help="engine number in the pool (offsets the seed)"
-    )
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generators.group_size=4")
-    return parser.parse_args(argv)
-
-
-def resolve_model_path(model_cfg: Any) -> str:
-    path = Path(model_cfg.path)
-    if not path.is_dir():
-        raise SystemExit(
-            f"model.path {model_cfg.path!r} is not a directory; generators need an HF model directory "
-            "('tiny' is resolved by `sr1 run`, which writes the tiny world's path into the config it passes)"
-        )
-    return str(path)
-
-
-async def _serve(cfg: Any, redis_url: str, worker_id: str, engine_index: int) -> int:
-    from transformers import AutoTokenizer
-
-    from generators.data import load_prompts
-    from generators.engine import VLLMEngine
-    from retrieval.client import RetrievalClient
-
-    # a SIGTERM while the engine starts must still shut the engine down: remember it, stop right after
-    stop_requested: list[bool] = []
-    worker: GeneratorWorker | None = None
-
-    def on_signal() -> None:
-        stop_requested.append(True)
-        if worker is not None:
-            worker.request_stop()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-
-    gen = cfg.generators
-    model_path = resolve_model_path(cfg.model)
-    max_model_len = gen.engine.max_model_len or cfg.model.max_seq_len
-    buffer = ReplayBuffer.from_config(cfg.buffer, redis_url)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
-    log.info("worker %s: starting engine on %s", worker_id, model_path)
-    engine = VLLMEngine.create(
-        model_path,
-        gen.engine,
-        dtype=cfg.model.dtype,
-        max_model_len=max_model_len,
-        tokenizer_path=cfg.model.tokenizer_path,
-        seed_offset=engine_index,
-        version=0,
-    )
-    client = RetrievalClient.from_config(cfg.retrieval)
-    test_cache: list = []
-
-    def eval_prompts(max_prompts: int) -> list:
-        if not test_cache and cfg.data.test_files:
-            test_cache.extend(load_prompts(cfg.data.test_files, split="test"))
-        return test_cache[:max_prompts]
-
-    try:
-        worker = GeneratorWorker(
-            gen,
-            buffer,
-            engine,
-            tokenizer,
-            client.search,
-            worker_id=worker_id,
-            max_model_len=max_model_len,
-            max_prompt_tokens=cfg.model.max_prompt_tokens,
-            chat_template=cfg.model.chat_template,
-            eval_prompts=eval_prompts if cfg.data.test_files else None,
-            eval_max_turns=cfg.eval.max_turns,
-        )
-        await asyncio.sleep(0)  # deliver a signal that arrived during the engine start
-        if stop_requested:
-            worker.request_stop()
-        return await worker.run()
-    finally:
-        await client.close()
-        engine.shutdown()
-        buffer.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
-    from config import load_config
-
-    cfg = load_config(args.config, args.overrides)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    redis_url = args.redis_url or cfg.buffer.redis_url
-    if not redis_url:
-        print("generators.worker: no Redis URL (give --redis-url or buffer.redis_url=...)", file=sys.stderr)
-        return 2
-    worker_id = args.worker_id or f"gen-{args.engine_index}"
-    return asyncio.run(_serve(cfg, redis_url, worker_id, args.engine_index))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            await asyncio.to_thread(self.buffer.post_evaluation_result, request["id"], result)

@@ -1,10 +1,10 @@
 """The learner process's loop on every rank: take a batch, train, publish the weights, checkpoint, ack.
 
-    run_learner(config, world, redis_url, resume=True, stop=StopFlag())
+    run_learner(job, world, resume=True, stop=StopFlag())         # job: config.jobs.LearnerJob
 
 Rank 0 alone talks to Redis (prompt feeder, batch assembly, version, heartbeats, acks) and to the engines (weight
-publisher); it broadcasts each batch to the other ranks as encoded groups, with a small control header so that
-waiting, training and stopping stay in step on every rank.
+publisher); it forwards each batch to the other ranks as the group payloads it took from Redis, with a small
+control header so that waiting, training and stopping stay in step on every rank.
 
 Ack rule ("no group lost or used twice"): a group is acked only once the step that used it is in a checkpoint.
 The checkpoint's resume state lists the groups used since the previous checkpoint; a restarted learner resumes at
@@ -31,11 +31,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from buffer.codec import decode_group, encode_group
+from buffer.codec import decode_group
+from buffer.stats import STALENESS_HIST
+from config.jobs import LearnerJob
 from learner.checkpoint import Checkpointer, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
 from learner.model import DTYPES, named_weights
-from learner.tracking import Tracker
+from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
 from weight_sync.publisher import gather_for_wire, gather_in_step
 
@@ -64,20 +66,18 @@ class StopFlag:
         return self
 
 
-def load_prompt_source(config) -> list:
-    """The training prompts (generators/data.py, imported lazily: its package may be absent in a learner-only
-    install)."""
-    if not config.data.train_files:
+def load_prompt_source(job: LearnerJob) -> list:
+    """The training prompts, read by the task (its dataset readers)."""
+    if not job.data.train_files:
         raise ValueError("data.train_files is empty: the learner's prompt feeder needs training prompts")
-    from generators.data import load_prompts
+    from tasks import build_task
 
-    return load_prompts(config.data.train_files, split="train")
+    return build_task(job.task).load_prompts(job.data.train_files, split="train")
 
 
 def run_learner(
-    config,
+    job: LearnerJob,
     world: World,
-    redis_url: str,
     *,
     resume: bool = False,
     stop: StopFlag | None = None,
@@ -89,20 +89,15 @@ def run_learner(
     prompts: PromptRecords for the feeder (default: data.train_files). weight_sink: called on rank 0 with
     (version, full named tensors) after every step instead of/in addition to the engines (tests, evaluation).
     """
-    cfg = config.learner
+    cfg = job.learner
     stop = stop or StopFlag()
-    run_dir = Path(config.resolved_run_dir)
-    model_dir = Path(config.model.path)
+    run_dir = Path(job.run_dir)
+    model_dir = Path(job.model.path)
     learner = Learner(
-        cfg,
-        model_dir,
-        world,
-        model_dtype=config.model.dtype,
-        temperature=config.generators.temperature,
-        seed=config.seed,
+        cfg, model_dir, world, model_dtype=job.model.dtype, temperature=job.temperature, seed=job.seed
     )
     checkpointer = Checkpointer(
-        run_dir / "checkpoints", world, model_dir, save_dtype=config.model.dtype, keep=cfg.keep_checkpoints
+        run_dir / "checkpoints", world, model_dir, save_dtype=job.model.dtype, keep=cfg.keep_checkpoints
     )
     state = ResumeState(version=0)
     latest = checkpointer.latest() if resume else None
@@ -110,8 +105,8 @@ def run_learner(
         state = checkpointer.load(latest, learner.model, learner.optimizer, learner.scheduler)
         learner.version = state.version
         log.info("resumed from %s at version %d (cursor %d)", latest, state.version, state.cursor)
-    tracker = Tracker(run_dir, config.logging, world.rank, config=config.model_dump(mode="json"))
-    side = _Rank0(config, redis_url, state, prompts) if world.is_main else None
+    tracker = Tracker(run_dir, job.logging, world.rank, config=job.model_dump(mode="json"))
+    side = _Rank0(job, state, prompts) if world.is_main else None
     if latest is not None:
         # Versions never go back: engines ignore an update older than the weights they hold, and admission counts
         # were made at the published version. A learner that crashed after its checkpoint resumes at the
@@ -130,9 +125,9 @@ def run_learner(
         log.warning(
             "namespace %r already published version %d but this run starts fresh at 0 (use --resume or a new "
             "namespace); engines holding newer weights will ignore version 0",
-            config.buffer.namespace, side.buffer.version(),
+            job.buffer.namespace, side.buffer.version(),
         )  # fmt: skip
-    publish_dtype = DTYPES[config.model.dtype]
+    publish_dtype = DTYPES[job.model.dtype]
 
     def publish(version: int) -> dict:
         named = named_weights(learner.model)
@@ -163,19 +158,18 @@ def run_learner(
                 header = (
                     {"command": "stop"} if taken is None else {"command": "train", "slack": side.slack(taken)}
                 )
-                frames = [json.dumps(header).encode()] + (
-                    [encode_group(t.group) for t in taken] if taken else []
-                )
+                frames = [json.dumps(header).encode()] + [t.payload for t in taken or []]
             frames = broadcast_frames(frames, world)
             header = json.loads(frames[0])
             if header["command"] == "stop":
                 break
-            groups = [decode_group(f) for f in frames[1:]]
+            # rank 0 decoded its groups when it took them; the others decode the payloads it forwarded
+            groups = [t.group for t in taken] if taken else [decode_group(f) for f in frames[1:]]
             wait_s = time.perf_counter() - step_start
             # 2. log-probs, loss, optimizer step; version + 1
-            metrics = learner.train_step(groups, header["slack"])
+            train_metrics = learner.train_step(groups, header["slack"])
             # 3. publish the weights to every engine, then the version
-            metrics |= publish(learner.version)
+            publish_metrics = publish(learner.version)
             # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack
             if side is not None:
                 side.after_step(taken, learner.version)
@@ -191,10 +185,13 @@ def run_learner(
                 _checkpoint(checkpointer, learner, side, used_since_checkpoint)
                 used_since_checkpoint = []
                 last_saved = learner.version
-            metrics |= {"perf/step_s": time.perf_counter() - step_start, "perf/wait_s": wait_s}
-            if side is not None:
-                metrics |= side.buffer_metrics()
-            if learner.version % config.logging.log_every == 0 or done:
+            metrics = merge_metrics(
+                train_metrics,
+                publish_metrics,
+                step_timing(time.perf_counter() - step_start, wait_s),
+                side.buffer_metrics() if side is not None else {},
+            )
+            if learner.version % job.logging.log_every == 0 or done:
                 tracker.log(metrics, step=learner.version)
             if stopping:
                 break
@@ -207,6 +204,11 @@ def run_learner(
         if side is not None:
             side.close()
     return learner.version
+
+
+def step_timing(step_s: float, wait_s: float) -> dict[str, float]:
+    """The loop's own metrics: the whole step's wall time and the part spent waiting for a batch."""
+    return {"perf/step_s": step_s, "perf/wait_s": wait_s}
 
 
 def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[str]) -> None:
@@ -223,20 +225,21 @@ def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[s
 class _Rank0:
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
 
-    def __init__(self, config, redis_url: str, state: ResumeState, prompts: Iterable | None):
+    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable | None):
         from buffer.admission import BatchAssembler, PromptFeeder
-        from buffer.redis_buffer import ReplayBuffer
+        from buffer.redis_buffer import open_buffer
         from weight_sync.publisher import WeightPublisher
+        from weight_sync.rendezvous import Rendezvous
 
-        cfg = config.learner
+        cfg = job.learner
         self.cfg = cfg
-        self.buffer = ReplayBuffer.from_config(config.buffer, redis_url)
+        self.buffer = open_buffer(job.buffer)
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
         self.buffer.ack(state.used_group_entries)
         self.consumed_groups = state.consumed_groups
         self.feeder = PromptFeeder(
             self.buffer,
-            load_prompt_source(config) if prompts is None else prompts,
+            load_prompt_source(job) if prompts is None else prompts,
             groups_per_step=cfg.groups_per_step,
             max_staleness=cfg.max_staleness,
             cursor=state.cursor,
@@ -250,10 +253,8 @@ class _Rank0:
         # groups taken before a crash and re-delivered now: their consuming step was lost, the version went on
         self.replayed = {t.group.group_id for t in self.assembler.held}
         self.replay_slack = 0
-        num_engines = cfg.num_engines if cfg.num_engines is not None else config.generators.num_engines
-        self.publisher = WeightPublisher(
-            self.buffer.redis, config.buffer.namespace, config.weight_sync, num_engines
-        )
+        self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
+        self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
         self.publisher.connect()
         self._last_heartbeat = 0.0
 
@@ -300,9 +301,15 @@ class _Rank0:
         self.heartbeat(version, "training")
 
     def buffer_metrics(self) -> dict:
+        """The buffer's gauges beside the step's metrics (not its staleness histogram: one key per bucket)."""
         stats = self.buffer.stats()
-        return {k: v for k, v in stats.items() if k.startswith("buffer/") and isinstance(v, (int, float))}
+        return {
+            k: v
+            for k, v in stats.items()
+            if k.startswith("buffer/") and not k.startswith(STALENESS_HIST) and isinstance(v, (int, float))
+        }
 
     def close(self) -> None:
         self.publisher.close()
+        self.rendezvous.close()
         self.buffer.close()

@@ -1,10 +1,16 @@
-"""The `learner` config section: GRPO with staleness corrections, FSDP2 training, checkpoints."""
+"""The `learner` config section: the algorithm with its staleness correction, FSDP2 training, checkpoints."""
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from learner.algorithms.settings import (
+    AlgorithmConfig,
+    CorrectionConfig,
+    GRPOConfig,
+    TISCorrection,
+    variant_shorthand,
+)
 
 
 class LearnerConfig(BaseModel):
@@ -26,32 +32,17 @@ class LearnerConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
-    # -- GRPO objective (DESIGN.md section 6)
-    advantage: Literal["grpo", "drgrpo"] = Field(
-        "grpo", description="grpo: (r - mean) / std within the group; drgrpo: r - mean (Dr. GRPO, no std)."
+    # -- objective: the algorithm and the off-policy correction (learner/algorithms/)
+    algorithm: AlgorithmConfig = Field(
+        default_factory=GRPOConfig,
+        description="The RL algorithm and its policy loss: {type: grpo|drgrpo, clip_low, clip_high, kl_coef, "
+        "entropy_coef}.",
     )
-    correction: Literal["none", "tis", "icepop", "decoupled"] = Field(
-        "tis",
-        description="Off-policy correction for staleness and engine/trainer mismatch (DESIGN.md section 6).",
+    correction: CorrectionConfig = Field(
+        default_factory=TISCorrection,
+        description="Off-policy correction for staleness and engine/trainer mismatch: {type: none|tis|icepop|"
+        "decoupled, ...}.",
     )
-    proximal: Literal["recompute", "loglinear"] = Field(
-        "recompute",
-        description="How the proximal log-probs are obtained: a forward pass with the step's starting weights, or "
-        "AReaL's log-linear interpolation from per-token versions.",
-    )
-    clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
-    clip_high: float = Field(0.28, ge=0, description="PPO clip epsilon above 1 (ratio <= 1 + clip_high).")
-    tis_cap: float = Field(
-        2.0,
-        gt=0,
-        description="Cap C of the importance weight: `tis` truncates at C, `decoupled` masks tokens above C (AReaL).",
-    )
-    icepop_low: float = Field(0.5, gt=0, description="IcePop: weights below this are masked out.")
-    icepop_high: float = Field(2.0, gt=0, description="IcePop: weights above this are masked out.")
-    kl_coef: float = Field(
-        0.0, ge=0, description="Coefficient of the low_var_kl penalty to a frozen reference (0: off)."
-    )
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     # -- execution
     num_ranks: int = Field(1, ge=1, description="Learner ranks (FSDP2 shards).")
     num_engines: int | None = Field(
@@ -69,14 +60,14 @@ class LearnerConfig(BaseModel):
     )
     keep_checkpoints: int = Field(2, ge=1, description="Keep this many most recent checkpoints.")
 
+    _shorthand = field_validator("algorithm", "correction", mode="before")(variant_shorthand)
+
     @model_validator(mode="after")
     def _invariants(self) -> LearnerConfig:
         if self.groups_per_step % self.num_ranks:
             raise ValueError(
                 f"groups_per_step ({self.groups_per_step}) must be divisible by num_ranks ({self.num_ranks})"
             )
-        if self.icepop_low >= self.icepop_high:
-            raise ValueError(f"icepop_low ({self.icepop_low}) must be < icepop_high ({self.icepop_high})")
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})"

@@ -28,6 +28,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
+    """One row from the metrics of several emitters; a key two emitters both report is a bug, not an overwrite."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        clash = merged.keys() & part.keys()
+        if clash:
+            raise ValueError(f"metric keys reported twice in one row: {sorted(clash)}")
+        merged.update(part)
+    return merged
+
+
 class Tracker:
     def __init__(self, run_dir: Path | None, logging_cfg=None, rank: int = 0, config: dict | None = None):
         self.active = rank == 0 and run_dir is not None

@@ -1,11 +1,11 @@
-"""One GRPO optimisation step on a batch of groups, on every FSDP2 rank (no Redis here: see learner/loop.py).
+"""One optimisation step on a batch of groups, on every FSDP2 rank (no Redis here: see learner/loop.py).
 
     learner = Learner(cfg.learner, model_path, world, model_dtype="float32", temperature=1.0)
     metrics = learner.train_step(groups)        # every rank passes the same groups; version += 1
 
-The step: advantages per group -> this rank's share of sequences, packed into micro-batches -> per micro-batch
-log-probs, loss (global token mean over the whole batch on all ranks) and backward -> clip, AdamW step, warmup
-schedule -> version + 1. All ranks run the same number of forward/backward passes (FSDP2 collectives must line
+The step: the algorithm's advantages (learner/algorithms/) -> this rank's share of sequences, packed into
+micro-batches -> per micro-batch log-probs, the algorithm's loss (global token mean over the whole batch on all
+ranks) and backward -> clip, AdamW step, warmup schedule -> version + 1. All ranks run the same number of forward/backward passes (FSDP2 collectives must line
 up), so a rank with fewer micro-batches runs an empty one with zero weight.
 """
 
@@ -19,9 +19,8 @@ import numpy as np
 import torch
 
 from buffer.records import Group
-from learner.advantages import batch_advantages
+from learner.algorithms import build_algorithm
 from learner.distributed import World, all_reduce
-from learner.losses import LossSettings, policy_loss
 from learner.model import build_optimizer, load_policy
 from learner.packing import (
     MicroBatch,
@@ -107,11 +106,13 @@ class Learner:
             model_path, world, dtype=model_dtype, gradient_checkpointing=cfg.gradient_checkpointing
         )
         self.model.train()
+        self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
         self.reference = (
-            load_policy(model_path, world, dtype=model_dtype, trainable=False) if cfg.kl_coef > 0 else None
+            load_policy(model_path, world, dtype=model_dtype, trainable=False)
+            if self.algorithm.needs_reference
+            else None
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg)
-        self.loss_settings = LossSettings.from_config(cfg)
         self.version = 0
 
     # -- the step ---------------------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ class Learner:
         cfg, world, version = self.cfg, self.world, self.version
         # 1. staleness bound (per loss token) and advantages
         staleness = check_staleness(groups, version, cfg.max_staleness, staleness_slack)
-        adv = batch_advantages([g.rewards for g in groups], cfg.advantage)
+        adv = self.algorithm.advantages(groups)
         sequences = sequences_from_groups(groups, adv.advantages)
 
         # 2. this rank's share, packed; every rank runs the same number of micro-batches
@@ -191,16 +192,16 @@ class Learner:
             "loss/lr": lr,
             "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
             "staleness/max": int(staleness.max()) if staleness.size else 0,
-            "rollout/reward_mean": float(rewards.mean()),
-            "rollout/zero_adv_groups": adv.zero_adv_groups,
-            "rollout/groups": len(groups),
-            "rollout/loss_tokens": int(global_tokens),
-            "rollout/searches_per_traj": float(
-                np.mean([t.info.get("num_searches", 0) for g in groups for t in g.trajectories])
+            "batch/reward_mean": float(rewards.mean()),
+            "batch/zero_adv_groups": adv.zero_adv_groups,
+            "batch/groups": len(groups),
+            "batch/loss_tokens": int(global_tokens),
+            "batch/tool_calls_per_traj": float(
+                np.mean([t.info.get("tool_calls", 0) for g in groups for t in g.trajectories])
             )
             if groups
             else 0.0,
-            "rollout/response_len_mean": float(
+            "batch/response_len_mean": float(
                 np.mean([len(t.response_ids) for g in groups for t in g.trajectories])
             )
             if groups
@@ -221,15 +222,14 @@ class Learner:
         token_versions = mb.versions[keep]
         loss_mask = mb.loss_mask[keep]
         staleness = torch.where(loss_mask > 0, version - token_versions, torch.zeros_like(token_versions))
-        if self.loss_settings.entropy_coef == 0:
+        if not self.algorithm.needs_entropy:
             entropy = entropy.detach()
-        per_token, stats = policy_loss(
+        per_token, stats = self.algorithm.loss(
             logprobs,
             mb.behavior_logprobs[keep],
             mb.advantages[keep],
             loss_mask,
             staleness,
-            self.loss_settings,
             entropy=entropy,
             ref_logprobs=ref_logprobs,
         )

@@ -23,12 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis  # noqa: E402 - the baseline's raw client
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from buffer.codec import encode_group  # noqa: E402
-from buffer.local_redis import LocalRedis  # noqa: E402
 from buffer.redis_buffer import ReplayBuffer  # noqa: E402
-from buffer.synthetic import make_group, make_prompt  # noqa: E402
+from sr1.launch.redis_server import LocalRedis  # noqa: E402
+from tests.fakes.groups import make_group, make_prompt  # noqa: E402
 
 
 def run_ours(buf: ReplayBuffer, groups, batch: int, seconds: float, counter: list[int], each: bool) -> float:
@@ -78,7 +80,7 @@ def bench(url: str, batch: int, seconds: float, rounds: int) -> dict:
     ]
     payloads = [encode_group(g) for g in templates]
     buf = ReplayBuffer(url, "bench")
-    client = buf.redis
+    client = redis.Redis.from_url(buf.url)  # the baseline: raw stream calls on their own connection
     stream = "bench:raw"
     client.delete(stream)
     client.xgroup_create(stream, "raw", id="0", mkstream=True)

@@ -204,9 +204,9 @@ async def _bench(args: argparse.Namespace) -> dict:
 
     from config import load_config
     from generators.agent import AgentSettings, encode_prompt
-    from generators.data import load_prompts
     from generators.engine import VLLMEngine
     from generators.group import run_group
+    from tasks.search_r1.data import load_prompts
 
     cfg = load_config(args.config, args.overrides)
     gen_cfg = cfg.generators
@@ -296,8 +296,8 @@ async def _bench(args: argparse.Namespace) -> dict:
         "trajectories": len(rollouts),
         "sampled_tokens": sampled,
         "observation_tokens": observation,
-        "searches": sum(r.num_searches for r in rollouts),
-        "searches_per_traj": sum(r.num_searches for r in rollouts) / len(rollouts),
+        "tool_calls": sum(r.tool_calls for r in rollouts),
+        "tool_calls_per_traj": sum(r.tool_calls for r in rollouts) / len(rollouts),
         "turns_per_traj": sum(r.turns for r in rollouts) / len(rollouts),
         "finish_reasons": finish,
         "reward_mean": sum(t.reward for g, _ in results for t in g.trajectories) / len(rollouts),

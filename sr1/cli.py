@@ -15,15 +15,21 @@ from __future__ import annotations
 import importlib
 import sys
 
-# subcommand -> (module with main(argv) -> int, one-line help)
+# subcommand -> (module with main(argv) -> int, or "module:function", one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": (
         "sr1.run",
         "run everything locally: Redis, retrieval, generators, learner (embedded tiny default)",
     ),
     "retrieval": ("retrieval.cli", "serve retrieval (BM25/dense/online) or build an index"),
-    "generators": ("generators.cli", "launch the generator pool (vLLM engines running the search agent)"),
-    "learner": ("learner.cli", "launch the learner pool (FSDP2 GRPO, weight broadcast, checkpoints)"),
+    "generators": (
+        "sr1.launch.pools:generators_main",
+        "launch the generator pool (vLLM engines running the agent)",
+    ),
+    "learner": (
+        "sr1.launch.pools:learner_main",
+        "launch the learner pool (FSDP2 ranks, weight broadcast, checkpoints)",
+    ),
     "buffer": ("buffer.cli", "watch or query the Redis replay buffer (queue depth, staleness, workers)"),
     "ask": ("sr1.ask", "answer one question with a checkpoint and a retrieval server, showing every search"),
     "config": ("config.cli", "show a resolved config, list presets, print the field reference"),
@@ -59,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     if command not in SUBCOMMANDS:
         print(f"sr1: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    module_name, _, function = SUBCOMMANDS[command][0].partition(":")
+    entry = getattr(importlib.import_module(module_name), function or "main")
+    return int(entry(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ class LiveView:
         return {
             "step": f"{m.get('step', 0)}/{self.orch.cfg.learner.total_steps}",
             "version": stats.get("buffer/version"),
-            "reward": m.get("rollout/reward_mean"),
+            "reward": m.get("batch/reward_mean"),
             "test EM": last_eval.get("eval/em"),
             "queue depth": stats.get("buffer/depth"),
             "in-flight groups": stats.get("buffer/inflight_groups"),
@@ -81,7 +81,7 @@ class LiveView:
             if gen_metrics
             else None,
             "learner tokens/s": m.get("perf/tokens_per_s"),
-            "searches/traj": m.get("rollout/searches_per_traj"),
+            "tool calls/traj": m.get("batch/tool_calls_per_traj"),
             "generators": len(generators),
             "elapsed": f"{time.monotonic() - self.orch.started:.0f}s",
         }

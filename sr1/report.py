@@ -20,6 +20,7 @@ class RunSummary:
     seed: int
     max_staleness: int
     correction: str
+    algorithm: str
     steps: int
     wall_s: float
     em_before: float | None
@@ -29,7 +30,7 @@ class RunSummary:
     step_s_mean: float | None = None
     learner_tokens_per_s: float | None = None
     generator_tokens_per_s: float | None = None
-    searches_per_trajectory: float | None = None
+    tool_calls_per_trajectory: float | None = None
     staleness_histogram: dict[int, int] = field(default_factory=dict)  # staleness -> tokens
     staleness_mean: float | None = None
     staleness_max: int | None = None
@@ -90,7 +91,10 @@ def write_plots(summary: RunSummary, out_dir: Path) -> list[Path]:
     ax.set_xlabel("learner step")
     ax.set_ylabel("reward / exact match")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"{summary.preset}: max_staleness={summary.max_staleness}, correction={summary.correction}")
+    ax.set_title(
+        f"{summary.preset}: {summary.algorithm}, max_staleness={summary.max_staleness}, "
+        f"correction={summary.correction}"
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -128,14 +132,14 @@ def write_report(summary: RunSummary, out_dir: Path) -> tuple[Path, Path]:
     plots = write_plots(summary, out_dir)
 
     evals = "\n".join(
-        f"| {e['step']} | {e.get('eval/version', '')} | {e['eval/em']:.3f} | {_fmt(e.get('eval/searches_per_traj'), 2)} |"
+        f"| {e['step']} | {e.get('eval/version', '')} | {e['eval/em']:.3f} | {_fmt(e.get('eval/tool_calls_per_traj'), 2)} |"
         for e in summary.evals
     )
     hist = ", ".join(f"{k}: {v}" for k, v in sorted(summary.staleness_histogram.items()))
     md = f"""# sr1 run report
 
 Run directory: `{summary.run_dir}` · preset `{summary.preset}` · seed {summary.seed} ·
-max_staleness {summary.max_staleness} · correction `{summary.correction}`
+algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · correction `{summary.correction}`
 
 ## Result
 
@@ -149,7 +153,7 @@ max_staleness {summary.max_staleness} · correction `{summary.correction}`
 | time per step | {_fmt(summary.step_s_mean, 2)} s |
 | learner tokens/s | {_fmt(summary.learner_tokens_per_s, 0)} |
 | generator tokens/s | {_fmt(summary.generator_tokens_per_s, 0)} |
-| searches per trajectory | {_fmt(summary.searches_per_trajectory, 2)} |
+| tool calls (searches) per trajectory | {_fmt(summary.tool_calls_per_trajectory, 2)} |
 | staleness mean / max | {_fmt(summary.staleness_mean, 2)} / {summary.staleness_max if summary.staleness_max is not None else "n/a"} |
 | generator idle fraction | {_fmt(summary.generator_idle_fraction, 2)} |
 | learner idle fraction | {_fmt(summary.learner_idle_fraction, 2)} |
@@ -157,7 +161,7 @@ max_staleness {summary.max_staleness} · correction `{summary.correction}`
 
 ## Evaluations (greedy, test split)
 
-| step | version | EM | searches/traj |
+| step | version | EM | tool calls/traj |
 |---|---|---|---|
 {evals}
 

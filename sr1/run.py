@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from config import Config, ConfigError, load_config, save_config
-from sr1.procs import Child, ChildFailed, http_ok, python_module, tail, wait_until
+from config import Config, ConfigError, load_config, save_config, save_job
+from sr1.launch.supervisor import Child, ChildFailed, Supervisor, free_port, http_ok, python_module
 
 RUNS_ROOT = Path("runs")
 
@@ -65,7 +65,7 @@ class Orchestrator:
         self.resume = resume
         self.live = live
         self.startup_timeout_s = startup_timeout_s
-        self.children: list[Child] = []
+        self.supervisor = Supervisor()
         self.redis_server = None
         self.buffer = None
         self.evals: list[dict[str, Any]] = []
@@ -74,8 +74,6 @@ class Orchestrator:
     # -- set-up -------------------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        from buffer.local_redis import free_port
-
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.cfg
         if cfg.model.path == "tiny":
@@ -88,80 +86,67 @@ class Orchestrator:
             )
             cfg = _update(cfg, "retrieval", corpus_path=world.corpus_path.resolve())
         cfg = cfg.model_copy(update={"run_dir": self.run_dir})
-        if cfg.buffer.redis_url is None:
-            from buffer.local_redis import LocalRedis
-
-            self.redis_server = LocalRedis(self.run_dir / "redis").start()
-            redis_url = self.redis_server.url
-        else:
-            redis_url = cfg.buffer.redis_url
-        if cfg.retrieval.method in ("bm25", "dense"):
+        if cfg.retrieval.serves_locally:
             port = free_port()
             cfg = _update(cfg, "retrieval", port=port, url=f"http://127.0.0.1:{port}/retrieve")
-        self.cfg = cfg
-        self.redis_url = redis_url
+        # the run's config as a user would resume it: a local Redis is started again on its AOF, at a new port
         self.config_path = save_config(cfg, self.run_dir)
+        if cfg.buffer.redis_url is None:
+            from buffer.settings import local_redis_dir
+            from sr1.launch.redis_server import LocalRedis
 
-        from buffer.redis_buffer import ReplayBuffer
+            self.redis_server = LocalRedis(local_redis_dir(self.run_dir)).start()
+            cfg = _update(cfg, "buffer", redis_url=self.redis_server.url)
+        self.cfg = cfg
 
-        self.buffer = ReplayBuffer.from_config(cfg.buffer, redis_url)
+        from buffer.redis_buffer import open_buffer
+
+        self.buffer = open_buffer(cfg.buffer)
         if self.resume:
             from sr1.report import read_metrics
 
             self.evals = read_metrics(self.run_dir / "evals.jsonl")
 
-    def _child(self, name: str, cmd: list[str]) -> Child:
-        child = Child(name, cmd, self.run_dir / "logs" / f"{name}.log").start()
-        self.children.append(child)
-        return child
+    def _child(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Child:
+        return self.supervisor.start(Child(name, cmd, self.run_dir / "logs" / f"{name}.log", env or {}))
 
     def start_retrieval(self) -> None:
-        if self.cfg.retrieval.method not in ("bm25", "dense"):
+        if not self.cfg.retrieval.serves_locally:
             return  # online engines need no local server
-        child = self._child(
-            "retrieval", python_module("retrieval.cli", "serve", "--config", str(self.config_path))
-        )
+        job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
+        self._child("retrieval", python_module("retrieval.cli", "serve", "--config", str(job)))
         health = self.cfg.retrieval.url.rsplit("/", 1)[0] + "/health"
-        wait_until(lambda: http_ok(health), timeout_s=self.startup_timeout_s, what="the retrieval server",
-                   children=[child])  # fmt: skip
+        self.supervisor.wait_until(
+            lambda: http_ok(health), timeout_s=self.startup_timeout_s, what="the retrieval server"
+        )
 
     def start_generators(self) -> None:
-        for i in range(self.cfg.generators.num_engines):
-            self._child(
-                f"generator-{i}",
-                python_module("generators.worker", "--config", str(self.config_path), "--redis-url", self.redis_url,
-                              "--worker-id", f"generator-{i}"),
-            )  # fmt: skip
-        wanted = self.cfg.generators.num_engines
-        wait_until(
-            lambda: sum(1 for w in self.buffer.workers() if w.get("role") == "generator") >= wanted,
-            timeout_s=self.startup_timeout_s, what=f"{wanted} generator worker(s) to heartbeat",
-            children=self.children,
-        )  # fmt: skip
+        from sr1.launch.pools import generator_children
 
-    def start_learner(self) -> Child:
-        cmd = python_module("learner.cli", "--config", str(self.config_path), "--redis-url", self.redis_url)
-        if self.resume:
-            cmd.append("--resume")
-        return self._child("learner", cmd)
+        wanted = self.cfg.generators.num_engines
+        for child in generator_children(self.cfg, wanted, "generator-", logs=True):
+            self.supervisor.start(child)
+        self.supervisor.wait_until(
+            lambda: sum(1 for w in self.buffer.workers() if w.get("role") == "generator") >= wanted,
+            timeout_s=self.startup_timeout_s,
+            what=f"{wanted} generator worker(s) to heartbeat",
+        )
+
+    def start_learner(self) -> list[Child]:
+        from sr1.launch.pools import learner_children
+
+        return [self.supervisor.start(c) for c in learner_children(self.cfg, self.resume, logs=True)]
 
     # -- evaluation -----------------------------------------------------------------------------------------
 
     def request_eval(self, step: int) -> str:
-        from buffer.eval_queue import request_eval
-
-        return request_eval(
-            self.buffer.redis, self.cfg.buffer.namespace, step=step, max_prompts=self.cfg.eval.max_prompts
-        )
+        return self.buffer.request_evaluation(step=step, max_prompts=self.cfg.eval.max_prompts)
 
     def collect_eval(self, request_id: str, step: int, *, wait_s: float = 0.0) -> dict[str, Any] | None:
-        from buffer.eval_queue import get_eval_result, wait_eval_result
-
-        ns = self.cfg.buffer.namespace
         if wait_s > 0:
-            result = wait_eval_result(self.buffer.redis, ns, request_id, wait_s)
+            result = self.buffer.wait_evaluation_result(request_id, wait_s)
         else:
-            result = get_eval_result(self.buffer.redis, ns, request_id)
+            result = self.buffer.evaluation_result(request_id)
         if result is None:
             return None
         result = {"step": step, **result}
@@ -193,10 +178,8 @@ class Orchestrator:
         pending: dict[str, int] = {}
         next_eval = every if every else None
         with view:
-            while learner.alive:
-                for child in self.children:
-                    if child is not learner:
-                        child.check()
+            while any(rank.alive for rank in learner):
+                self.supervisor.check(skip=learner)
                 version = self.buffer.version()
                 if next_eval is not None and version >= next_eval and version < total:
                     pending[self.request_eval(version)] = version
@@ -206,10 +189,9 @@ class Orchestrator:
                         del pending[request_id]
                 view.refresh()
                 time.sleep(1.0)
-        if learner.process.returncode != 0:
-            raise ChildFailed(
-                f"learner exited with code {learner.process.returncode}:\n{tail(learner.log_path, 30)}"
-            )
+        for rank in learner:
+            if rank.returncode != 0:
+                raise ChildFailed(rank.failure())
         for request_id, step in pending.items():
             self.collect_eval(request_id, step, wait_s=self.startup_timeout_s)
         final_version = self.buffer.version()
@@ -233,12 +215,9 @@ class Orchestrator:
 
     def stop(self, interrupted: bool) -> None:
         # learner first (SIGINT: finish the step, checkpoint), then generators (release leases), then the rest
-        for name_prefix in ("learner", "generator", "retrieval"):
-            for child in self.children:
-                if child.name.startswith(name_prefix):
-                    child.stop(grace_s=60.0 if name_prefix == "learner" else 20.0)
+        self.supervisor.stop(["learner", "generator", "retrieval"], grace_s={"learner": 60.0})
         if self.buffer is not None:
-            self.buffer.redis.close()
+            self.buffer.close()
         if self.redis_server is not None:
             self.redis_server.stop()
         if interrupted:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from buffer.monitor import staleness_histogram
 from sr1.report import RunSummary, read_metrics, staleness_stats
 
 
@@ -18,8 +19,7 @@ def summarize(orch) -> RunSummary:
     cfg = orch.cfg
     rows = read_metrics(orch.run_dir / "metrics.jsonl")
     stats = orch.buffer.stats()
-    prefix = "staleness/hist/"
-    histogram = {int(k[len(prefix) :]): int(v) for k, v in stats.items() if k.startswith(prefix)}
+    histogram = staleness_histogram(stats)
     staleness_mean, staleness_max = staleness_stats(histogram)
     generators = [w.get("metrics", {}) for w in orch.buffer.workers() if w.get("role") == "generator"]
     evals = sorted(orch.evals, key=lambda e: e["step"])
@@ -36,21 +36,22 @@ def summarize(orch) -> RunSummary:
         preset=cfg.name,
         seed=cfg.seed,
         max_staleness=cfg.learner.max_staleness,
-        correction=cfg.learner.correction,
+        algorithm=cfg.learner.algorithm.type,
+        correction=cfg.learner.correction.type,
         steps=steps,
         wall_s=time.monotonic() - orch.started,
         em_before=before,
         em_after=after,
         evals=evals,
         reward_curve=[
-            (int(r["step"]), float(r["rollout/reward_mean"]))
+            (int(r["step"]), float(r["batch/reward_mean"]))
             for r in rows
-            if "step" in r and "rollout/reward_mean" in r
+            if "step" in r and "batch/reward_mean" in r
         ],  # fmt: skip
         step_s_mean=_mean([r.get("perf/step_s") for r in rows]),
         learner_tokens_per_s=_mean([r.get("perf/tokens_per_s") for r in rows]),
         generator_tokens_per_s=sum(g.get("rollout/tokens_per_s", 0.0) for g in generators) or None,
-        searches_per_trajectory=_mean([r.get("rollout/searches_per_traj") for r in rows]),
+        tool_calls_per_trajectory=_mean([r.get("batch/tool_calls_per_traj") for r in rows]),
         staleness_histogram=histogram,
         staleness_mean=staleness_mean,
         staleness_max=staleness_max,

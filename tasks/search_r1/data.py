@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.records import PromptRecord, make_group_id
-from generators.protocol import make_prompt_messages
+from tasks.search_r1.protocol import make_prompt_messages
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +161,3 @@ def load_prompts(
             "%d prompt(s) repeated a (data_source, split, index) already read; given distinct ids", duplicates
         )
     return records
-
-
-def with_epoch(record: PromptRecord, epoch: int) -> PromptRecord:
-    """A copy of `record` for another pass over the data (its group id names the epoch, suffixes kept)."""
-    base = make_group_id(record.data_source, record.split, record.index, 0)
-    suffix = record.group_id[len(base) :] if record.group_id.startswith(base) else ""
-    group_id = make_group_id(record.data_source, record.split, record.index, epoch) + suffix
-    return PromptRecord(**(record.to_dict() | {"group_id": group_id}))

@@ -1,9 +1,10 @@
 """The Search-R1 protocol: the prompt template, the action grammar and the observation texts.
 
-The strings here are what a Search-R1-trained policy expects, byte for byte (see /work/shared/SEARCH_R1_FACTS.md):
-the instruction that precedes the question, `<search> query </search>` / `<answer> text </answer>` actions, results
-appended as `\\n\\n<information>{docs}</information>\\n\\n`, and the "My previous action is invalid" message for
-a turn that neither searches nor answers.
+The strings here are what a policy trained with Search-R1 (PeterGriffinJin/Search-R1) expects, byte for byte: the
+instruction that precedes the question (its `nq_search.py` "base" template), `<search> query </search>` /
+`<answer> text </answer>` actions, results appended as `\\n\\n<information>{docs}</information>\\n\\n` with one
+`Doc {i}(Title: {title}) {text}` line per passage (its `_passages2string`), and the "My previous action is invalid"
+message for a turn that neither searches nor answers.
 """
 
 from __future__ import annotations
@@ -76,3 +77,47 @@ def extract_answer(text: str) -> str | None:
 def is_well_formed_turn(text: str) -> bool:
     """True for a turn of the form `<think> ... </think> <search|answer> ... </search|answer>`."""
     return _WELL_FORMED_TURN.fullmatch(text) is not None
+
+
+# -- observations ---------------------------------------------------------------------------------------------------
+
+
+def _title_text(contents: str) -> tuple[str, str]:
+    # Search-R1's own parsing: the first line is the title as stored (quotes included), the rest is the text
+    first, _, rest = contents.partition("\n")
+    return first, rest
+
+
+def format_documents(documents: list[dict], error: str | None = None) -> str:
+    """The text inside `<information>`: `Doc {i}(Title: {title}) {text}` per document, one per line; never empty.
+
+    The title is the first line of `contents` exactly as Search-R1's `_passages2string` takes it (with the corpus's
+    double quotes), so a policy trained with Search-R1 sees the same bytes. A failed search says why ("Search
+    unavailable: ...") rather than leaving the block empty.
+    """
+    if error is not None:
+        return f"Search unavailable: {error.rstrip('. ')}. Answer from what you know."
+    if not documents:
+        return "No documents found for this query."
+    lines = []
+    for i, doc in enumerate(documents, start=1):
+        title, text = _title_text(str(doc.get("contents", "")))
+        lines.append(f"Doc {i}(Title: {title}) {text}")
+    return "\n".join(lines)
+
+
+def information_block(text: str) -> str:
+    """The observation appended after a search: the results wrapped in the information tags, blank lines around."""
+    return f"{INFORMATION_OPEN}{text}{INFORMATION_CLOSE}"
+
+
+# -- turns (what a well-formed model turn looks like; the tiny world's warm start writes these) ---------------------
+
+
+def search_turn(thought: str, query: str) -> str:
+    return f"<think> {thought} </think> <search> {query} </search>"
+
+
+def answer_turn(answer: str, thought: str | None = None) -> str:
+    reasoning = f"<think> {thought} </think> " if thought else ""
+    return f"{reasoning}<answer> {answer} </answer>"

@@ -2,7 +2,7 @@
 
 All of them compare the last `<answer>` of the model's text with the gold answers after Search-R1's normalisation
 (lower-case, punctuation and the articles a/an/the removed, whitespace collapsed). `score(...)` returns the
-reward chosen by `generators.reward` together with every metric, so the learner can log EM whichever reward trains.
+reward chosen by `task.reward` together with every metric, so the learner can log EM whichever reward trains.
 """
 
 from __future__ import annotations

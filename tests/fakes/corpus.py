@@ -1,4 +1,4 @@
-"""Generated corpora for tests, the tiny world and the benchmark (no downloads).
+"""Generated corpora for the tests and the retrieval benchmark (no downloads).
 
 `synthetic_records(n)` makes n wiki-style passages about invented entities (a title plus three facts built from
 word lists), deterministic for a seed; `synthetic_queries(records, m)` asks about facts of random passages.

@@ -26,7 +26,7 @@ def start_server(
     not start within `timeout_s`. Its later output is drained in the background (the last lines kept on
     `proc.output_tail`), so a chatty server never blocks on a full pipe."""
     if port is None:
-        from buffer.local_redis import free_port
+        from sr1.launch.supervisor import free_port
 
         port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

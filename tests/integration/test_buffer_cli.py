@@ -8,7 +8,7 @@ import sys
 
 from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
-from buffer.synthetic import make_group, make_prompt
+from tests.fakes.groups import make_group, make_prompt
 
 
 def test_stats_json_from_a_separate_process(redis_url):
@@ -32,5 +32,5 @@ def test_stats_json_from_a_separate_process(redis_url):
     assert stats["buffer/version"] == 1 and stats["buffer/consumed"] == 2 and stats["buffer/released"] == 4
     assert stats["buffer/depth"] == 0 and stats["buffer/taken_unacked"] == 1  # the third group, held
     assert stats["buffer/inflight_groups"] == 2 and stats["buffer/pending_prompts"] == 1
-    assert stats["staleness/hist/0"] == 10
+    assert stats["buffer/staleness_hist/0"] == 10
     assert report["workers"][0]["metrics"] == {"loss/total": 0.5}

@@ -1,14 +1,15 @@
 """A buffer reopened after Redis dies (SIGKILL, AOF with appendfsync always) still has its prompts, groups,
-pending entries, counters and version; `run_redis` starts and stops a local server for a run directory."""
+pending entries, counters and version; a run's local server publishes its URL in the run directory while it runs."""
 
 from __future__ import annotations
 
 import pytest
 import redis
 
-from buffer.local_redis import LocalRedis, run_redis, url_of_run
 from buffer.redis_buffer import ReplayBuffer
-from buffer.synthetic import make_group, make_prompt
+from buffer.settings import local_redis_dir
+from sr1.launch.redis_server import LocalRedis
+from tests.fakes.groups import make_group, make_prompt
 
 
 def test_state_survives_a_killed_redis(tmp_path):
@@ -25,15 +26,14 @@ def test_state_survives_a_killed_redis(tmp_path):
     buf.record_consumed([0, 1, 1])
     before = buf.stats()
     buf.close()
-    server.process.kill()  # no shutdown handler: only what the AOF already holds survives
-    server.process.wait()
+    server.kill()  # no shutdown handler: only what the AOF already holds survives
 
     server = LocalRedis(tmp_path / "redis", appendfsync="always").start()  # same AOF, a new port
     try:
         buf = ReplayBuffer(server.url, "run")
         after = buf.stats()
         for key in ("buffer/released", "buffer/produced", "buffer/consumed", "buffer/depth", "buffer/version",
-                    "buffer/inflight_groups", "buffer/leased_prompts", "buffer/pending_prompts", "staleness/tokens"):  # fmt: skip
+                    "buffer/inflight_groups", "buffer/leased_prompts", "buffer/pending_prompts", "buffer/staleness_tokens"):  # fmt: skip
             assert after[key] == before[key], key
         assert (after["buffer/depth"], after["buffer/leased_prompts"], after["buffer/pending_prompts"]) == (
             1,
@@ -44,7 +44,9 @@ def test_state_survives_a_killed_redis(tmp_path):
         assert [t.group.group_id for t in pending] == [taken[1].group.group_id]
         assert [t.group.group_id for t in buf.take(5, block_ms=0)] == [leased[2].prompt.group_id]
         # the still-leased prompt is a pending entry of gen-0; the unclaimed ones are claimable
-        (lease,) = buf.redis.xpending_range(buf.key("prompts"), "generators", "-", "+", 10)
+        (lease,) = redis.Redis.from_url(buf.url).xpending_range(
+            buf.key("prompts"), "generators", "-", "+", 10
+        )
         assert lease["consumer"] == b"gen-0" and lease["message_id"].decode() == leased[3].entry_id
         assert [c.prompt.index for c in buf.claim_prompts("gen-1", 5)] == [4, 5]
         assert buf.version() == 3
@@ -52,15 +54,17 @@ def test_state_survives_a_killed_redis(tmp_path):
         server.stop()
 
 
-def test_run_redis_starts_a_local_server_with_aof_and_stops_it(tmp_path):
-    with run_redis(None, tmp_path) as url:
-        assert url_of_run(tmp_path) == url
+def test_a_runs_local_server_keeps_its_aof_and_publishes_its_url_while_it_runs(tmp_path):
+    url_file = local_redis_dir(tmp_path) / "url"
+    with LocalRedis(local_redis_dir(tmp_path)) as server:
+        url = server.url
+        assert url_file.read_text().strip() == url  # where `sr1 buffer watch --run-dir` finds it
         ReplayBuffer(url, "r").release_prompts([make_prompt(0)])
-    assert url_of_run(tmp_path) is None
+    assert not url_file.exists()
     client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
     with pytest.raises(redis.ConnectionError):
         client.ping()  # the local server was stopped
-    with run_redis(None, tmp_path) as url:  # reopened run directory: the AOF brings the prompt back
-        assert ReplayBuffer(url, "r").stats()["buffer/pending_prompts"] == 1
-    with run_redis("redis://example:1/0", tmp_path) as url:
-        assert url == "redis://example:1/0"
+    with LocalRedis(
+        local_redis_dir(tmp_path)
+    ) as server:  # reopened run directory: the AOF brings the prompt back
+        assert ReplayBuffer(server.url, "r").stats()["buffer/pending_prompts"] == 1

@@ -4,7 +4,6 @@ SIGTERM drains the worker and stops the pool with status 0."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -36,6 +35,7 @@ def test_pool_delivers_groups_and_stops_cleanly_on_sigterm(tiny_model_dir, redis
     )
     overrides = [
         f"model.path={tiny_model_dir}",
+        f"run_dir={tmp_path / 'run'}",
         "buffer.namespace=pooltest",
         # nothing listens there: searches fail fast and the model is told so (the loop keeps going)
         f"retrieval.url=http://127.0.0.1:{free_port}/retrieve",
@@ -58,10 +58,11 @@ def test_pool_delivers_groups_and_stops_cleanly_on_sigterm(tiny_model_dir, redis
         for item in taken:
             item.group.validate()
             assert item.group.worker_id == "pool-0" and len(item.group.trajectories) == 2
+        assert (tmp_path / "run" / "jobs" / "pool-0.yaml").is_file()  # the worker's own job config
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0
-        beat = json.loads(buffer.redis.get(buffer.key("worker", "pool-0")))
-        assert beat["metrics"]["state"] == "stopped"
+        beat = next(w for w in buffer.workers() if w["worker_id"] == "pool-0")
+        assert beat["metrics"]["rollout/state"] == "stopped"
         assert beat["metrics"]["rollout/groups_done"] == 2
     finally:
         # the pool, its worker and the worker's engine processes share the session started above

@@ -35,7 +35,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def retrieval_url(tmp_path_factory):
-    from retrieval.testing import start_server, stop_server
+    from tests.fakes.retrieval_server import start_server, stop_server
 
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
@@ -106,10 +106,11 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
 
     from buffer.redis_buffer import ReplayBuffer
     from generators.agent import encode_prompt
-    from generators.data import row_to_record
-    from generators.protocol import INFORMATION_CLOSE, INFORMATION_OPEN, INVALID_ACTION
     from generators.worker import GeneratorWorker
     from retrieval.client import RetrievalClient
+    from tasks.search_r1 import SearchR1Task
+    from tasks.search_r1.data import row_to_record
+    from tasks.search_r1.protocol import INFORMATION_CLOSE, INFORMATION_OPEN, INVALID_ACTION
 
     buffer = ReplayBuffer(redis_url, NS, lease_s=60)
     rows = [
@@ -124,13 +125,14 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
     prompts = [row_to_record(r, position=i, split="train", epoch=0, where="test") for i, r in enumerate(rows)]
     buffer.release_prompts(prompts)
     client = RetrievalClient(retrieval_url, topk=2)
+    task = SearchR1Task(search=client.search)
     cfg = _gen_cfg()
     worker = GeneratorWorker(
         cfg,
         buffer,
         engine,
         tokenizer,
-        client.search,
+        task,
         worker_id="gen-int",
         max_model_len=512,
         chat_template=False,
@@ -177,12 +179,12 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
             worst = max(worst, float(diff.max()))
             assert np.all(traj.behavior_logprobs[~mask] == 0) and np.all(traj.versions[~mask] == -1)
     assert worst < LOGPROB_TOL, f"engine log-probs differ from transformers by {worst:.2e}"
-    beat = json.loads(buffer.redis.get(buffer.key("worker", "gen-int")))
+    beat = next(w for w in buffer.workers() if w["worker_id"] == "gen-int")
     assert beat["metrics"]["rollout/groups_done"] == 2
 
     # the real retrieval server behind the agent loop: a scripted search turn gets BM25 documents back
     from generators.agent import AgentSettings, run_agent
-    from generators.testing import ScriptedEngine
+    from tests.fakes.engine import ScriptedEngine
 
     scripted = ScriptedEngine(
         tokenizer,
@@ -191,12 +193,11 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
             ("<answer> cedar </answer>", "stop"),
         ],
     )
-    rollout = await run_agent(
-        scripted, expected_prompt, client.search, tokenizer, AgentSettings(max_obs_tokens=200)
-    )
+    settings = AgentSettings.from_config(_gen_cfg(max_obs_tokens=200), 512)
+    rollout = await run_agent(scripted, expected_prompt, task, tokenizer, settings)
     obs = tokenizer.decode([t for t, m in zip(rollout.response_ids, rollout.loss_mask, strict=True) if not m])
     assert obs.startswith(INFORMATION_OPEN + 'Doc 1(Title: "alpha bravo") alpha bravo was founded by cedar')
-    assert rollout.search_errors == 0 and rollout.finish_reason == "answer"
+    assert rollout.tool_errors == 0 and rollout.finish_reason == "answer"
     await client.close()
     buffer.close()
 
@@ -219,9 +220,11 @@ async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_
     from buffer.redis_buffer import ReplayBuffer
     from generators.engine import SamplingSpec
     from generators.worker import GeneratorWorker
+    from tasks.search_r1 import SearchR1Task
+    from tests.fakes.weight_sync import hf_greedy, perturbed_model
     from weight_sync.publisher import WeightPublisher
+    from weight_sync.rendezvous import Rendezvous
     from weight_sync.settings import WeightSyncConfig
-    from weight_sync.testing import hf_greedy, perturbed_model
 
     assert engine.has_weight_sync, "the engine was started without weight_sync.vllm_extension"
     prompts = [
@@ -244,14 +247,16 @@ async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_
         buffer,
         engine,
         tokenizer,
-        None,
+        SearchR1Task(),
         worker_id="gen-ws",
         max_model_len=512,
     )
     run = asyncio.create_task(worker.run())  # joins weight sync in the background, follows updates
     r = redis_lib.Redis.from_url(redis_url)
     pub = WeightPublisher(
-        r, NS, WeightSyncConfig(backend="gloo", bucket_mb=0.25, timeout_s=60), num_engines=1
+        Rendezvous(redis_url, NS),
+        WeightSyncConfig(backend="gloo", bucket_mb=0.25, timeout_s=60),
+        num_engines=1,
     )
     try:
         await asyncio.wait_for(asyncio.to_thread(pub.connect), 60)

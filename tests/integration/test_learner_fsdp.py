@@ -28,8 +28,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str) 
     torch.set_num_threads(1)
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.settings import LearnerConfig
-    from learner.toy import random_groups
     from learner.trainer import Learner
+    from tests.fakes.groups import random_groups
 
     world = init_distributed("cpu")
     cfg = LearnerConfig(groups_per_step=4, lr=1e-3, micro_batch_tokens=80, max_staleness=1, correction="tis")

@@ -15,7 +15,8 @@ def test_reward_rises_through_the_buffer(tiny_model_dir, redis_url, tmp_path):
     from config import load_config
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import run_learner
-    from learner.toy import ToyGenerator, toy_prompts
+    from tests.fakes.groups import toy_prompts
+    from tests.fakes.toy_generator import ToyGenerator
 
     steps = 24
     config = load_config(
@@ -45,16 +46,17 @@ def test_reward_rises_through_the_buffer(tiny_model_dir, redis_url, tmp_path):
     torch.set_num_threads(1)
     world = init_distributed("cpu")
     try:
-        version = run_learner(
-            config, world, redis_url, prompts=toy_prompts(200), weight_sink=generator.load_weights
+        job = config.learner_job().model_copy(
+            update={"buffer": config.buffer.model_copy(update={"redis_url": redis_url})}
         )
+        version = run_learner(job, world, prompts=toy_prompts(200), weight_sink=generator.load_weights)
     finally:
         generator.stop()
         shutdown_distributed()
         torch.set_num_threads(threads)
     assert version == steps
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    rewards = [m["rollout/reward_mean"] for m in lines]
+    rewards = [m["batch/reward_mean"] for m in lines]
     assert [m["learner/version"] for m in lines] == list(range(1, steps + 1))
     assert max(m["staleness/max"] for m in lines) <= 1
     first, last = np.mean(rewards[:4]), np.mean(rewards[-4:])

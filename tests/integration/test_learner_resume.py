@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 NAMESPACE = "resume"
 
@@ -54,7 +55,7 @@ TOTAL_STEPS = 12
 def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_path):
     from buffer.redis_buffer import ReplayBuffer
     from config import load_config, save_config
-    from learner.toy import ToyGenerator
+    from tests.fakes.toy_generator import ToyGenerator
 
     run_dir = tmp_path / "run"
     prompts = tmp_path / "prompts.jsonl"
@@ -127,7 +128,9 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
     assert len(used) == len(set(used))  # nothing used twice
     assert len(used) >= 2 * len(durable)  # (a step after a replay may take more than groups_per_step)
     buffer = ReplayBuffer(redis_url, NAMESPACE)
-    remaining = {fields[b"gid"].decode() for _, fields in buffer.redis.xrange(buffer.key("groups"))}
+    remaining = {
+        fields[b"gid"].decode() for _, fields in redis.Redis.from_url(buffer.url).xrange(buffer.key("groups"))
+    }
     assert not remaining & set(used)  # used groups are acked and gone
     assert (
         set(generator.put_ids) == set(used) | remaining

@@ -7,7 +7,7 @@ import pytest
 
 from buffer.admission import BatchAssembler, PromptFeeder, admission_limit
 from buffer.redis_buffer import ReplayBuffer
-from buffer.synthetic import make_group, make_prompt
+from tests.fakes.groups import make_group, make_prompt
 
 
 @pytest.fixture

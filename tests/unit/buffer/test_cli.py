@@ -7,7 +7,7 @@ import urllib.request
 
 from buffer.cli import main
 from buffer.redis_buffer import ReplayBuffer
-from buffer.synthetic import make_group, make_prompt
+from tests.fakes.groups import make_group, make_prompt
 
 
 def populate(url: str) -> ReplayBuffer:
@@ -34,7 +34,7 @@ def test_stats_json(redis_url, capsys):
         3,
         1,
     )
-    assert stats["buffer/version"] == 1 and stats["staleness/hist/0"] == 2
+    assert stats["buffer/version"] == 1 and stats["buffer/staleness_hist/0"] == 2
     assert [w["worker_id"] for w in out["workers"]] == ["gen-0"]
 
 

@@ -7,10 +7,11 @@ import time
 import msgpack
 import numpy as np
 import pytest
+import redis
 
 from buffer.codec import encode_group
 from buffer.redis_buffer import ReplayBuffer
-from buffer.synthetic import make_group, make_prompt
+from tests.fakes.groups import make_group, make_prompt
 
 
 @pytest.fixture
@@ -120,27 +121,29 @@ def test_malformed_payloads_are_counted_dead_lettered_and_skipped(buf):
     good = [make_prompt(i) for i in range(2)]
     buf.put_group(small_group(good[0]), "")
     stream = buf.key("groups")
-    buf.redis.xadd(stream, {"d": b"\xc1\xff garbage"})
+    redis.Redis.from_url(buf.url).xadd(stream, {"d": b"\xc1\xff garbage"})
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(payload := encode_group(small_group(make_prompt(9))))
     header = unpacker.unpack()
     header["schema"] = 99  # a payload from a newer build
-    buf.redis.xadd(
+    redis.Redis.from_url(buf.url).xadd(
         stream, {"gid": "x", "d": msgpack.packb(header, use_bin_type=True) + payload[unpacker.tell() :]}
     )
-    buf.redis.xadd(stream, {"other": "no payload"})
+    redis.Redis.from_url(buf.url).xadd(stream, {"other": "no payload"})
     buf.put_group(small_group(good[1]), "")
     taken = buf.take(10, block_ms=0)
     assert [t.group.group_id for t in taken] == [p.group_id for p in good]
     stats = buf.stats()
     assert stats["buffer/malformed"] == 3 and stats["buffer/dead_letters"] == 3
     assert stats["buffer/depth"] == 0 and stats["buffer/taken_unacked"] == 2
-    reasons = [fields[b"reason"].decode() for _, fields in buf.redis.xrange(buf.key("dead"))]
+    reasons = [
+        fields[b"reason"].decode() for _, fields in redis.Redis.from_url(buf.url).xrange(buf.key("dead"))
+    ]
     assert "not valid msgpack" in reasons[0] and "schema version 99" in reasons[1] and "no 'd'" in reasons[2]
 
 
 def test_malformed_prompt_is_dead_lettered(buf):
-    buf.redis.xadd(buf.key("prompts"), {"gid": "p", "d": b"nonsense"})
+    redis.Redis.from_url(buf.url).xadd(buf.key("prompts"), {"gid": "p", "d": b"nonsense"})
     buf.release_prompts([make_prompt(1)])
     assert [c.prompt.index for c in buf.claim_prompts("gen", 5)] == [1]
     assert buf.stats()["buffer/malformed"] == 1
@@ -179,8 +182,8 @@ def test_staleness_histogram_and_rates(buf):
     buf.ack([t.entry_id for t in buf.take(3, block_ms=0)])
     stats = buf.stats()
     assert buf.staleness_histogram() == {0: 2, 1: 2, 2: 3}
-    assert stats["staleness/max"] == 2 and stats["staleness/tokens"] == 7
-    assert stats["staleness/mean"] == pytest.approx(8 / 7)
+    assert stats["buffer/staleness_max"] == 2 and stats["buffer/staleness_tokens"] == 7
+    assert stats["buffer/staleness_mean"] == pytest.approx(8 / 7)
     assert stats["buffer/produced_per_s"] > 0 and stats["buffer/consumed_per_s"] > 0
     with pytest.raises(ValueError, match="staleness must be >= 0"):
         buf.record_consumed([-1])

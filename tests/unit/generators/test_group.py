@@ -6,7 +6,14 @@ from buffer.codec import decode_group, encode_group
 from buffer.records import PromptRecord
 from generators.agent import AgentSettings
 from generators.group import run_group
-from generators.testing import ScriptedEngine
+from tasks.search_r1 import SearchR1Task
+from tasks.settings import SearchR1Config
+from tests.fakes.engine import ScriptedEngine
+
+
+def _settings(**kw) -> AgentSettings:
+    base = dict(max_model_len=8192, temperature=1.0, top_p=1.0)
+    return AgentSettings(**(base | kw))
 
 
 def _prompt(index: int, content: str, answer: str, release_version: int = 0) -> PromptRecord:
@@ -34,9 +41,10 @@ async def test_group_of_scripted_samples_is_scored_and_valid(toy_tokenizer):
     async def search(q: str) -> str:
         return "nothing"
 
-    settings = AgentSettings(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128)
+    settings = _settings(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128)
+    task = SearchR1Task(SearchR1Config(reward="format_em"), search=search)
     group, rollouts = await run_group(
-        engine, prompt, search, tok, settings, n=3, reward="format_em", chat_template=False, worker_id="w0"
+        engine, prompt, task, tok, settings, n=3, chat_template=False, worker_id="w0"
     )
     group.validate()
     assert sorted(group.rewards.tolist()) == [0.2, 0.8, 1.0]
@@ -50,9 +58,9 @@ async def test_overlong_prompt_yields_an_empty_zero_reward_group(toy_tokenizer):
     tok = toy_tokenizer
     prompt = _prompt(1, "a b c d e f", "x")
     engine = ScriptedEngine(tok, [])
-    settings = AgentSettings(max_turns=1, max_tokens_per_turn=8, max_obs_tokens=8, max_response_tokens=16)
+    settings = _settings(max_turns=1, max_tokens_per_turn=8, max_obs_tokens=8, max_response_tokens=16)
     group, _ = await run_group(
-        engine, prompt, lambda q: None, tok, settings, n=2, chat_template=False, max_prompt_tokens=4
+        engine, prompt, SearchR1Task(), tok, settings, n=2, chat_template=False, max_prompt_tokens=4
     )
     group.validate()
     assert engine.calls == [] and group.rewards.tolist() == [0.0, 0.0]
@@ -82,9 +90,16 @@ async def test_each_sample_is_reported_done_as_it_ends_not_when_the_group_does(t
         calls_when_done.append(len(engine.calls))
         reported.append(rollout)
 
-    settings = AgentSettings(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128)
+    settings = _settings(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128)
     _, rollouts = await run_group(
-        engine, prompt, search, tok, settings, n=3, chat_template=False, on_rollout_done=done
+        engine,
+        prompt,
+        SearchR1Task(search=search),
+        tok,
+        settings,
+        n=3,
+        chat_template=False,
+        on_rollout_done=done,
     )
     assert calls_when_done == [3, 3, 4]  # the two quick ones were reported before the slow one's second turn
     assert sorted(map(id, reported)) == sorted(map(id, rollouts))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 from buffer.records import PromptRecord
 from buffer.redis_buffer import ReplayBuffer
 from generators.settings import GeneratorsConfig
-from generators.testing import ScriptedEngine
 from generators.worker import GeneratorWorker
+from tasks.search_r1 import SearchR1Task
+from tests.fakes.engine import ScriptedEngine
 
 SEARCH = "<think> look </think> <search> alpha </search>"
 ANSWER = "<think> ok </think> <answer> cedar </answer>"
@@ -51,7 +51,14 @@ def _worker(buffer, engine, tok, **cfg_kw) -> GeneratorWorker:
         return f"Doc 1(Title: {q}) founded by cedar"
 
     return GeneratorWorker(
-        cfg, buffer, engine, tok, search, worker_id="gen-test", max_model_len=512, chat_template=False
+        cfg,
+        buffer,
+        engine,
+        tok,
+        SearchR1Task(search=search),
+        worker_id="gen-test",
+        max_model_len=512,
+        chat_template=False,
     )
 
 
@@ -71,7 +78,7 @@ async def test_worker_streams_groups_and_heartbeats(redis_url, toy_tokenizer):
     run = asyncio.create_task(worker.run())
     taken = await _take_all(buffer, 5)
     await asyncio.sleep(0.2)  # a heartbeat after the last group
-    beat = json.loads(buffer.redis.get(buffer.key("worker", "gen-test")))
+    beat = next(w for w in buffer.workers() if w["worker_id"] == "gen-test")
     worker.request_stop()
     assert await asyncio.wait_for(run, 10) == 0
 
@@ -83,7 +90,7 @@ async def test_worker_streams_groups_and_heartbeats(redis_url, toy_tokenizer):
     metrics = beat["metrics"]
     assert beat["role"] == "generator"
     assert metrics["rollout/groups_done"] == 5 and metrics["rollout/trajectories_done"] == 15
-    assert metrics["rollout/searches_total"] >= 1 and metrics["rollout/tokens_total"] > 0
+    assert metrics["rollout/tool_calls_total"] >= 1 and metrics["rollout/tokens_total"] > 0
     assert sum(v for k, v in metrics.items() if k.startswith("rollout/finish/")) == 15
     assert metrics["rollout/inflight_trajectories"] == 0
     assert buffer.inflight()  # the buffer's own view is readable (no crash); the prompts are finished

@@ -1,4 +1,4 @@
-"""Advantages and per-token losses against values computed by hand, for every correction mode."""
+"""The algorithms' advantages and per-token losses against values computed by hand, for every correction."""
 
 from __future__ import annotations
 
@@ -8,28 +8,47 @@ import numpy as np
 import pytest
 import torch
 
-from learner.advantages import batch_advantages, group_advantages
-from learner.losses import LossSettings, loglinear_proximal, low_var_kl, policy_loss
+from learner.algorithms import build_algorithm, low_var_kl, policy_loss
+from learner.algorithms.corrections import loglinear_proximal
+from learner.algorithms.grpo import group_advantages
+from learner.algorithms.settings import (
+    DecoupledCorrection,
+    DrGRPOConfig,
+    GRPOConfig,
+    IcePopCorrection,
+    NoCorrection,
+    TISCorrection,
+)
+from tests.fakes.groups import groups_with_rewards
 
 
 def test_grpo_advantages_by_hand():
     # mean 0.5, unbiased std sqrt((4 * 0.25) / 3) = 0.57735
-    adv = group_advantages(np.array([1.0, 0.0, 0.0, 1.0]), "grpo", eps=0.0)
+    adv = group_advantages(np.array([1.0, 0.0, 0.0, 1.0]), std_normalize=True, eps=0.0)
     np.testing.assert_allclose(adv, [0.8660254, -0.8660254, -0.8660254, 0.8660254], rtol=1e-6)
 
 
 def test_drgrpo_advantages_are_centred_only():
-    adv = group_advantages(np.array([1.0, 0.0, 0.0, 0.0]), "drgrpo")
+    adv = group_advantages(np.array([1.0, 0.0, 0.0, 0.0]), std_normalize=False)
     np.testing.assert_allclose(adv, [0.75, -0.25, -0.25, -0.25])
 
 
 def test_identical_rewards_give_zero_advantage_and_are_counted():
-    result = batch_advantages([np.array([1.0, 1.0]), np.array([0.0, 1.0]), np.array([0.3])], "grpo")
-    assert result.zero_adv_groups == 2
-    np.testing.assert_array_equal(result.advantages[0], [0.0, 0.0])
-    assert result.advantages[1][1] > 0 > result.advantages[1][0]
-    with pytest.raises(ValueError, match="unknown advantage kind"):
-        group_advantages(np.array([0.0, 1.0]), "ppo")
+    groups = groups_with_rewards([[1.0, 1.0], [0.0, 1.0], [0.3]])
+    for cfg in (GRPOConfig(), DrGRPOConfig()):
+        result = build_algorithm(cfg, TISCorrection()).advantages(groups)
+        assert result.zero_adv_groups == 2
+        np.testing.assert_array_equal(result.advantages[0], [0.0, 0.0])
+        assert result.advantages[1][1] > 0 > result.advantages[1][0]
+        np.testing.assert_array_equal(result.advantages[2], [0.0])
+
+
+def test_the_two_algorithms_differ_only_in_the_std():
+    groups = groups_with_rewards([[1.0, 0.0, 0.0, 0.0]])
+    grpo = build_algorithm(GRPOConfig(), TISCorrection()).advantages(groups).advantages[0]
+    dr = build_algorithm(DrGRPOConfig(), TISCorrection()).advantages(groups).advantages[0]
+    np.testing.assert_allclose(dr, [0.75, -0.25, -0.25, -0.25])
+    np.testing.assert_allclose(grpo, dr / (np.std([1.0, 0.0, 0.0, 0.0], ddof=1) + 1e-6))
 
 
 def _t(values):
@@ -44,7 +63,8 @@ def test_none_is_ppo_clip_against_behaviour():
         _t([1.0, -1.0, 2.0, 5.0]),
         _t([1, 1, 1, 0]),
         _t([0] * 4),
-        LossSettings(correction="none", clip_low=0.2, clip_high=0.28),
+        GRPOConfig(clip_low=0.2, clip_high=0.28),
+        NoCorrection(),
     )
     # 1.5 clipped to 1.28; 0.5 clipped to 0.8 with A<0 -> -(-0.8); 1.1 inside; masked token contributes 0
     torch.testing.assert_close(loss.detach(), _t([-1.28, 0.8, -2.2, 0.0]))
@@ -62,7 +82,8 @@ def test_tis_truncates_the_weight_and_uses_the_proximal_ratio():
         _t([0.5, -2.0]),
         _t([1, 1]),
         _t([1, 1]),
-        LossSettings(correction="tis", tis_cap=2.0),
+        GRPOConfig(),
+        TISCorrection(cap=2.0),
     )
     # ratio to the proximal (recomputed = current) policy is 1; w = min(3, 2) = 2 and 0.5
     torch.testing.assert_close(loss.detach(), _t([-1.0, 1.0]))
@@ -79,7 +100,8 @@ def test_icepop_masks_weights_outside_the_band():
         _t([1.0] * 4),
         _t([1] * 4),
         _t([0] * 4),
-        LossSettings(correction="icepop", icepop_low=0.5, icepop_high=2.0),
+        GRPOConfig(),
+        IcePopCorrection(low=0.5, high=2.0),
     )
     torch.testing.assert_close(loss, _t([0.0, -0.5, 0.0, -1.5]))
     torch.testing.assert_close(stats["masked"], _t([1.0, 0.0, 1.0, 0.0]))
@@ -88,7 +110,7 @@ def test_icepop_masks_weights_outside_the_band():
 def test_decoupled_masks_weights_above_the_cap():
     logprobs = _t([math.log(3.0), math.log(1.5)])
     loss, stats = policy_loss(
-        logprobs, _t([0.0, 0.0]), _t([1.0, 1.0]), _t([1, 1]), _t([2, 2]), LossSettings(correction="decoupled")
+        logprobs, _t([0.0, 0.0]), _t([1.0, 1.0]), _t([1, 1]), _t([2, 2]), GRPOConfig(), DecoupledCorrection()
     )
     torch.testing.assert_close(loss, _t([0.0, -1.5]))
     torch.testing.assert_close(stats["masked"], _t([1.0, 0.0]))
@@ -108,7 +130,8 @@ def test_decoupled_loglinear_by_hand():
         _t([1.0]),
         _t([1]),
         _t([1]),
-        LossSettings(correction="tis", proximal="loglinear", tis_cap=2.0, clip_high=0.28),
+        GRPOConfig(clip_high=0.28),
+        TISCorrection(proximal="loglinear", cap=2.0),
     )
     # l_p = log 2 -> w = min(2, 2) = 2; r = exp(log 4 - log 2) = 2 clipped to 1.28 -> -2 * 1.28
     torch.testing.assert_close(loss.detach(), _t([-2.56]))
@@ -123,22 +146,27 @@ def test_low_var_kl_and_the_penalty_term():
         _t([0.0]),
         _t([1]),
         _t([0]),
-        LossSettings(correction="none", kl_coef=0.5, entropy_coef=0.1),
+        GRPOConfig(kl_coef=0.5, entropy_coef=0.1),
+        NoCorrection(),
         ref_logprobs=_t([math.log(2.0)]),
         entropy=_t([2.0]),
     )
     torch.testing.assert_close(loss, _t([0.5 * (1.0 - math.log(2.0)) - 0.2]))
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(_t([0.0]), _t([0.0]), _t([0.0]), _t([1]), _t([0]), LossSettings(kl_coef=0.1))
+        policy_loss(
+            _t([0.0]), _t([0.0]), _t([0.0]), _t([1]), _t([0]), GRPOConfig(kl_coef=0.1), TISCorrection()
+        )
 
 
 def test_mismatch_kl_is_k3_of_the_behaviour_ratio():
     _, stats = policy_loss(
-        _t([math.log(2.0)]), _t([0.0]), _t([1.0]), _t([1]), _t([0]), LossSettings(correction="none")
+        _t([math.log(2.0)]), _t([0.0]), _t([1.0]), _t([1]), _t([0]), GRPOConfig(), NoCorrection()
     )
     torch.testing.assert_close(stats["mismatch_kl"], _t([1.0 - math.log(2.0)]))
 
 
 def test_unknown_correction_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown correction 'ppo'"):
-        policy_loss(_t([0.0]), _t([0.0]), _t([1.0]), _t([1]), _t([0]), LossSettings(correction="ppo"))
+    from config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="'ppo'.*'none', 'tis', 'icepop', 'decoupled'"):
+        load_config("tiny", ["learner.correction=ppo"])

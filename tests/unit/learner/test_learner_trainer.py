@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from learner.settings import LearnerConfig
-from learner.toy import random_groups
 from learner.trainer import Learner, StalenessError, check_staleness
+from tests.fakes.groups import random_groups
 
 
 def _cfg(**overrides) -> LearnerConfig:
@@ -37,7 +37,7 @@ def test_step_trains_and_reports_metrics(world, tiny_model_dir):
     metrics = learner.train_step(groups)
     assert learner.version == 1 and metrics["learner/version"] == 1
     assert metrics["perf/micro_batches"] >= 2  # the budget forces several packed micro-batches
-    assert metrics["rollout/loss_tokens"] == sum(t.num_loss_tokens for g in groups for t in g.trajectories)
+    assert metrics["batch/loss_tokens"] == sum(t.num_loss_tokens for g in groups for t in g.trajectories)
     assert np.isfinite(metrics["loss/pg"]) and metrics["loss/grad_norm"] > 0
     changed = [
         k for k, v in learner.model.state_dict().items() if not torch.equal(v.full_tensor(), before[k])

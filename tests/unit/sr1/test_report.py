@@ -9,7 +9,7 @@ from sr1.report import RunSummary, read_metrics, staleness_stats, write_report
 
 def _summary(tmp_path) -> RunSummary:
     return RunSummary(
-        run_dir=str(tmp_path), preset="tiny", seed=0, max_staleness=2, correction="tis", steps=3, wall_s=12.5,
+        run_dir=str(tmp_path), preset="tiny", seed=0, max_staleness=2, correction="tis", algorithm="grpo", steps=3, wall_s=12.5,
         em_before=0.2, em_after=0.45,
         evals=[{"step": 0, "eval/version": 0, "eval/em": 0.2}, {"step": 3, "eval/version": 3, "eval/em": 0.45}],
         reward_curve=[(1, 0.1), (2, 0.3), (3, 0.5)], staleness_histogram={0: 10, 1: 5, 2: 1},

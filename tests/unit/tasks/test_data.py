@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from generators.data import DataError, load_prompts, with_epoch
-from generators.protocol import INSTRUCTION, make_prompt_text
+from tasks.search_r1.data import DataError, load_prompts
+from tasks.search_r1.protocol import INSTRUCTION, make_prompt_text
 
 
 def _search_r1_row(source: str, index: int, question: str, answers: list[str]) -> dict:
@@ -58,8 +58,8 @@ def test_duplicates_get_distinct_ids_and_epochs_differ(tmp_path):
     path.write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
     records = load_prompts(path)
     assert len({r.group_id for r in records}) == 2
-    assert with_epoch(records[0], 2).group_id != records[0].group_id
-    assert with_epoch(records[1], 2).group_id.endswith("/dup1")
+    assert records[0].in_epoch(2).group_id != records[0].group_id
+    assert records[1].in_epoch(2).group_id.endswith("/dup1")
 
 
 def test_bad_rows_name_the_file_and_row(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from generators.protocol import extract_answer, is_well_formed_turn, parse_action
-from generators.rewards import exact_match, f1_score, normalize_answer, score, substring_match
+from tasks.search_r1.protocol import extract_answer, is_well_formed_turn, parse_action
+from tasks.search_r1.rewards import exact_match, f1_score, normalize_answer, score, substring_match
 
 
 def test_normalisation_drops_case_punctuation_articles_and_spaces():

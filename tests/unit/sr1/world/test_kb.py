@@ -6,18 +6,16 @@ import json
 
 import pytest
 
-from sr1.world import (
+from sr1.world.kb import (
     ATTRIBUTE_BY_KEY,
     DATA_SOURCE,
-    PassageSearch,
     WorldSizes,
     build_kb,
-    format_observation,
     passage_value,
-    search_r1_prompt,
     write_corpus,
     write_questions,
 )
+from tasks.search_r1.protocol import format_documents, make_prompt_text
 
 SMALL = WorldSizes(num_people=120, num_first_names=24, num_last_names=40, num_cities=20, num_test=40)
 
@@ -25,6 +23,16 @@ SMALL = WorldSizes(num_people=120, num_first_names=24, num_last_names=40, num_ci
 @pytest.fixture(scope="module")
 def kb():
     return build_kb(0, SMALL)
+
+
+@pytest.fixture(scope="module")
+def bm25(kb, tmp_path_factory):
+    """The retrieval server's BM25 over the world's corpus, as the warm start searches it."""
+    from retrieval.bm25 import BM25Retriever
+    from retrieval.corpus import DocStore
+
+    path = write_corpus(kb, tmp_path_factory.mktemp("corpus") / "corpus.jsonl")
+    return BM25Retriever.build(DocStore(path), threads=1)
 
 
 def test_same_seed_same_world(kb, tmp_path):
@@ -76,36 +84,32 @@ def test_parquet_is_search_r1_layout(kb, tmp_path):
     assert len(rows) == len(kb.test)
     row, q = rows[3], kb.test[3]
     assert row["data_source"] == DATA_SOURCE
-    assert row["prompt"] == [{"role": "user", "content": search_r1_prompt(q.question)}]
+    assert row["prompt"] == [{"role": "user", "content": make_prompt_text(q.question)}]
     assert row["prompt"][0]["content"].endswith(f"Question: {q.question}\n")
     assert row["ability"] == "fact-reasoning"
     assert row["reward_model"] == {"style": "rule", "ground_truth": {"target": [q.answer]}}
     assert row["extra_info"] == {"split": "test", "index": 3}
 
 
-def test_good_query_finds_every_answer_first(kb):
-    search = PassageSearch(kb.passages)
+def test_good_query_finds_every_answer_first(kb, bm25):
     questions = kb.test + kb.train
-    hits = search.search([kb.good_query(q) for q in questions], topk=3)
-    for q, passages in zip(questions, hits, strict=True):
-        top = passages[0]
+    hits = bm25.search([kb.good_query(q) for q in questions], 3)
+    for q, found in zip(questions, hits, strict=True):
+        top = kb.passage(found.docs[0]["id"])
         assert (top.person, top.attribute) == (q.person, q.attribute), (q.question, kb.good_query(q))
         assert passage_value(top, kb) == q.answer
-        assert q.answer in format_observation(passages).splitlines()[0]
+        assert q.answer in format_documents(found.docs).splitlines()[0]
 
 
-def test_imperfect_query_is_often_wrong(kb):
-    search = PassageSearch(kb.passages)
-    hits = search.search([kb.imperfect_query(q) for q in kb.test], topk=3)
-    right = sum(passage_value(p[0], kb) == q.answer for q, p in zip(kb.test, hits, strict=True)) / len(
-        kb.test
-    )
+def test_imperfect_query_is_often_wrong(kb, bm25):
+    hits = bm25.search([kb.imperfect_query(q) for q in kb.test], 3)
+    right = sum(
+        passage_value(kb.passage(h.docs[0]["id"]), kb) == q.answer for q, h in zip(kb.test, hits, strict=True)
+    ) / len(kb.test)
     assert right < 0.5  # room for RL: the first-name query usually lands on a namesake
 
 
-def test_observation_format(kb):
-    passages = kb.passages[:2]
-    lines = format_observation(passages).split("\n")
-    assert lines[0] == f'Doc 1(Title: "{passages[0].title}") {passages[0].text}'
-    assert lines[1].startswith(f'Doc 2(Title: "{passages[1].title}") ')
-    assert format_observation([]) == "No documents found for this query."
+def test_corpus_ids_name_the_passages(kb, bm25):
+    for row in range(len(kb.passages)):
+        doc = bm25.store.get(row)
+        assert doc["contents"] == kb.passage(doc["id"]).contents

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sr1.warmstart import (
-    OBS_CLOSE,
-    OBS_OPEN,
+from sr1.world.kb import WorldSizes, build_kb, write_corpus
+from sr1.world.warmstart import (
     build_trajectories,
     masked_logprobs,
     sequence_loss,
@@ -15,15 +14,24 @@ from sr1.warmstart import (
     tokenize_trajectory,
     tokenizer_texts,
 )
-from sr1.world import PassageSearch, WorldSizes, build_kb, search_r1_prompt
+from tasks.search_r1.protocol import INFORMATION_CLOSE, INFORMATION_OPEN, make_prompt_text
 
 SMALL = WorldSizes(num_people=60, num_first_names=12, num_last_names=30, num_cities=12, num_test=20)
 
 
 @pytest.fixture(scope="module")
-def world():
+def world(tmp_path_factory):
+    from retrieval.bm25 import BM25Retriever
+    from retrieval.corpus import DocStore
+
     kb = build_kb(0, SMALL)
-    search = PassageSearch(kb.passages)
+    bm25 = BM25Retriever.build(
+        DocStore(write_corpus(kb, tmp_path_factory.mktemp("c") / "corpus.jsonl")), threads=1
+    )
+
+    def search(queries):
+        return bm25.search(queries, 3)
+
     return kb, search, build_trajectories(kb, search, 64, 0.3, seed=0)
 
 
@@ -32,7 +40,7 @@ def policy(world, tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from sr1.tiny_model import build_tiny_policy
+    from sr1.world.model import build_tiny_policy
 
     kb, _, trajectories = world
     out = build_tiny_policy(
@@ -51,7 +59,7 @@ def test_trajectory_pieces_follow_the_protocol(world):
         assert t.sampled == (False, True, False, True)
         assert prompt.startswith("Answer the given question.") and prompt.endswith("?\n")
         assert first.startswith("<think>") and first.endswith("</search>") and "</think> <search>" in first
-        assert obs.startswith(OBS_OPEN + "Doc 1(Title: ") and obs.endswith(OBS_CLOSE)
+        assert obs.startswith(INFORMATION_OPEN + "Doc 1(Title: ") and obs.endswith(INFORMATION_CLOSE)
         assert obs.count("\nDoc ") == 2  # top-3
         assert answer.startswith("<answer> ") and answer.endswith(" </answer>")
         # the answer copies the value of the first retrieved passage
@@ -61,7 +69,7 @@ def test_trajectory_pieces_follow_the_protocol(world):
 
 def test_good_trajectories_answer_correctly(world):
     kb, search, trajectories = world
-    by_prompt = {search_r1_prompt(q.question): q for q in kb.train}
+    by_prompt = {make_prompt_text(q.question): q for q in kb.train}
     good = [t for t in trajectories if t.good_query]
     for t in good:
         q = by_prompt[t.pieces[0]]
@@ -121,7 +129,7 @@ def test_copy_friendly_init_passes_embeddings_through(policy):
 
     import torch
 
-    from sr1.warmstart import copy_friendly_init
+    from sr1.world.warmstart import copy_friendly_init
 
     _, model = policy
     model = copy.deepcopy(model)

@@ -1,0 +1,130 @@
+"""Operations of `ReplayBuffer` that watch a run: worker heartbeats, the staleness histogram and `stats()`.
+
+`stats()` is the one snapshot every view reads (`sr1 buffer watch`, Prometheus `/metrics`, the `sr1 run` live table
+and report): keys are namespaced and cumulative over the run (`buffer/depth`, `buffer/staleness_mean`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from buffer.lua import GENERATORS, LEARNER
+
+RATE_BUCKET_S = 5  # produced/consumed rates are counted in buckets of this many seconds ...
+RATE_WINDOW_BUCKETS = 6  # ... and averaged over this many of them (30 s)
+STALENESS_HIST = "buffer/staleness_hist/"  # + k: trained tokens that were k versions old
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RunStats:
+    """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis`, `key()` and settings it uses."""
+
+    # -- heartbeats -----------------------------------------------------------------------------------------
+
+    def heartbeat(self, worker_id: str, role: str, metrics: dict) -> None:
+        body = json.dumps(
+            {"worker_id": worker_id, "role": role, "metrics": metrics, "time": time.time()}, default=str
+        )
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self.key("worker", worker_id), body, px=int(self.heartbeat_ttl_s * 1000))
+        pipe.sadd(self.key("workers"), worker_id)
+        pipe.execute()
+
+    def workers(self) -> list[dict]:
+        """Live workers (heartbeat within heartbeat_ttl_s): worker_id, role, metrics, age_s."""
+        ids = sorted(_s(w) for w in self._redis.smembers(self.key("workers")))
+        if not ids:
+            return []
+        bodies = self._redis.mget([self.key("worker", w) for w in ids])
+        now = time.time()
+        live, dead = [], []
+        for worker_id, body in zip(ids, bodies, strict=True):
+            if body is None:
+                dead.append(worker_id)
+                continue
+            info = json.loads(body)
+            info["age_s"] = max(0.0, now - float(info.pop("time", now)))
+            live.append(info)
+        if dead:
+            self._redis.srem(self.key("workers"), *dead)
+        return live
+
+    # -- monitoring -----------------------------------------------------------------------------------------
+
+    def record_consumed(self, staleness: list[int] | np.ndarray) -> None:
+        """Add one step's per-token staleness (consuming version - token version) to the histogram."""
+        values = np.asarray(staleness, dtype=np.int64).ravel()
+        if values.size == 0:
+            return
+        if values.min() < 0:
+            raise ValueError(f"staleness must be >= 0, got min {int(values.min())}")
+        counts = np.bincount(values)
+        pipe = self._redis.pipeline(transaction=False)
+        for value in np.nonzero(counts)[0]:
+            pipe.hincrby(self.key("staleness"), str(int(value)), int(counts[value]))
+        pipe.execute()
+
+    def staleness_histogram(self) -> dict[int, int]:
+        raw = self._redis.hgetall(self.key("staleness"))
+        return dict(sorted((int(k), int(v)) for k, v in raw.items()))
+
+    def stats(self) -> dict[str, Any]:
+        """A flat snapshot with namespaced keys (`buffer/depth`, `buffer/staleness_max`, ...), cheap enough to poll."""
+        now = time.time()
+        bucket = int(now // RATE_BUCKET_S)
+        buckets = list(range(bucket - RATE_WINDOW_BUCKETS + 1, bucket + 1))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xlen(self.key("prompts"))
+        pipe.xpending(self.key("prompts"), GENERATORS)
+        pipe.xlen(self.key("groups"))
+        pipe.xpending(self.key("groups"), LEARNER)
+        pipe.zcard(self.key("inflight"))
+        pipe.hgetall(self.key("counters"))
+        pipe.get(self.key("version"))
+        pipe.get(self.key("version_time"))
+        pipe.xlen(self.key("dead"))
+        for name in ("produced", "consumed"):
+            pipe.mget([self.key("rate", name, str(b)) for b in buckets])
+        pipe.hgetall(self.key("staleness"))
+        (prompts_len, prompts_pending, groups_len, groups_pending, inflight, counters, version, version_time,
+         dead, produced_buckets, consumed_buckets, staleness) = pipe.execute()  # fmt: skip
+        counters = {_s(k): int(v) for k, v in counters.items()}
+        window_s = (RATE_WINDOW_BUCKETS - 1) * RATE_BUCKET_S + (now - bucket * RATE_BUCKET_S)
+        leased = int(prompts_pending["pending"])
+        taken = int(groups_pending["pending"])
+        out: dict[str, Any] = {
+            "buffer/depth": groups_len - taken,
+            "buffer/taken_unacked": taken,
+            "buffer/pending_prompts": prompts_len - leased,
+            "buffer/leased_prompts": leased,
+            "buffer/inflight_groups": inflight,
+            "buffer/released": counters.get("released", 0),
+            "buffer/produced": counters.get("produced", 0),
+            "buffer/consumed": counters.get("consumed", 0),
+            "buffer/malformed": counters.get("malformed", 0),
+            "buffer/oversized": counters.get("oversized", 0),
+            "buffer/poison_prompts": counters.get("poison_prompts", 0),
+            "buffer/duplicates": counters.get("duplicates", 0),
+            "buffer/duplicate_releases": counters.get("duplicate_releases", 0),
+            "buffer/dead_letters": dead,
+            "buffer/produced_per_s": sum(int(x or 0) for x in produced_buckets) / window_s,
+            "buffer/consumed_per_s": sum(int(x or 0) for x in consumed_buckets) / window_s,
+            "buffer/version": int(version) if version is not None else 0,
+            "buffer/version_age_s": now - float(version_time) if version_time is not None else None,
+        }
+        hist = {int(k): int(v) for k, v in staleness.items()}
+        total = sum(hist.values())
+        # every token trained so far in this run (the learner's `staleness/*` are per batch)
+        out["buffer/staleness_tokens"] = total
+        out["buffer/staleness_mean"] = sum(k * v for k, v in hist.items()) / total if total else 0.0
+        out["buffer/staleness_max"] = max(hist) if hist else 0
+        for k in sorted(hist):
+            out[f"{STALENESS_HIST}{k}"] = hist[k]
+        return out

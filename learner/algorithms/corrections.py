@@ -1,0 +1,67 @@
+"""Off-policy corrections: how the loss weighs a token sampled by an older policy (or by an engine whose numerics
+differ from the learner's).
+
+For a loss token with current log-prob l_theta (with gradient), behaviour log-prob l_mu (recorded by the engine that
+sampled it) and proximal log-prob l_p (the learner's weights at the start of this step):
+
+| correction  | ratio r               | weight w (detached)                                   |
+|-------------|-----------------------|-------------------------------------------------------|
+| `none`      | exp(l_theta - l_mu)   | 1                                                     |
+| `tis`       | exp(l_theta - l_p)    | min(exp(l_p - l_mu), cap)          (truncated IS)     |
+| `icepop`    | exp(l_theta - l_p)    | exp(l_p - l_mu) inside [low, high], else 0 (masked)   |
+| `decoupled` | exp(l_theta - l_p)    | exp(l_p - l_mu), tokens with w > cap masked           |
+
+`decoupled` is AReaL's decoupled PPO (Fu et al. 2025, "AReaL", eq. 5): like AReaL's `behav_imp_weight_cap` the cap
+masks tokens instead of truncating them, which is where it differs from `tis`. The proximal log-probs come from the
+learner's weights at the start of the step. The learner takes one optimizer step per batch, so a recomputing forward
+pass with those weights gives exactly l_theta's values: `recompute` uses l_theta detached from the same forward (no
+second pass). `loglinear` is AReaL's approximation (docs/algorithms/prox_approx.md in AReaL): with per-token staleness
+s = v - v_token, the proximal policy (version v) sits between the behaviour (v - s) and the policy after this step
+(v + 1): l_p ~= l_mu + s / (s + 1) * (l_theta - l_mu).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from learner.algorithms.settings import (
+    CorrectionConfig,
+    DecoupledCorrection,
+    IcePopCorrection,
+    NoCorrection,
+    TISCorrection,
+)
+
+
+def loglinear_proximal(
+    logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, staleness: torch.Tensor
+) -> torch.Tensor:
+    """AReaL's log-linear proximal log-probs, alpha = s / (s + 1) per token (s clamped at 0)."""
+    s = staleness.clamp(min=0).to(logprobs.dtype)
+    alpha = s / (s + 1.0)
+    return behavior_logprobs + alpha * (logprobs.detach() - behavior_logprobs)
+
+
+def importance_weights(
+    correction: CorrectionConfig, logprobs: torch.Tensor, behavior: torch.Tensor, staleness: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log ratio r, detached weight w, masked-out tokens) of the table above, per token."""
+    masked_out = torch.zeros_like(logprobs, dtype=torch.bool)
+    if isinstance(correction, NoCorrection):
+        return logprobs - behavior, torch.ones_like(logprobs), masked_out
+    if correction.proximal == "recompute":
+        proximal = logprobs.detach()
+    else:
+        proximal = loglinear_proximal(logprobs, behavior, staleness)
+    raw = torch.exp(proximal - behavior)
+    if isinstance(correction, TISCorrection):
+        weight = raw.clamp(max=correction.cap)
+    else:
+        if isinstance(correction, IcePopCorrection):
+            masked_out = (raw < correction.low) | (raw > correction.high)
+        elif isinstance(correction, DecoupledCorrection):
+            masked_out = raw > correction.cap
+        else:  # pragma: no cover - the config union admits nothing else
+            raise TypeError(f"unknown correction {correction!r}")
+        weight = torch.where(masked_out, torch.zeros_like(raw), raw)
+    return logprobs - proximal, weight.detach(), masked_out

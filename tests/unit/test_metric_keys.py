@@ -1,0 +1,107 @@
+"""One name, one meaning: run every emitter of metrics, check that each key it reports is documented in
+docs/metrics.md (exactly one row), that no two emitters report the same key, and that every documented key is
+emitted by someone."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def documented() -> list[str]:
+    return re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE)
+
+
+def _pattern(key: str) -> re.Pattern:
+    return re.compile(
+        "^" + re.sub(r"<[^>]+>", "[^/]+", re.escape(key).replace(r"\<", "<").replace(r"\>", ">")) + "$"
+    )
+
+
+def rows_matching(key: str, rows: list[str]) -> list[str]:
+    """The row documenting `key`: its own row if it has one, else the pattern rows (`eval/<metric>`) it fits."""
+    return [key] if key in rows else [row for row in rows if _pattern(row).match(key)]
+
+
+@pytest.fixture(scope="module")
+def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
+    """The keys each emitter reports, from the real code."""
+    from buffer.redis_buffer import ReplayBuffer
+    from generators.evaluate import evaluate
+    from generators.settings import GeneratorsConfig
+    from generators.worker import GeneratorWorker
+    from learner.loop import step_timing
+    from learner.settings import LearnerConfig
+    from learner.trainer import Learner
+    from tasks.search_r1 import SearchR1Task
+    from tests.fakes.engine import ScriptedEngine, ToyTokenizer
+    from tests.fakes.groups import make_group, make_prompt, random_groups
+    from weight_sync.publisher import WeightPublisher
+    from weight_sync.settings import WeightSyncConfig
+
+    out: dict[str, set[str]] = {}
+    learner = Learner(LearnerConfig(groups_per_step=2, micro_batch_tokens=512), tiny_model_dir, world)
+    out["trainer"] = set(
+        learner.train_step(random_groups(np.random.default_rng(0), n_groups=2, group_size=3))
+    )
+    out["publisher"] = set(WeightPublisher(None, WeightSyncConfig(), num_engines=0).publish([], version=1))
+    out["loop"] = set(step_timing(1.0, 0.5))
+
+    buffer = ReplayBuffer(redis_server.url, "metric-keys")
+    prompt = make_prompt(0)
+    buffer.release_prompts([prompt])
+    buffer.put_group(make_group(prompt, n=2, response_len=20), buffer.claim_prompts("g", 1)[0].entry_id)
+    buffer.record_consumed([0, 1])
+    out["buffer"] = set(buffer.stats())
+
+    tok = ToyTokenizer()
+    answer = ("<think> a </think> <answer> x </answer>", "stop")
+    cfg = GeneratorsConfig(max_turns=1, max_tokens_per_turn=16, max_obs_tokens=16, max_response_tokens=64)
+    worker = GeneratorWorker(cfg, buffer, ScriptedEngine(tok, [], repeat=[answer]), tok, SearchR1Task(),
+                             worker_id="w", max_model_len=128, chat_template=False)  # fmt: skip
+    worker.finish_reasons["answer"] += 1
+    out["generator"] = set(worker.metrics())
+    result = asyncio.run(evaluate(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
+                                  max_model_len=128, chat_template=False))  # fmt: skip
+    out["evaluation"] = set(result) | {"eval/seconds"}  # the worker adds the seconds to what evaluate returns
+    buffer.close()
+    return out
+
+
+def test_every_emitted_key_is_documented_once(emitted):
+    rows = documented()
+    assert len(rows) == len(set(rows)), "a key is documented twice"
+    for emitter, keys in emitted.items():
+        for key in keys:
+            assert len(rows_matching(key, rows)) == 1, (
+                f"{emitter} reports {key!r}: documented rows {rows_matching(key, rows)}"
+            )
+
+
+def test_no_two_emitters_report_the_same_key(emitted):
+    names = sorted(emitted)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not emitted[a] & emitted[b], f"{a} and {b} both report {sorted(emitted[a] & emitted[b])}"
+
+
+def test_every_documented_key_is_emitted(emitted):
+    keys = set().union(*emitted.values())
+    for row in documented():
+        assert any(_pattern(row).match(k) for k in keys), (
+            f"docs/metrics.md lists {row!r} but nothing reports it"
+        )
+
+
+def test_a_row_with_a_clash_is_refused():
+    from learner.tracking import merge_metrics
+
+    assert merge_metrics({"a/x": 1}, {"b/y": 2}) == {"a/x": 1, "b/y": 2}
+    with pytest.raises(ValueError, match="a/x"):
+        merge_metrics({"a/x": 1}, {"a/x": 2})
