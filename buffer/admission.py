@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -37,6 +38,8 @@ from buffer.records import PromptRecord
 from buffer.redis_buffer import ReplayBuffer, TakenGroup
 
 log = logging.getLogger(__name__)
+
+_EPOCH = re.compile(r"(?P<base>.*)/e(?P<epoch>\d+)(?P<suffix>(/dup\d+)?)")  # make_group_id's layout
 
 
 def admission_limit(version: int, *, groups_per_step: int, max_staleness: int) -> int:
@@ -75,6 +78,9 @@ class PromptFeeder:
         self.max_staleness = max_staleness
         self.cursor = cursor
         self.exhausted = False
+        self._by_id: dict[str, PromptRecord] | None = (
+            None  # epoch-0 group id -> prompt, built when first needed
+        )
         self._sequence: Sequence[PromptRecord] | None = None
         self._iterator: Iterator[PromptRecord] | None = None
         if hasattr(prompts, "__getitem__") and hasattr(prompts, "__len__"):
@@ -101,6 +107,18 @@ class PromptFeeder:
                 return None
         self.cursor += 1
         return prompt
+
+    def prompt_of(self, group_id: str) -> PromptRecord:
+        """The prompt behind a group id this feeder released (any epoch), to release it again."""
+        if self._sequence is None:
+            raise ValueError("prompts given as an iterator cannot be looked up again; give a sequence")
+        if self._by_id is None:
+            self._by_id = {p.in_epoch(0).group_id: p for p in self._sequence}
+        match = _EPOCH.fullmatch(group_id)
+        prompt = self._by_id.get(f"{match['base']}/e0{match['suffix']}") if match else None
+        if prompt is None:
+            raise ValueError(f"group {group_id!r} is not in the prompt dataset (was the dataset changed?)")
+        return prompt.in_epoch(int(match["epoch"]))
 
     def pump(self) -> int:
         """Release as many prompts as the rule allows now, stamped with the current version; return how many."""
@@ -150,6 +168,7 @@ class BatchAssembler:
         self.take_count = take_count or (max_staleness + 2) * groups_per_step
         self._held: dict[str, TakenGroup] = {t.entry_id: t for t in buffer.pending_groups(consumer)}
         self._handed: set[str] = set()  # group ids returned by next_batch and not acked yet
+        self._reconnects = buffer.reconnects.count
         self.waited_s = 0.0  # time the last next_batch spent waiting for required groups or a full batch
 
     @property
@@ -159,6 +178,13 @@ class BatchAssembler:
     def _pull(self, block_ms: int) -> None:
         for taken in self.buffer.take(self.take_count, consumer=self.consumer, block_ms=block_ms):
             self._held.setdefault(taken.entry_id, taken)
+        if self.buffer.reconnects.count != self._reconnects:
+            # Redis went away: a read whose reply was lost delivered entries to us that we never saw; they are in
+            # our pending list (a live learner never reclaims its own entries), so take them back from there
+            self._reconnects = self.buffer.reconnects.count
+            for taken in self.buffer.pending_groups(self.consumer):
+                if taken.group.group_id not in self._handed:
+                    self._held.setdefault(taken.entry_id, taken)
 
     def _select(self, version: int, unconsumed: dict[str, int]) -> list[TakenGroup] | None:
         """The batch for `version` from the held groups, or None if it needs groups that are not finished yet."""

@@ -51,7 +51,7 @@ redis.call('EXPIRE', KEYS[5], ARGV[3])
 return 1
 """
 
-# KEYS: groups, inflight, counters, rate key. ARGV: rate ttl, then pairs (entry id, group_id or ""); an unknown
+# KEYS: groups, inflight, counters, rate key, trained. ARGV: rate ttl, then pairs (entry id, group_id or ""); an unknown
 # group_id is read from the entry before it is deleted.
 ACK = """
 local acked = 0
@@ -66,6 +66,7 @@ for i = 2, #ARGV, 2 do
   end
   acked = acked + redis.call('XACK', KEYS[1], 'learner', id)
   redis.call('XDEL', KEYS[1], id)
+  redis.call('SREM', KEYS[5], id)
   if gid ~= '' then redis.call('ZREM', KEYS[2], gid) end
 end
 if acked > 0 then
@@ -74,4 +75,27 @@ if acked > 0 then
   redis.call('EXPIRE', KEYS[4], ARGV[1])
 end
 return acked
+"""
+
+# KEYS: groups, inflight, released_ids, put_ids, trained, counters. ARGV: pairs (entry id, group_id).
+# Takes back groups a learner trained on in steps a crash lost: their entries leave the stream and every set, so the
+# prompts can be released again (the caller releases them in the same transaction).
+RECALL = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  local id, gid = ARGV[i], ARGV[i + 1]
+  redis.call('XACK', KEYS[1], 'learner', id)
+  redis.call('XDEL', KEYS[1], id)
+  redis.call('SREM', KEYS[5], id)
+  redis.call('ZREM', KEYS[2], gid)
+  redis.call('SREM', KEYS[3], gid)
+  redis.call('SREM', KEYS[4], gid)
+  n = n + 1
+end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[6], 'released', -n)
+  redis.call('HINCRBY', KEYS[6], 'produced', -n)
+  redis.call('HINCRBY', KEYS[6], 'recalled', n)
+end
+return n
 """

@@ -16,6 +16,17 @@ from buffer.stats import STALENESS_HIST
 # (stats key, label, help) for the queue table and the Prometheus gauges, in display order
 GAUGES: list[tuple[str, str, str]] = [
     ("buffer/version", "learner version", "policy version last published by the learner"),
+    (
+        "buffer/generating_groups",
+        "generating",
+        "released groups not finished yet (waiting for or in a generator)",
+    ),
+    ("buffer/queued_groups", "queued", "finished groups not trained yet"),
+    (
+        "buffer/trained_unacked",
+        "trained, awaiting ack",
+        "trained groups waiting for the checkpoint that acks them",
+    ),
     ("buffer/depth", "depth", "finished groups waiting for the learner (not taken)"),
     ("buffer/taken_unacked", "taken, unacked", "groups the learner took and has not acked yet"),
     ("buffer/inflight_groups", "in flight", "groups released and not yet acked (admission window)"),

@@ -16,6 +16,7 @@ Keys, all under `<namespace>:`
                    an entry holds the group_id ("gid") and its msgpack payload ("d")
     dead           dead-letter stream: malformed or oversized payloads with the reason
     inflight       sorted set group_id -> release_version: released and not yet acked (admission + assembly)
+    trained        set of group entry ids a step trained on, waiting for the checkpoint that lets them be acked
     released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
     put_ids        set of every group_id put (a second put of a group is a counted duplicate, never delivered)
     counters       hash: released, produced, consumed, malformed, duplicates, ...
@@ -32,9 +33,10 @@ histogram and `stats()` are in buffer/stats.py, evaluation requests in buffer/ev
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,7 @@ import redis
 
 from buffer import lua
 from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, encode_prompt
+from buffer.connection import connect
 from buffer.evaluations import EvaluationRequests
 from buffer.records import Group, PromptRecord
 from buffer.settings import BufferConfig
@@ -94,6 +97,7 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         heartbeat_ttl_s: float = 15,
         max_payload_bytes: int = 64 << 20,
         max_prompt_deliveries: int = 5,
+        reconnect_s: float = 60.0,
     ):
         self.url = url
         self.namespace = namespace
@@ -102,7 +106,8 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         self.heartbeat_ttl_s = float(heartbeat_ttl_s)
         self.max_payload_bytes = int(max_payload_bytes)
         self.max_prompt_deliveries = int(max_prompt_deliveries)
-        self._redis = redis.Redis.from_url(url)
+        # a Redis restart is ridden out for `reconnect_s`; `reconnects` counts the connection failures
+        self._redis, self.reconnects = connect(url, reconnect_s)
         self._gid_of: dict[str, str] = {}  # group entry id -> group_id for entries this instance handed out
         # stream -> monotonic time of the last scan for expired entries
         self._last_reclaim: dict[str, float] = {}
@@ -124,6 +129,7 @@ class ReplayBuffer(EvaluationRequests, RunStats):
             heartbeat_ttl_s=cfg.heartbeat_ttl_s,
             max_payload_bytes=int(cfg.max_payload_mb * (1 << 20)),
             max_prompt_deliveries=cfg.max_prompt_deliveries,
+            reconnect_s=cfg.reconnect_s,
         )
 
     def key(self, *parts: str) -> str:
@@ -150,12 +156,14 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         """
         if not prompts:
             return []
+        return [_s(i) for i in self._release(prompts) if i]
+
+    def _release(self, prompts: list[PromptRecord], client: Any = None) -> Any:
         args: list[Any] = [len(prompts)]
         for p in prompts:
             args += [p.group_id, int(p.release_version), encode_prompt(p)]
         keys = [self.key("prompts"), self.key("released_ids"), self.key("inflight"), self.key("counters")]
-        ids = self._script(lua.RELEASE, keys, args)
-        return [_s(i) for i in ids if i]
+        return self._script(lua.RELEASE, keys, args, client=client)
 
     def _reclaim(
         self,
@@ -222,6 +230,13 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         """Reset the idle time of prompts this generator is still working on (long multi-turn rollouts)."""
         if entry_ids:
             self._redis.xclaim(self.key("prompts"), GENERATORS, consumer, 0, entry_ids, justid=True)
+
+    def leased_by(self, consumer: str, count: int = 10_000) -> list[str]:
+        """Entry ids of the prompts `consumer` holds a lease on (after a restart: the leases of its earlier life)."""
+        pending = self._redis.xpending_range(
+            self.key("prompts"), GENERATORS, "-", "+", count, consumername=consumer
+        )
+        return [_s(p["message_id"]) for p in pending]
 
     def release_claims(self, consumer: str, entry_ids: list[str]) -> None:
         """Give leased prompts back (shutdown): they look expired, so the next claim by anyone takes them."""
@@ -374,8 +389,47 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         args: list[Any] = [self._rate_ttl]
         for eid in entry_ids:
             args += [eid, self._gid_of.pop(eid, "")]
-        keys = [self.key("groups"), self.key("inflight"), self.key("counters"), self._rate_key("consumed")]
+        keys = [
+            self.key("groups"),
+            self.key("inflight"),
+            self.key("counters"),
+            self._rate_key("consumed"),
+            self.key("trained"),
+        ]
         self._script(lua.ACK, keys, args)
+
+    def recall_trained(self, prompt_of: Callable[[str], PromptRecord], version: int) -> list[str]:
+        """Generate again the groups trained in steps that a learner crash lost (trained, never acked): their
+        entries go, and their prompts are released anew at `version`, in one transaction. Training them again as
+        they are would break the staleness bound by the number of lost steps. Returns their group ids.
+        `prompt_of(group_id)` gives each group's prompt (the feeder's dataset)."""
+        ids = [_s(i) for i in self._redis.smembers(self.key("trained"))]
+        if not ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for eid in ids:
+            pipe.xrange(self.key("groups"), eid, eid)
+        pairs, gone = [], []
+        for eid, found in zip(ids, pipe.execute(), strict=True):
+            gid = _s(found[0][1].get(b"gid", b"")) if found and found[0][1] else ""
+            if gid:
+                pairs.append((eid, gid))
+            else:
+                gone.append(eid)
+        if gone:
+            self._redis.srem(self.key("trained"), *gone)  # acked already (a crash right after the ack)
+        prompts = [dataclasses.replace(prompt_of(gid), release_version=version) for _, gid in pairs]
+        keys = [self.key(k) for k in ("groups", "inflight", "released_ids", "put_ids", "trained", "counters")]
+        pipe = self._redis.pipeline(transaction=True)
+        self._script(lua.RECALL, keys, [x for pair in pairs for x in pair], client=pipe)
+        self._release(prompts, client=pipe)
+        pipe.execute()
+        return [gid for _, gid in pairs]
+
+    def mark_trained(self, entry_ids: list[str]) -> None:
+        """Taken groups a step trained on; they wait for the checkpoint that makes them durable, then `ack`."""
+        if entry_ids:
+            self._redis.sadd(self.key("trained"), *entry_ids)
 
     def pending_groups(self, consumer: str) -> list[TakenGroup]:
         """Entries `consumer` took and did not ack (after a learner restart), oldest first."""

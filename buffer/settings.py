@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,4 +46,15 @@ class BufferConfig(BaseModel):
     )
     max_payload_mb: float = Field(
         64.0, gt=0, description="Reject (and count) group payloads larger than this."
+    )
+    reconnect_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long a buffer operation keeps retrying while Redis is unreachable (a restart) before it "
+        "fails; the processes ride out a Redis restart this long.",
+    )
+    local_appendfsync: Literal["always", "everysec"] = Field(
+        "always",
+        description="fsync policy of the run's own redis-server (no redis_url): 'always' loses no acknowledged write "
+        "when Redis is killed; 'everysec' may lose the last second (an ack, a put) and with it exactly-once training.",
     )

@@ -93,13 +93,19 @@ class RunStats:
         for name in ("produced", "consumed"):
             pipe.mget([self.key("rate", name, str(b)) for b in buckets])
         pipe.hgetall(self.key("staleness"))
+        pipe.scard(self.key("trained"))
         (prompts_len, prompts_pending, groups_len, groups_pending, inflight, counters, version, version_time,
-         dead, produced_buckets, consumed_buckets, staleness) = pipe.execute()  # fmt: skip
+         dead, produced_buckets, consumed_buckets, staleness, trained) = pipe.execute()  # fmt: skip
         counters = {_s(k): int(v) for k, v in counters.items()}
         window_s = (RATE_WINDOW_BUCKETS - 1) * RATE_BUCKET_S + (now - bucket * RATE_BUCKET_S)
         leased = int(prompts_pending["pending"])
         taken = int(groups_pending["pending"])
+        trained = min(int(trained), taken)
         out: dict[str, Any] = {
+            # where the released, not yet acked groups are: the three add up to buffer/inflight_groups
+            "buffer/generating_groups": prompts_len,
+            "buffer/queued_groups": groups_len - trained,
+            "buffer/trained_unacked": trained,
             "buffer/depth": groups_len - taken,
             "buffer/taken_unacked": taken,
             "buffer/pending_prompts": prompts_len - leased,

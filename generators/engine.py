@@ -25,6 +25,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -212,6 +213,24 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+DIE_WITH_PARENT_ENV = "SR1_DIE_WITH_PARENT"
+
+
+def die_with_parent_plugin() -> None:
+    """A vLLM general plugin (entry point `vllm.general_plugins`), run in every process vLLM starts: where the
+    generator worker asked for it (`SR1_DIE_WITH_PARENT=1`, inherited), the engine core and model worker processes get
+    SIGKILL from the kernel when the process that started them dies (Linux `PR_SET_PDEATHSIG`), so a killed worker
+    leaves no engine behind. Elsewhere it does nothing."""
+    if os.environ.get(DIE_WITH_PARENT_ENV) != "1" or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before the line above: nothing will signal us
+        os._exit(1)
 
 
 def skip_logprob_text() -> bool:

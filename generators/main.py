@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ async def serve(job: GeneratorJob) -> int:
     from transformers import AutoTokenizer
 
     from buffer.redis_buffer import open_buffer
-    from generators.engine import VLLMEngine
+    from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine
     from generators.worker import GeneratorWorker
     from tasks import build_task
 
@@ -69,6 +70,7 @@ async def serve(job: GeneratorJob) -> int:
 
     gen = job.generators
     model_path = resolve_model_path(job.model.path)
+    os.environ[DIE_WITH_PARENT_ENV] = "1"  # the engine's processes die with this one (a vLLM plugin reads it)
     max_model_len = gen.engine.max_model_len or job.model.max_seq_len
     buffer = open_buffer(job.buffer)
     tokenizer = AutoTokenizer.from_pretrained(job.model.tokenizer_path or model_path)

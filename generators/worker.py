@@ -82,6 +82,10 @@ class GeneratorWorker:
         )  # (time, turns, reward, tool calls)
         self._rate_marks: deque[tuple[float, int, int]] = deque(maxlen=64)  # (time, tokens, tool calls)
         self.weight_sync_state = "none"
+        self.waiting_for_weights = False  # the engine is behind the published version: no new claims
+        self.pinned = False  # an evaluation holds the weights: no update, not in the weight-sync group
+        self._weights_lock = asyncio.Lock()
+        self._rendezvous: Any = None
 
     # -- public ----------------------------------------------------------------------------------------------
 
@@ -95,6 +99,11 @@ class GeneratorWorker:
 
     async def run(self) -> int:
         """Claim, generate and push until stopped; then drain, release and return 0."""
+        # prompts and evaluation requests this worker id held in an earlier life (it was killed and restarted):
+        # give them back at once instead of letting their leases expire
+        earlier = await asyncio.to_thread(self.buffer.leased_by, self.worker_id)
+        await asyncio.to_thread(self.buffer.release_claims, self.worker_id, earlier)
+        await asyncio.to_thread(self.buffer.requeue_evaluations, self.worker_id)
         background = [
             asyncio.create_task(self._lease_loop(), name="leases"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -164,6 +173,14 @@ class GeneratorWorker:
 
     # -- claiming and running groups --------------------------------------------------------------------------
 
+    async def _holds_published_weights(self) -> bool:
+        """Whether the engine holds the published version (or a newer one). Prompts are released at the published
+        version, so an engine behind it (just started, or back from a failed weight sync) would sample a prompt
+        with weights older than its release: it waits for the learner's weights first."""
+        if not getattr(self.engine, "has_weight_sync", False):
+            return True
+        return int(self.engine.version) >= await asyncio.to_thread(self.buffer.version)
+
     async def _claim_loop(self) -> None:
         while not self._stop.is_set():
             free = self.cfg.max_inflight_groups - len(self._held)
@@ -172,6 +189,11 @@ class GeneratorWorker:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), timeout=1.0)
                 continue
+            if not await self._holds_published_weights():
+                self.waiting_for_weights = True
+                await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                continue
+            self.waiting_for_weights = False
             claimed = await asyncio.to_thread(
                 self.buffer.claim_prompts, self.worker_id, free, self.cfg.claim_block_ms
             )
@@ -277,13 +299,22 @@ class GeneratorWorker:
         from weight_sync.engine_side import EngineWeightSync
         from weight_sync.rendezvous import Rendezvous
 
-        rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
+        rendezvous = self._rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
         sync = EngineWeightSync(rendezvous, self.worker_id)
         self.weight_sync_state = "waiting"
+        announced = 0.0
         try:
             while True:
+                if self.pinned:  # an evaluation holds the weights; the learner regroups without us
+                    await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                    announced = 0.0
+                    continue
+                if time.monotonic() - announced > 2.0:  # alive and wanting weights: the learner groups us in
+                    await asyncio.to_thread(rendezvous.announce_engine, self.worker_id)
+                    announced = time.monotonic()
                 # taken before looking, so an announcement made while we look still wakes the wait below
-                cursor = await self._sync_once(sync)
+                async with self._weights_lock:
+                    cursor = await self._sync_once(sync)
                 if cursor is None:
                     await asyncio.sleep(self.cfg.weight_sync_poll_s)
                     continue
@@ -294,6 +325,8 @@ class GeneratorWorker:
                     log.warning("weight sync: waiting for the learner's announcements: %s", exc)
                     await asyncio.sleep(self.cfg.weight_sync_poll_s)
         finally:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(rendezvous.withdraw_engine, self.worker_id)
             rendezvous.close()
 
     async def _sync_once(self, sync: Any) -> str | None:
@@ -328,20 +361,29 @@ class GeneratorWorker:
             return None
 
     async def _eval_loop(self) -> None:
-        """Answer evaluation requests (buffer/evaluations.py) with greedy runs on the test prompts."""
+        """Answer evaluation requests (buffer/evaluations.py) on the test prompts."""
         if self.eval_prompts is None:
             return
-        from generators.evaluate import evaluate
-
         while True:
             await asyncio.sleep(1.0)
             try:
-                request = await asyncio.to_thread(self.buffer.pop_evaluation_request)
+                request = await asyncio.to_thread(self.buffer.pop_evaluation_request, self.worker_id)
             except ValueError as exc:
                 log.warning("%s", exc)
                 continue
-            if request is None:
-                continue
+            if request is not None:
+                await self._answer_evaluation(request)
+
+    async def _answer_evaluation(self, request: dict[str, Any]) -> None:
+        """Evaluate at the requested version or a newer one, with the engine's weights pinned throughout: it
+        leaves the weight-sync group for the evaluation (no update lands mid-way) and rejoins after."""
+        from generators.evaluate import evaluate
+
+        wanted = int(request.get("version", 0))
+        while int(self.engine.version) < wanted:  # a restarted engine waits for the learner's weights first
+            await asyncio.sleep(self.cfg.weight_sync_poll_s)
+        async with self._pinned_weights():
+            version = int(self.engine.version)
             prompts = self.eval_prompts(int(request.get("max_prompts", 100)))
             started = time.monotonic()
             result = await evaluate(
@@ -355,9 +397,22 @@ class GeneratorWorker:
                 max_turns=self.eval_max_turns,
                 chat_template=self.chat_template,
             )
-            result |= {
-                "eval/seconds": time.monotonic() - started,
-                "step": request.get("step"),
-                "worker_id": self.worker_id,
-            }
-            await asyncio.to_thread(self.buffer.post_evaluation_result, request["id"], result)
+        result |= {
+            "eval/seconds": time.monotonic() - started,
+            "eval/version": version,
+            "step": request.get("step"),
+            "worker_id": self.worker_id,
+        }
+        await asyncio.to_thread(self.buffer.post_evaluation_result, request, result)
+
+    @contextlib.asynccontextmanager
+    async def _pinned_weights(self):
+        """No weight update while inside: wait for one in progress, leave the group, come back after."""
+        async with self._weights_lock:
+            self.pinned = True
+            if self._rendezvous is not None:
+                await asyncio.to_thread(self._rendezvous.withdraw_engine, self.worker_id)
+            try:
+                yield
+            finally:
+                self.pinned = False

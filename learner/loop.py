@@ -7,15 +7,17 @@ publisher); it forwards each batch to the other ranks as the group payloads it t
 control header so that waiting, training and stopping stay in step on every rank.
 
 Ack rule ("no group lost or used twice"): a group is acked only once the step that used it is in a checkpoint.
-The checkpoint's resume state lists the groups used since the previous checkpoint; a restarted learner resumes at
-the checkpoint's version, first acks that list (a crash between saving and acking would otherwise re-deliver
-groups already inside the weights), then receives every other unacked group again from its pending entries (same
-consumer name) and trains on them. The durable history therefore uses every group exactly once. All taken groups
-belong to the one consumer `learner-0`: the buffer only reclaims idle entries for *another* consumer, and the
-assembler renews the leases of groups it holds for later steps, so a long checkpoint interval re-delivers nothing
-while the learner lives. Versions only go forward: a restart continues at the version last published (the
-checkpoint's, or a later one if the crash came after it), and the engines receive the checkpoint's weights under
-that version before the first step. Policy versions therefore count published weights, not durable steps.
+The checkpoint's resume state lists the groups used since the previous checkpoint; a restarted learner first acks
+that list (a crash between saving and acking would otherwise re-deliver groups already inside the weights). Groups
+trained in steps after the checkpoint (marked `trained` in Redis, never acked) are recalled: their prompts are
+released again and generated anew, since training them again at later versions would break the staleness bound.
+Groups taken but not trained yet come back from the learner's pending entries (same consumer name). The durable
+history therefore uses every group exactly once, within the bound. All taken groups belong to the one consumer
+`learner-0`: the buffer only reclaims idle entries for *another* consumer, and the assembler renews the leases of
+groups it holds for later steps, so a long checkpoint interval re-delivers nothing while the learner lives.
+Versions only go forward: a restart continues at the version last published (the checkpoint's, or a later one if
+the crash came after it), and the engines receive the checkpoint's weights under that version before the first
+step. Policy versions therefore count published weights, not durable steps.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from learner.distributed import World, all_reduce, broadcast_frames
 from learner.model import DTYPES, named_weights
 from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
+from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire, gather_in_step
 
 log = logging.getLogger(__name__)
 
 CONSUMER = "learner-0"
+REGROUP = "regroup"  # next_batch's answer when the weight-sync group must be re-formed before the next step
 WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
 
 
@@ -106,26 +110,32 @@ def run_learner(
         learner.version = state.version
         log.info("resumed from %s at version %d (cursor %d)", latest, state.version, state.cursor)
     tracker = Tracker(run_dir, job.logging, world.rank, config=job.model_dump(mode="json"))
-    side = _Rank0(job, state, prompts) if world.is_main else None
-    if latest is not None:
-        # Versions never go back: engines ignore an update older than the weights they hold, and admission counts
-        # were made at the published version. A learner that crashed after its checkpoint resumes at the
-        # published version with the checkpoint's weights (the steps in between are lost, their groups replayed).
-        published = torch.tensor([side.buffer.version() if side is not None else 0], device=world.device)
-        learner.version = max(learner.version, int(all_reduce(published, world, "max").item()))
-        if side is not None:
-            side.replay_slack = learner.version - state.version
+    side = _Rank0(job, state, prompts, resume) if world.is_main else None
+    # Versions never go back: engines ignore an update older than the weights they hold, and admission counts were
+    # made at the published version. A learner that crashed after its last checkpoint (or before its first) goes on
+    # at the published version with the checkpoint's (or the initial) weights: the steps in between are lost, and
+    # the groups they trained on are generated again (`_Rank0`).
+    published = torch.tensor([side.buffer.version() if side is not None else 0], device=world.device)
+    published = int(all_reduce(published, world, "max").item())
+    if resume:
+        learner.version = max(learner.version, published)
         if learner.version != state.version and world.is_main:
-            log.info(
-                "published version is %d: continuing from it with step %d's weights",
-                learner.version,
-                state.version,
+            weights = (
+                f"step {state.version}'s weights"
+                if latest is not None
+                else "the initial weights (no checkpoint)"
             )
-    elif side is not None and side.buffer.version() > 0:
+            log.warning(
+                "resume: the published version is %d but %s: continuing at version %d with %s; the %d step(s) "
+                "since are lost and the %d group(s) they trained on are generated again", published,
+                f"the latest checkpoint is step {state.version}" if latest is not None else "there is no checkpoint",
+                learner.version, weights, learner.version - state.version, len(side.recalled),
+            )  # fmt: skip
+    elif published > 0 and world.is_main:
         log.warning(
-            "namespace %r already published version %d but this run starts fresh at 0 (use --resume or a new "
-            "namespace); engines holding newer weights will ignore version 0",
-            job.buffer.namespace, side.buffer.version(),
+            "namespace %r already published version %d but this run starts fresh at 0 (pass --resume to go on, or "
+            "use a new namespace); engines holding newer weights will ignore version 0",
+            job.buffer.namespace, published,
         )  # fmt: skip
     publish_dtype = DTYPES[job.model.dtype]
 
@@ -144,10 +154,14 @@ def run_learner(
     last_saved = learner.version if latest is not None else -1
     # the groups each step used, one line per step after a line marking where this process started
     groups_file = open(run_dir / "learner_groups.jsonl", "a", buffering=1) if world.is_main else None  # noqa: SIM115
+    start = {
+        "start": learner.version,
+        "resumed_from": str(latest) if latest else None,
+        "weights": state.version,
+    }
     if groups_file is not None:
-        groups_file.write(
-            json.dumps({"start": learner.version, "resumed_from": str(latest) if latest else None}) + "\n"
-        )
+        groups_file.write(json.dumps(start | {"recalled": side.recalled}) + "\n")
+    tracker.mark_segment(start | {"time": time.time()})
     try:
         while learner.version < cfg.total_steps:
             # 1. take a batch of groups (rank 0), share it with every rank
@@ -155,22 +169,29 @@ def run_learner(
             taken = side.next_batch(learner.version, stop) if side is not None else None
             frames = None
             if side is not None:
-                header = (
-                    {"command": "stop"} if taken is None else {"command": "train", "slack": side.slack(taken)}
-                )
+                if taken is None:
+                    header = {"command": "stop"}
+                elif taken == REGROUP:
+                    header, taken = {"command": "publish"}, []
+                else:
+                    header = {"command": "train"}
                 frames = [json.dumps(header).encode()] + [t.payload for t in taken or []]
             frames = broadcast_frames(frames, world)
             header = json.loads(frames[0])
             if header["command"] == "stop":
                 break
+            if header["command"] == "publish":
+                # engines joined or left while we waited: they get the current weights before they sample
+                publish(learner.version)
+                continue
             # rank 0 decoded its groups when it took them; the others decode the payloads it forwarded
             groups = [t.group for t in taken] if taken else [decode_group(f) for f in frames[1:]]
             wait_s = time.perf_counter() - step_start
             # 2. log-probs, loss, optimizer step; version + 1
-            train_metrics = learner.train_step(groups, header["slack"])
+            train_metrics = learner.train_step(groups)
             # 3. publish the weights to every engine, then the version
             publish_metrics = publish(learner.version)
-            # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack
+            # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack (until the checkpoint)
             if side is not None:
                 side.after_step(taken, learner.version)
                 used_since_checkpoint += [t.entry_id for t in taken]
@@ -181,14 +202,17 @@ def run_learner(
             flag = torch.tensor([1.0 if stop.is_set() else 0.0], device=world.device)
             stopping = bool(all_reduce(flag, world, "max").item())
             done = learner.version >= cfg.total_steps
+            checkpoint_s = None
             if learner.version % cfg.checkpoint_every == 0 or stopping or done:
+                checkpoint_start = time.perf_counter()
                 _checkpoint(checkpointer, learner, side, used_since_checkpoint)
+                checkpoint_s = time.perf_counter() - checkpoint_start
                 used_since_checkpoint = []
                 last_saved = learner.version
             metrics = merge_metrics(
                 train_metrics,
                 publish_metrics,
-                step_timing(time.perf_counter() - step_start, wait_s),
+                step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
                 side.buffer_metrics() if side is not None else {},
             )
             if learner.version % job.logging.log_every == 0 or done:
@@ -206,9 +230,13 @@ def run_learner(
     return learner.version
 
 
-def step_timing(step_s: float, wait_s: float) -> dict[str, float]:
-    """The loop's own metrics: the whole step's wall time and the part spent waiting for a batch."""
-    return {"perf/step_s": step_s, "perf/wait_s": wait_s}
+def step_timing(step_s: float, wait_s: float, checkpoint_s: float | None = None) -> dict[str, float]:
+    """The loop's own metrics: the whole step's wall time, the part spent waiting for a batch, and the checkpoint's
+    time on the steps that saved one."""
+    timing = {"perf/step_s": step_s, "perf/wait_s": wait_s}
+    if checkpoint_s is not None:
+        timing["perf/checkpoint_s"] = checkpoint_s
+    return timing
 
 
 def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[str]) -> None:
@@ -225,7 +253,7 @@ def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[s
 class _Rank0:
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
 
-    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable | None):
+    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool):
         from buffer.admission import BatchAssembler, PromptFeeder
         from buffer.redis_buffer import open_buffer
         from weight_sync.publisher import WeightPublisher
@@ -244,18 +272,19 @@ class _Rank0:
             max_staleness=cfg.max_staleness,
             cursor=state.cursor,
         )
+        # groups trained in steps the crash lost: released again at the version this learner goes on at
+        self.recalled: list[str] = []
+        if resume:
+            version = max(state.version, self.buffer.version())
+            self.recalled = self.buffer.recall_trained(self.feeder.prompt_of, version)
         self.assembler = BatchAssembler(
             self.buffer,
             groups_per_step=cfg.groups_per_step,
             max_staleness=cfg.max_staleness,
             consumer=CONSUMER,
         )
-        # groups taken before a crash and re-delivered now: their consuming step was lost, the version went on
-        self.replayed = {t.group.group_id for t in self.assembler.held}
-        self.replay_slack = 0
-        self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
+        self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
         self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
-        self.publisher.connect()
         self._last_heartbeat = 0.0
 
     def heartbeat(self, version: int, status: str) -> None:
@@ -265,7 +294,8 @@ class _Rank0:
             self._last_heartbeat = now
 
     def next_batch(self, version: int, stop: StopFlag):
-        """The batch for `version`, or None when asked to stop while waiting."""
+        """The batch for `version`; None when asked to stop while waiting; REGROUP when the weight-sync group must be
+        re-formed first (an engine left, or a new or restarted one waits for the current weights)."""
         while True:
             self.feeder.pump()
             self.heartbeat(version, "waiting")
@@ -274,23 +304,29 @@ class _Rank0:
                 return batch
             if stop.is_set():
                 return None
-
-    def slack(self, taken) -> dict[str, int]:
-        """Extra staleness allowed per group of this batch (replayed groups only)."""
-        if not self.replay_slack:
-            return {}
-        return {t.group.group_id: self.replay_slack for t in taken if t.group.group_id in self.replayed}
+            if self.publisher.needs_regroup():
+                return REGROUP
 
     def publish(self, named, version: int, dtype: torch.dtype, sink: WeightSink | None) -> dict:
-        if sink is not None and self.publisher.num_engines == 0:
+        """Push `version` to every engine (or the sink), then publish the version. A failed push is survived: the
+        engines that missed it rejoin and get the current weights at the next regroup (they claim no prompt before:
+        see generators/worker.py)."""
+        stats: dict = {}
+        if sink is not None and not self.publisher.enabled:
             sink(version, ((name, gather_for_wire(t.detach(), dtype)) for name, t in named))
-            stats: dict = {}
         else:
-            stats = self.publisher.publish(named, version, dtype)
+            try:
+                stats = self.publisher.publish(named, version, dtype)
+            except (WeightSyncError, TimeoutError) as err:
+                log.warning(
+                    "weight sync of version %d failed (%s); the group is re-formed next", version, err
+                )
+                stats = {"weight_sync/failures": self.publisher.failures}
         self.buffer.publish_version(version)
         return stats
 
     def after_step(self, taken, version: int) -> None:
+        self.buffer.mark_trained([t.entry_id for t in taken])
         staleness = np.concatenate(
             [(version - 1) - t.sampled_versions() for g in taken for t in g.group.trajectories]
             or [np.zeros(0)]

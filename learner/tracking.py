@@ -62,6 +62,12 @@ class Tracker:
                 resume="allow",
             )
 
+    def mark_segment(self, info: dict[str, Any]) -> None:
+        """A line `{"segment": info}` where a learner process starts (info: its start version, the checkpoint it
+        resumed from, ...): readers of the file drop the rows of steps that a later segment trained again."""
+        if self.active:
+            self._file.write(json.dumps({"segment": info}) + "\n")
+
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.active:
             return

@@ -50,25 +50,16 @@ def batch_staleness(groups: list[Group], version: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def check_staleness(
-    groups: list[Group], version: int, max_staleness: int, slack: dict[str, int] | None = None
-) -> np.ndarray:
-    """Per-token staleness of the batch; raise StalenessError if a loss token is older than allowed.
-
-    slack: extra versions allowed per group id. Only groups replayed after a learner crash get it: the steps that
-    had consumed them were lost, while the version kept counting (see learner/loop.py).
-    """
-    slack = slack or {}
+def check_staleness(groups: list[Group], version: int, max_staleness: int) -> np.ndarray:
+    """Per-token staleness of the batch; raise StalenessError if a loss token is older than allowed."""
     for g in groups:
         oldest = g.min_version()
         if oldest is None:
             continue
-        limit = max_staleness + slack.get(g.group_id, 0)
-        if version - oldest > limit:
+        if version - oldest > max_staleness:
             raise StalenessError(
                 f"batch at version {version} has a token {version - oldest} versions old in group {g.group_id} "
-                f"(max_staleness {max_staleness}, replay slack {slack.get(g.group_id, 0)}); the group was released "
-                f"at version {g.release_version}"
+                f"(max_staleness {max_staleness}); the group was released at version {g.release_version}"
             )
     return batch_staleness(groups, version)
 
@@ -116,16 +107,12 @@ class Learner:
         self.version = 0
 
     # -- the step ---------------------------------------------------------------------------------------------
-    def train_step(
-        self, groups: list[Group], staleness_slack: dict[str, int] | None = None
-    ) -> dict[str, float]:
-        """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics.
-
-        staleness_slack: extra versions allowed for groups replayed after a crash (`check_staleness`)."""
+    def train_step(self, groups: list[Group]) -> dict[str, float]:
+        """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics."""
         start = time.perf_counter()
         cfg, world, version = self.cfg, self.world, self.version
         # 1. staleness bound (per loss token) and advantages
-        staleness = check_staleness(groups, version, cfg.max_staleness, staleness_slack)
+        staleness = check_staleness(groups, version, cfg.max_staleness)
         adv = self.algorithm.advantages(groups)
         sequences = sequences_from_groups(groups, adv.advantages)
 

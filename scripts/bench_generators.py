@@ -66,7 +66,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _local_search(corpus: Path, topk: int):
-    """An in-process BM25 retriever as the agent's search function."""
+    """An in-process BM25 retriever as the Search-R1 task's search function."""
     from retrieval.bm25 import BM25Retriever
     from retrieval.client import SearchResult
     from retrieval.corpus import DocStore
@@ -206,6 +206,7 @@ async def _bench(args: argparse.Namespace) -> dict:
     from generators.agent import AgentSettings, encode_prompt
     from generators.engine import VLLMEngine
     from generators.group import run_group
+    from tasks.search_r1 import SearchR1Task
     from tasks.search_r1.data import load_prompts
 
     cfg = load_config(args.config, args.overrides)
@@ -231,7 +232,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         raise SystemExit(
             f"{prompts_path} has only {len(prompts)} prompts; {total_groups} groups were asked for"
         )
-    search = _local_search(Path(corpus), cfg.retrieval.topk)
+    task = SearchR1Task(cfg.task, search=_local_search(Path(corpus), cfg.retrieval.topk))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     max_model_len = gen_cfg.engine.max_model_len or cfg.model.max_seq_len
     settings = AgentSettings.from_config(gen_cfg, max_model_len)
@@ -240,11 +241,11 @@ async def _bench(args: argparse.Namespace) -> dict:
     )
     try:
         chat = cfg.model.chat_template
-        kwargs = dict(n=group_size, reward=gen_cfg.reward, chat_template=chat)
+        kwargs = dict(n=group_size, chat_template=chat)
         # warm-up at full concurrency: the first batches of each size pay for lazy initialisation
         warm = [(encode_prompt(tokenizer, p.prompt, chat_template=chat), 16) for p in prompts[:groups]]
         await _raw_phase(engine, warm * group_size, gen_cfg.temperature, wrapper=False, in_flight=in_flight)
-        await run_group(engine, prompts[0], search, tokenizer, settings, **kwargs)
+        await run_group(engine, prompts[0], task, tokenizer, settings, **kwargs)
 
         runs: list[dict[str, float]] = []
         for _ in range(args.repeats):
@@ -252,7 +253,7 @@ async def _bench(args: argparse.Namespace) -> dict:
             await engine.llm.reset_prefix_cache()
             start = time.perf_counter()
             results = await _bounded(
-                [run_group(engine, p, search, tokenizer, settings, **kwargs) for p in prompts], groups
+                [run_group(engine, p, task, tokenizer, settings, **kwargs) for p in prompts], groups
             )
             agent_s = time.perf_counter() - start
             rollouts = [r for _, rs in results for r in rs]

@@ -63,11 +63,9 @@ def _padded_micro_batches(sequences, budget: int):
     return batches
 
 
-def _padded_loss(model, seqs, settings, temperature: float, device):
+def _padded_loss(model, seqs, algorithm, temperature: float, device):
     """Loss over a padded micro-batch: the same targets and loss as the packed path."""
     import torch
-
-    from learner.losses import policy_loss
 
     longest = max(len(s) for s in seqs)
     n = len(seqs)
@@ -97,23 +95,22 @@ def _padded_loss(model, seqs, settings, temperature: float, device):
     logprobs = logits.gather(-1, tgt[:, None])[:, 0] - torch.logsumexp(logits, -1)
     target, loss_mask, behavior, adv = (x[:, columns] for x in (target, loss_mask, behavior, adv))
     lm = loss_mask.to(device)[sel]
-    per_token, _ = policy_loss(
-        logprobs, behavior.to(device)[sel], adv.to(device)[sel], lm, torch.zeros_like(lm), settings
+    per_token, _ = algorithm.loss(
+        logprobs, behavior.to(device)[sel], adv.to(device)[sel], lm, torch.zeros_like(lm)
     )
     return per_token.sum(), int(sum(len(s) for s in seqs)), n * longest
 
 
-def _packed_loss(model, mb, settings, temperature: float):
+def _packed_loss(model, mb, algorithm, temperature: float):
     import torch
 
-    from learner.losses import policy_loss
     from learner.packing import token_logprobs
 
     logprobs, _ = token_logprobs(model, mb, temperature, with_entropy=False)
     keep = mb.keep
     lm = mb.loss_mask[keep]
-    per_token, _ = policy_loss(
-        logprobs, mb.behavior_logprobs[keep], mb.advantages[keep], lm, torch.zeros_like(lm), settings
+    per_token, _ = algorithm.loss(
+        logprobs, mb.behavior_logprobs[keep], mb.advantages[keep], lm, torch.zeros_like(lm)
     )
     return per_token.sum(), mb.num_tokens, mb.num_tokens
 
@@ -122,9 +119,8 @@ def run(args) -> dict:
     import numpy as np
     import torch
 
-    from learner.advantages import batch_advantages
+    from learner.algorithms import build_algorithm
     from learner.distributed import init_distributed, shutdown_distributed
-    from learner.losses import LossSettings
     from learner.model import build_optimizer, load_policy
     from learner.packing import pack_micro_batches, sequences_from_groups
     from learner.settings import LearnerConfig
@@ -146,13 +142,13 @@ def run(args) -> dict:
     cfg = LearnerConfig(groups_per_step=args.groups, micro_batch_tokens=args.budget, lr=1e-5)
     model = load_policy(model_dir, world, dtype=args.dtype)
     optimizer, _ = build_optimizer(model, cfg)
-    settings = LossSettings(correction="tis")
+    algorithm = build_algorithm(cfg.algorithm, cfg.correction)  # GRPO with tis, the defaults
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     batches = [_groups(rng, args.groups, args.group_size, args.max_len, vocab) for _ in range(args.steps + 1)]
 
     def step(groups, mode: str) -> tuple[int, int, float]:
-        adv = batch_advantages([g.rewards for g in groups]).advantages
+        adv = algorithm.advantages(groups).advantages
         seqs = sequences_from_groups(groups, adv)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -165,9 +161,9 @@ def run(args) -> dict:
         real = computed = 0
         for mb in micro:
             if mode == "packed":
-                loss, r, c = _packed_loss(model, mb, settings, 1.0)
+                loss, r, c = _packed_loss(model, mb, algorithm, 1.0)
             else:
-                loss, r, c = _padded_loss(model, mb, settings, 1.0, device)
+                loss, r, c = _padded_loss(model, mb, algorithm, 1.0, device)
             (loss / max(total, 1)).backward()
             real, computed = real + r, computed + c
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if not (args.checkpoint / "config.json").is_file():
         print(f"sr1 ask: {args.checkpoint} is not an HF model directory (no config.json)", file=sys.stderr)
         return 2

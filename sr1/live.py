@@ -58,8 +58,9 @@ class LiveView:
         complete = chunk[: chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next call
         self._metrics_offset += len(complete)
         rows = read_metric_lines(complete.decode(errors="replace").splitlines())
-        if rows:
-            self.last_metrics = rows[-1]
+        steps = [r for r in rows if "step" in r]  # a segment marker is not a step
+        if steps:
+            self.last_metrics = steps[-1]
 
     def snapshot(self) -> dict[str, Any]:
         """The figures shown: learner metrics (last step), buffer stats, generator heartbeats, last eval."""
@@ -74,8 +75,11 @@ class LiveView:
             "version": stats.get("buffer/version"),
             "reward": m.get("batch/reward_mean"),
             "test EM": last_eval.get("eval/em"),
-            "queue depth": stats.get("buffer/depth"),
-            "in-flight groups": stats.get("buffer/inflight_groups"),
+            "generating / queued / trained (unacked)": "{} / {} / {}".format(
+                stats.get("buffer/generating_groups"),
+                stats.get("buffer/queued_groups"),
+                stats.get("buffer/trained_unacked"),
+            ),
             "staleness mean/max": f"{_num(m.get('staleness/mean'))} / {_num(m.get('staleness/max'), 0)}",
             "gen tokens/s": sum(g.get("rollout/tokens_per_s", 0.0) for g in gen_metrics)
             if gen_metrics

@@ -22,7 +22,7 @@ class RunSummary:
     correction: str
     algorithm: str
     steps: int
-    wall_s: float
+    wall_s: float  # the learner's wall time over every segment (a resumed run has several)
     em_before: float | None
     em_after: float | None
     evals: list[dict[str, Any]] = field(default_factory=list)  # {"step", "eval/version", "eval/em", ...}
@@ -37,6 +37,10 @@ class RunSummary:
     generator_idle_fraction: float | None = None
     learner_idle_fraction: float | None = None
     checkpoint: str | None = None
+    segments: int = 1  # learner processes the run took (1 + resumes and restarts)
+    first_wait_s: float = (
+        0.0  # the first step of each segment waiting for the first groups (not in step times)
+    )
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -149,8 +153,9 @@ algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · corr
 | test EM after | {_fmt(summary.em_after)} |
 | EM gain | {_fmt(summary.em_gain)} |
 | learner steps | {summary.steps} |
-| wall time | {summary.wall_s:.0f} s |
-| time per step | {_fmt(summary.step_s_mean, 2)} s |
+| wall time (learner, {summary.segments} segment(s)) | {summary.wall_s:.0f} s |
+| waiting for the first groups | {summary.first_wait_s:.0f} s |
+| time per step (after the first) | {_fmt(summary.step_s_mean, 2)} s |
 | learner tokens/s | {_fmt(summary.learner_tokens_per_s, 0)} |
 | generator tokens/s | {_fmt(summary.generator_tokens_per_s, 0)} |
 | tool calls (searches) per trajectory | {_fmt(summary.tool_calls_per_trajectory, 2)} |

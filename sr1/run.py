@@ -6,7 +6,12 @@
 
 Order: tiny world (if the model is `tiny`) -> Redis (embedded unless buffer.redis_url) -> retrieval server ->
 generator workers -> greedy evaluation before training -> learner -> live view -> evaluation after -> report.
-Ctrl-C stops everything cleanly (the learner checkpoints first) and prints the resume command.
+
+Every part is supervised: a dead Redis, retrieval server, generator or learner is restarted with back-off (the
+learner with `--resume`; the others ride out the gap), and the run fails with the dead part's last log lines only
+when one keeps dying. Children die with `sr1 run` (never orphans), and one run directory has one owner (a lock).
+Ctrl-C stops everything cleanly (the learner checkpoints first) and prints the resume command; `--resume` goes on
+from whatever is left, whatever was killed and whenever.
 """
 
 from __future__ import annotations
@@ -15,13 +20,27 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import redis
 
 from config import Config, ConfigError, load_config, save_config, save_job
-from sr1.launch.supervisor import Child, ChildFailed, Supervisor, free_port, http_ok, python_module
+from sr1.launch.lock import RunLock, RunLocked
+from sr1.launch.supervisor import (
+    Child,
+    ChildFailed,
+    RestartPolicy,
+    Supervisor,
+    free_port,
+    http_ok,
+    python_module,
+)
 
 RUNS_ROOT = Path("runs")
+_OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
+T = TypeVar("T")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -34,7 +53,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, help="where to write the run (default: runs/<name>-<time>)")
     parser.add_argument("--no-live", action="store_true", help="plain log lines instead of the live table")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for each pool")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if "=" in args.preset:  # `sr1 run learner.max_staleness=0`: the first positional is an override
         args.overrides.insert(0, args.preset)
         args.preset = "tiny"
@@ -65,26 +84,23 @@ class Orchestrator:
         self.resume = resume
         self.live = live
         self.startup_timeout_s = startup_timeout_s
+        self.lock = RunLock(self.run_dir, "sr1 run")
         self.supervisor = Supervisor()
         self.redis_server = None
         self.buffer = None
         self.evals: list[dict[str, Any]] = []
         self.started = time.monotonic()
+        self.view = None
 
     # -- set-up -------------------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()  # before anything writes into the run directory
+        self.supervisor.pass_fds = (self.lock.fd,)  # held by every child too: no second stack while one lives
         cfg = self.cfg
         if cfg.model.path == "tiny":
-            from sr1.world import build_world
-
-            world = build_world(RUNS_ROOT / ".world-cache" / f"seed{cfg.seed}", seed=cfg.seed)
-            cfg = _update(cfg, "model", path=str(world.model_dir.resolve()))
-            cfg = _update(
-                cfg, "data", train_files=[world.train_path.resolve()], test_files=[world.test_path.resolve()]
-            )
-            cfg = _update(cfg, "retrieval", corpus_path=world.corpus_path.resolve())
+            cfg = self._with_tiny_world(cfg)
         cfg = cfg.model_copy(update={"run_dir": self.run_dir})
         if cfg.retrieval.serves_locally:
             port = free_port()
@@ -95,26 +111,55 @@ class Orchestrator:
             from buffer.settings import local_redis_dir
             from sr1.launch.redis_server import LocalRedis
 
-            self.redis_server = LocalRedis(local_redis_dir(self.run_dir)).start()
+            redis_dir = local_redis_dir(self.run_dir)
+            self.redis_server = LocalRedis(
+                redis_dir, appendfsync=cfg.buffer.local_appendfsync, pass_fds=self.supervisor.pass_fds
+            ).start()
+            # restarted on its port and AOF when it dies; every client rides out the gap (buffer.reconnect_s)
+            self.redis_server.child.restart = RestartPolicy()
+            self.supervisor.adopt(self.redis_server.child)
             cfg = _update(cfg, "buffer", redis_url=self.redis_server.url)
         self.cfg = cfg
 
         from buffer.redis_buffer import open_buffer
 
-        self.buffer = open_buffer(cfg.buffer)
+        # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
+        # fast and `_riding_out_redis` retries them between supervisor checks
+        self.buffer = open_buffer(cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S}))
         if self.resume:
             from sr1.report import read_metrics
 
             self.evals = read_metrics(self.run_dir / "evals.jsonl")
 
-    def _child(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Child:
-        return self.supervisor.start(Child(name, cmd, self.run_dir / "logs" / f"{name}.log", env or {}))
+    def _with_tiny_world(self, cfg: Config) -> Config:
+        """The tiny world's model, and its data and corpus where the user gave none (theirs always win)."""
+        from sr1.world import build_world
+
+        world = build_world(RUNS_ROOT / ".world-cache" / f"seed{cfg.seed}", seed=cfg.seed)
+        cfg = _update(cfg, "model", path=str(world.model_dir.resolve()))
+        given = cfg.data.model_fields_set
+        fill = {"train_files": [world.train_path.resolve()], "test_files": [world.test_path.resolve()]}
+        cfg = _update(cfg, "data", **{k: v for k, v in fill.items() if k not in given})
+        if "corpus_path" not in cfg.retrieval.model_fields_set:
+            cfg = _update(cfg, "retrieval", corpus_path=world.corpus_path.resolve())
+        kept = sorted({f"data.{k}" for k in fill if k in given} | ({"retrieval.corpus_path"} &
+                      {f"retrieval.{k}" for k in cfg.retrieval.model_fields_set}))  # fmt: skip
+        if kept:
+            print(f"sr1 run: the tiny model with your {', '.join(kept)} (the tiny world fills in the rest)")
+        return cfg
+
+    def _child(self, name: str, cmd: list[str], restart: RestartPolicy | None = None) -> Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        return self.supervisor.start(Child(name, cmd, log_path, restart=restart))
 
     def start_retrieval(self) -> None:
         if not self.cfg.retrieval.serves_locally:
             return  # online engines need no local server
         job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
-        self._child("retrieval", python_module("retrieval.cli", "serve", "--config", str(job)))
+        # while it restarts, searches fail after the client's retries and agents read "Search unavailable"
+        self._child(
+            "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), RestartPolicy()
+        )
         health = self.cfg.retrieval.url.rsplit("/", 1)[0] + "/health"
         self.supervisor.wait_until(
             lambda: http_ok(health), timeout_s=self.startup_timeout_s, what="the retrieval server"
@@ -125,28 +170,44 @@ class Orchestrator:
 
         wanted = self.cfg.generators.num_engines
         for child in generator_children(self.cfg, wanted, "generator-", logs=True):
+            child.restart = (
+                RestartPolicy()
+            )  # a restarted worker takes back its leases and waits for the weights
             self.supervisor.start(child)
         self.supervisor.wait_until(
-            lambda: sum(1 for w in self.buffer.workers() if w.get("role") == "generator") >= wanted,
+            lambda: self._riding_out_redis(lambda: self._count_generators() >= wanted),
             timeout_s=self.startup_timeout_s,
             what=f"{wanted} generator worker(s) to heartbeat",
         )
 
+    def _count_generators(self) -> int:
+        return sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
+
     def start_learner(self) -> list[Child]:
         from sr1.launch.pools import learner_children
 
-        return [self.supervisor.start(c) for c in learner_children(self.cfg, self.resume, logs=True)]
+        ranks = learner_children(self.cfg, self.resume, logs=True)
+        for rank in ranks:
+            rank.restart = RestartPolicy()
+            rank.restart_cmd = rank.cmd if "--resume" in rank.cmd else [*rank.cmd, "--resume"]
+            rank.gang = "learner"  # ranks share collectives: one dies, all restart
+        return [self.supervisor.start(rank) for rank in ranks]
 
     # -- evaluation -----------------------------------------------------------------------------------------
 
     def request_eval(self, step: int) -> str:
-        return self.buffer.request_evaluation(step=step, max_prompts=self.cfg.eval.max_prompts)
+        """An evaluation of the policy at version `step` or later (a worker holds its weights throughout)."""
+        return self._riding_out_redis(
+            lambda: self.buffer.request_evaluation(
+                step=step, version=step, max_prompts=self.cfg.eval.max_prompts
+            )
+        )
 
     def collect_eval(self, request_id: str, step: int, *, wait_s: float = 0.0) -> dict[str, Any] | None:
         if wait_s > 0:
-            result = self.buffer.wait_evaluation_result(request_id, wait_s)
+            result = self._riding_out_redis(lambda: self.buffer.wait_evaluation_result(request_id, wait_s))
         else:
-            result = self.buffer.evaluation_result(request_id)
+            result = self._riding_out_redis(lambda: self.buffer.evaluation_result(request_id))
         if result is None:
             return None
         result = {"step": step, **result}
@@ -155,13 +216,35 @@ class Orchestrator:
             f.write(json.dumps(result) + "\n")
         return result
 
+    # -- supervision ----------------------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        for child in self.supervisor.check():
+            message = f"restarted {child.name} (it died; see {child.log_path})"
+            self.view.log(message) if self.view is not None else print(message)
+
+    def _riding_out_redis(self, call: Callable[[], T]) -> T:
+        """`call()`, retried while Redis is down for up to `buffer.reconnect_s`, supervising meanwhile (that is
+        what restarts a dead Redis)."""
+        deadline = None
+        while True:
+            try:
+                return call()
+            except redis.ConnectionError:
+                now = time.monotonic()
+                deadline = deadline or now + self.cfg.buffer.reconnect_s
+                if now > deadline:
+                    raise
+                self._supervise()
+                time.sleep(0.5)
+
     # -- the run --------------------------------------------------------------------------------------------
 
     def run(self) -> int:
         from sr1.live import LiveView
 
         self.prepare()
-        view = LiveView(self, enabled=self.live)
+        self.view = view = LiveView(self, enabled=self.live)
         view.log(f"run directory: {self.run_dir}")
         view.log("starting retrieval server")
         self.start_retrieval()
@@ -178,23 +261,20 @@ class Orchestrator:
         pending: dict[str, int] = {}
         next_eval = every if every else None
         with view:
-            while any(rank.alive for rank in learner):
-                self.supervisor.check(skip=learner)
-                version = self.buffer.version()
+            while not all(rank.returncode == 0 for rank in learner):
+                self._supervise()
+                version = self._riding_out_redis(self.buffer.version)
                 if next_eval is not None and version >= next_eval and version < total:
                     pending[self.request_eval(version)] = version
                     next_eval += every
                 for request_id, step in list(pending.items()):
                     if self.collect_eval(request_id, step) is not None:
                         del pending[request_id]
-                view.refresh()
+                self._riding_out_redis(view.refresh)
                 time.sleep(1.0)
-        for rank in learner:
-            if rank.returncode != 0:
-                raise ChildFailed(rank.failure())
         for request_id, step in pending.items():
             self.collect_eval(request_id, step, wait_s=self.startup_timeout_s)
-        final_version = self.buffer.version()
+        final_version = self._riding_out_redis(self.buffer.version)
         view.log(f"training done at version {final_version}; evaluating the final policy")
         last = self.collect_eval(
             self.request_eval(final_version), final_version, wait_s=self.startup_timeout_s
@@ -211,15 +291,23 @@ class Orchestrator:
 
         json_path, md_path = write_report(summary, self.run_dir)
         before, after = summary.em_before, summary.em_after
-        print(f"\nreport: {md_path}\nEM before {before:.3f} -> after {after:.3f} ({summary.wall_s:.0f} s)")
+        print(
+            f"\nreport: {md_path}\nEM before {before:.3f} -> after {after:.3f} "
+            f"(learner {summary.wall_s:.0f} s over {summary.segments} segment(s))"
+        )
 
     def stop(self, interrupted: bool) -> None:
-        # learner first (SIGINT: finish the step, checkpoint), then generators (release leases), then the rest
-        self.supervisor.stop(["learner", "generator", "retrieval"], grace_s={"learner": 60.0})
+        # learner first (SIGINT: finish the step, checkpoint; a publish to a hung engine may take its whole
+        # timeout first), then generators (release leases), then the rest, Redis last
+        learner_grace = 60.0 + self.cfg.weight_sync.timeout_s
+        self.supervisor.stop(
+            ["learner", "generator", "retrieval", "redis"], grace_s={"learner": learner_grace}
+        )
         if self.buffer is not None:
             self.buffer.close()
         if self.redis_server is not None:
             self.redis_server.stop()
+        self.lock.release()
         if interrupted:
             print(f"\nstopped. resume with: sr1 run --resume {self.run_dir}")
 
@@ -250,8 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         interrupted = True
         return 130
-    except (ChildFailed, TimeoutError) as err:
+    except (ChildFailed, TimeoutError, RunLocked) as err:
         print(f"sr1 run: {err}", file=sys.stderr)
+        interrupted = not isinstance(err, RunLocked)  # print how to go on
+        return 1
+    except redis.ConnectionError as err:
+        print(f"sr1 run: lost Redis for longer than buffer.reconnect_s ({err})", file=sys.stderr)
+        interrupted = True
         return 1
     finally:
         orchestrator.stop(interrupted)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import statistics
-import time
+from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
 from sr1.report import RunSummary, read_metrics, staleness_stats
@@ -15,9 +15,47 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+@dataclass
+class Segment:
+    """One learner process's part of the run: from its start marker to its last step row."""
+
+    start_version: int
+    weights_version: int  # the version whose weights it started from (the checkpoint's, 0 for none)
+    started: float
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return (self.rows[-1]["time"] - self.started) if self.rows else 0.0
+
+
+def surviving_history(lines: list[dict]) -> tuple[list[dict], list[Segment]]:
+    """The step rows of metrics.jsonl that the run's weights still contain, and the learner segments.
+
+    A learner that resumed from the checkpoint of version W (or from the initial weights) threw away the steps after
+    W that an earlier segment had logged: their rows are dropped, so curves show the history that survives."""
+    segments: list[Segment] = []
+    for line in lines:
+        if "segment" in line:
+            info = line["segment"]
+            segments.append(
+                Segment(int(info["start"]), int(info.get("weights", info["start"])), float(info["time"]))
+            )
+        elif "step" in line:
+            if not segments:  # a file written before segments were marked: one segment
+                segments.append(
+                    Segment(0, 0, float(line.get("time", 0.0)) - float(line.get("perf/step_s", 0.0)))
+                )
+            segments[-1].rows.append(line)
+    kept: list[dict] = []
+    for segment in segments:
+        kept = [r for r in kept if r["step"] <= segment.weights_version] + segment.rows
+    return kept, segments
+
+
 def summarize(orch) -> RunSummary:
     cfg = orch.cfg
-    rows = read_metrics(orch.run_dir / "metrics.jsonl")
+    rows, segments = surviving_history(read_metrics(orch.run_dir / "metrics.jsonl"))
     stats = orch.buffer.stats()
     histogram = staleness_histogram(stats)
     staleness_mean, staleness_max = staleness_stats(histogram)
@@ -26,8 +64,11 @@ def summarize(orch) -> RunSummary:
     before = next((e["eval/em"] for e in evals if e["step"] == 0), None)
     after = evals[-1]["eval/em"] if evals and evals[-1]["step"] > 0 else None
     steps = max((int(r.get("step", 0)) for r in rows), default=0)
-    wall = sum(r.get("perf/step_s", 0.0) for r in rows)
-    waited = sum(r.get("perf/wait_s", 0.0) for r in rows)
+    # each segment's first step waited for the first groups of a cold system: shown apart from the step times
+    firsts = [seg.rows[0] for seg in segments if seg.rows]
+    later = [r for seg in segments for r in seg.rows[1:]]
+    wall = sum(r.get("perf/step_s", 0.0) for r in later)
+    waited = sum(r.get("perf/wait_s", 0.0) for r in later)
     from learner.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(orch.run_dir / "checkpoints")
@@ -39,7 +80,9 @@ def summarize(orch) -> RunSummary:
         algorithm=cfg.learner.algorithm.type,
         correction=cfg.learner.correction.type,
         steps=steps,
-        wall_s=time.monotonic() - orch.started,
+        wall_s=sum(seg.seconds for seg in segments),
+        segments=len(segments),
+        first_wait_s=sum(r.get("perf/wait_s", 0.0) for r in firsts),
         em_before=before,
         em_after=after,
         evals=evals,
@@ -48,7 +91,7 @@ def summarize(orch) -> RunSummary:
             for r in rows
             if "step" in r and "batch/reward_mean" in r
         ],  # fmt: skip
-        step_s_mean=_mean([r.get("perf/step_s") for r in rows]),
+        step_s_mean=_mean([r.get("perf/step_s") for r in later]),
         learner_tokens_per_s=_mean([r.get("perf/tokens_per_s") for r in rows]),
         generator_tokens_per_s=sum(g.get("rollout/tokens_per_s", 0.0) for g in generators) or None,
         tool_calls_per_trajectory=_mean([r.get("batch/tool_calls_per_traj") for r in rows]),

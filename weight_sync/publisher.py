@@ -11,7 +11,14 @@ gathered (`DTensor.full_tensor()`) and packed into the other of two staging buff
 `in_place_mb` that needs no conversion (fp32 weights published as fp32, a DTensor, whose gather yields a fresh tensor
 in the wire dtype) gets a bucket of its own and goes on the wire from its own memory, with no copy. It then waits
 for every engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` raise `WeightSyncError` (or
-TimeoutError for acks), and the next `publish` re-opens the group under a new epoch, which engines re-join.
+TimeoutError for acks; at once when the engine stopped announcing itself), after finishing the gathers so the other
+FSDP ranks stay in step. The learner survives that: the next `publish` re-opens the group under a new epoch.
+
+Membership. The first `connect` waits for `num_engines` engines. After that, every group is formed from the engines
+that announce themselves alive (`Rendezvous.announce_engine`): `needs_regroup()` is true when one of the group's
+engines stopped announcing itself or a new one appeared, and the next `publish` re-forms the group first (the learner
+also calls it while it waits for a batch, so a restarted or new engine gets the current weights at once). With no
+engine alive, a publish only takes part in the gathers.
 
 FSDP2: every learner rank must call `full_tensor()` on the same parameters in the same order. Either pass DTensors
 to `publish` on rank 0 and call `gather_in_step(named_params, dtype)` on the other ranks (streaming: at most two
@@ -94,18 +101,58 @@ class WeightPublisher:
             raise ValueError(f"num_engines must be >= 0, got {num_engines}")
         self.rendezvous = rendezvous
         self.cfg = cfg
-        self.num_engines = num_engines
+        self.enabled = num_engines > 0  # 0: the learner trains alone (tests, a weight sink)
+        self.num_engines = num_engines  # the engines of the current group (the first connect waits for these)
         self.backend = resolve_backend(cfg.backend)
         self.group: SyncGroup | None = None
         self.epoch = 0
         self.members: dict[int, str] = {}
         self._store = None
         self._staging: list[torch.Tensor] = []
+        self.failures = 0  # publishes that raised (an engine died or hung)
+        self._connected_once = False
+        self._regroup_checked = 0.0
+        self._regroup_cached = False
 
     # 1. group management ------------------------------------------------------------------------------------
-    def connect(self, timeout_s: float | None = None) -> None:
-        """Open the TCP store, publish the rendezvous, wait until every engine joined (new epoch each call)."""
+    def needs_regroup(self, max_age_s: float = 1.0) -> bool:
+        """Whether the group must be re-formed before the next publish: it is broken or was never formed, one of its
+        engines stopped announcing itself, or an engine it lacks announces itself (checked at most every
+        `max_age_s`; Redis is asked then)."""
+        if not self.enabled:
+            return False
+        if self.group is None and (not self._connected_once or self.rendezvous.live_engines()):
+            return True
+        now = time.monotonic()
+        if now - self._regroup_checked >= max_age_s:
+            self._regroup_checked = now
+            live = self.rendezvous.live_engines()
+            members = set(self.members.values())
+            gone = {m for m in members - live if m in self.rendezvous.announced_engines()}
+            self._regroup_cached = bool(gone or (live - members))
+        return self._regroup_cached
+
+    def regroup(self) -> None:
+        """Re-form the group: the first time with `num_engines` engines, then with the engines alive now."""
+        self._regroup_cached = False
+        if not self._connected_once:
+            self._connected_once = (
+                True  # a first connect that times out falls back to the engines alive later
+            )
+            self.connect()
+            return
+        live = self.rendezvous.live_engines()
+        self.num_engines = len(live)
         if self.num_engines == 0:
+            self._drop_group()
+            log.warning("weight sync: no engine is alive; the weights wait for the next one to appear")
+            return
+        self.connect()
+
+    def connect(self, timeout_s: float | None = None) -> None:
+        """Open the TCP store, publish the rendezvous, wait until `num_engines` engines joined (new epoch each
+        call)."""
+        if not self.enabled or self.num_engines == 0:
             return
         timeout_s = self.cfg.timeout_s if timeout_s is None else timeout_s
         self._drop_group()
@@ -134,6 +181,7 @@ class WeightPublisher:
             self.epoch,
         )
         self.members = self.rendezvous.wait_members(self.epoch, self.num_engines, timeout_s)
+        self._connected_once = True
         self.group = make_group(
             self._store,
             rank=0,
@@ -178,21 +226,30 @@ class WeightPublisher:
         version: int,
         dtype: torch.dtype | None = None,
     ) -> dict:
-        """Broadcast full weights as `version` to every engine and wait for their acks; returns stats."""
-        if self.num_engines == 0:
-            gather_in_step(named_tensors, dtype)  # keep FSDP ranks in step even with nobody listening
+        """Broadcast full weights as `version` to every engine and wait for their acks; returns stats.
+
+        Raises WeightSyncError or TimeoutError when an engine fails; the gathers are finished first either way."""
+        items = iter([(name, tensor.detach()) for name, tensor in named_tensors])
+        try:
+            if self.needs_regroup(max_age_s=0.0):
+                self.regroup()
+        except (WeightSyncError, TimeoutError):
+            self.failures += 1
+            gather_in_step(items, dtype)  # keep the other FSDP ranks in step
+            raise
+        if self.group is None:
+            gather_in_step(items, dtype)  # nobody listening: take part in the gathers all the same
             return {
                 "weight_sync/seconds": 0.0,
                 "weight_sync/bytes": 0,
                 "weight_sync/gbps": 0.0,
                 "weight_sync/buckets": 0,
                 "weight_sync/in_place_bytes": 0,
+                "weight_sync/engines": 0,
+                "weight_sync/failures": self.failures,
             }
-        if self.group is None:
-            self.connect()
-        assert self.group is not None
         start = time.perf_counter()
-        items = [(name, tensor.detach()) for name, tensor in named_tensors]
+        items = list(items)
         buckets = self.plan(items, dtype)
         update = {
             "version": int(version),
@@ -201,17 +258,24 @@ class WeightPublisher:
             "dtype": dtype_to_str(dtype) if dtype is not None else "mixed",
         }
         self.rendezvous.announce_update(update)
+        remaining = iter(items)
         try:
-            total_bytes, in_place_bytes = self._broadcast_buckets(iter(items), buckets, version, dtype)
+            try:
+                total_bytes, in_place_bytes = self._broadcast_buckets(remaining, buckets, version, dtype)
+            except (WeightSyncError, TimeoutError):
+                gather_in_step(remaining, dtype)  # the other FSDP ranks are still gathering: finish with them
+                raise
             self.rendezvous.wait_acks(version, self.num_engines, self.cfg.timeout_s, expected=self.members)
         except WeightSyncError as exc:
             # The group is unusable after a failed collective; the next publish re-opens it (new epoch).
+            self.failures += 1
             self._drop_group()
             engines = ", ".join(f"{wid} (rank {rank})" for rank, wid in sorted(self.members.items()))
             raise WeightSyncError(
                 f"publish of version {version} failed; engines in the group: {engines}. {exc}"
             ) from exc
         except TimeoutError:
+            self.failures += 1
             self._drop_group()
             raise
         seconds = time.perf_counter() - start
@@ -221,6 +285,8 @@ class WeightPublisher:
             "weight_sync/gbps": total_bytes * 8 / seconds / 1e9,
             "weight_sync/buckets": len(buckets),
             "weight_sync/in_place_bytes": in_place_bytes,  # sent from the tensors' own memory, not packed
+            "weight_sync/engines": self.num_engines,
+            "weight_sync/failures": self.failures,
         }
 
     def plan(self, named_tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> list:

@@ -11,9 +11,13 @@ it (`event_cursor`, then `wait_for_event`) and wake as soon as the learner publi
 learner's first broadcast cannot complete before they do. Acks go to a second stream (`<namespace>:ws:ack_events`),
 which `wait_acks` blocks on the same way.
 
+Engines announce themselves every couple of seconds (`announce_engine`, a key with a TTL): the learner forms each
+new group from the engines alive at that moment, re-forms it when one appears or disappears (engines join and
+leave a running run), and stops waiting for an ack from an engine whose announcement expired.
+
 All keys live under `<namespace>:ws:` so one Redis can hold several runs. Values are JSON (never pickle).
 A new `epoch` (the learner re-opened the group, e.g. after an engine died) tells engines to leave and re-join.
-This is the only module of `weight_sync` that talks to Redis.
+This is the only module of `weight_sync` that talks to Redis (through a client that rides out a Redis restart).
 """
 
 from __future__ import annotations
@@ -22,12 +26,19 @@ import json
 import time
 from typing import Any
 
-import redis
+from buffer.connection import connect
 
 # Redis keys expire after this long without a refresh so a finished run leaves nothing behind forever.
 _TTL_S = 7 * 24 * 3600
 _ACKS_TTL_S = 3600
 _POLL_S = 0.05
+ENGINE_TTL_S = 6.0  # an engine that has not announced itself for this long is gone (it refreshes every ~2 s)
+
+
+class EnginesGone(TimeoutError):
+    """Engines of the group stopped announcing themselves while the learner waited for them."""
+
+
 _EVENTS_KEPT = 64
 
 
@@ -52,10 +63,10 @@ class Rendezvous:
     Safe to share between threads (redis-py's client takes a connection from its pool per command).
     """
 
-    def __init__(self, redis_url: str, namespace: str):
+    def __init__(self, redis_url: str, namespace: str, reconnect_s: float = 60.0):
         self.redis_url = redis_url
         self.namespace = namespace
-        self._redis = redis.Redis.from_url(redis_url)
+        self._redis, self.reconnects = connect(redis_url, reconnect_s)  # rides out a Redis restart
 
     def close(self) -> None:
         """Close the Redis client's connections."""
@@ -118,6 +129,32 @@ class Rendezvous:
         self._redis.hset(self._key("members", epoch), str(rank), worker_id or f"rank{rank}")
         self._redis.expire(self._key("members", epoch), _TTL_S)
         return rank
+
+    def announce_engine(self, worker_id: str, ttl_s: float = ENGINE_TTL_S) -> None:
+        """Engine: say it is alive and wants the learner's weights (refresh well within `ttl_s`). The learner forms
+        each new group from the engines alive at that moment, so engines can join and leave a running run."""
+        pipe = self._redis.pipeline()
+        pipe.set(self._key("engine", worker_id), "1", px=int(ttl_s * 1000))
+        pipe.sadd(self._key("engines"), worker_id)
+        pipe.sadd(self._key("announced"), worker_id)
+        pipe.expire(self._key("announced"), _TTL_S)
+        pipe.expire(self._key("engines"), _TTL_S)
+        pipe.execute()
+
+    def withdraw_engine(self, worker_id: str) -> None:
+        """Engine: leaving (a clean stop); the learner drops it from the next group at once."""
+        self._redis.delete(self._key("engine", worker_id))
+
+    def live_engines(self) -> set[str]:
+        """Worker ids of the engines whose announcement has not expired."""
+        ids = sorted(_text(w) for w in self._redis.smembers(self._key("engines")))
+        if not ids:
+            return set()
+        alive = self._redis.mget([self._key("engine", w) for w in ids])
+        gone = [w for w, a in zip(ids, alive, strict=True) if a is None]
+        if gone:
+            self._redis.srem(self._key("engines"), *gone)
+        return {w for w, a in zip(ids, alive, strict=True) if a is not None}
 
     def members(self, epoch: int) -> dict[int, str]:
         """Ranks claimed in `epoch`, mapped to the worker ids that claimed them."""
@@ -182,6 +219,16 @@ class Rendezvous:
             got = self.acked(version)
             if len(got) >= n:
                 return
+            if expected:
+                # an engine that stopped announcing itself will never ack: fail now, not after the timeout
+                gone = sorted(
+                    wid for wid in expected.values() if wid not in got and wid not in self.live_engines()
+                )
+                if gone and self._announced(gone):
+                    raise EnginesGone(
+                        f"weight sync version {version}: engine(s) {', '.join(gone)} stopped answering (their "
+                        f"announcement expired) before acking; acked: {sorted(got) or 'none'}"
+                    )
             if time.monotonic() >= deadline:
                 if expected:
                     missing = sorted(
@@ -193,8 +240,18 @@ class Rendezvous:
                     f"weight sync version {version}: {len(got)} of {n} engines acked within {timeout_s:.1f} s; "
                     f"missing: {', '.join(missing)}; acked: {sorted(got) or 'none'}"
                 )
-            # woken by the next ack (any version: then look again), or after the remaining time
-            cursor = self._wait_stream(acks_stream, cursor, max(0.001, deadline - time.monotonic()))
+            # woken by the next ack (any version: then look again), or after at most a second (liveness)
+            wait_s = min(1.0, max(0.001, deadline - time.monotonic()))
+            cursor = self._wait_stream(acks_stream, cursor, wait_s)
+
+    def _announced(self, worker_ids: list[str]) -> bool:
+        """Whether these engines ever announced themselves (engines without announcements, e.g. benchmark
+        receivers, are only waited for)."""
+        return set(worker_ids) <= self.announced_engines()
+
+    def announced_engines(self) -> set[str]:
+        """Every engine that ever announced itself in this namespace (alive or not)."""
+        return {_text(w) for w in self._redis.smembers(self._key("announced"))}
 
     # announcements: engines block on them instead of polling -------------------------------------------------
     def event_cursor(self) -> str:

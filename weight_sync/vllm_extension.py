@@ -17,6 +17,19 @@ import threading
 log = logging.getLogger(__name__)
 
 
+class _NotWeights(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" on every reload: a rotary embedding holds a cos/sin
+    cache computed from the config, never weights, so no checkpoint (and no update) carries it; vLLM keeps its own
+    copy and warns anyway. Any other layer that fails to load still warns."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+        return not (record.msg == "%s: Failed to load weights" and str(layer).endswith("RotaryEmbedding"))
+
+
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class; only `ws_*` names and one `_ws_group` attribute are added."""
 
@@ -34,6 +47,8 @@ class WeightSyncExtension:
                 "weight sync supports engines with tensor_parallel_size = pipeline_parallel_size = 1, got "
                 f"tp={parallel.tensor_parallel_size} pp={parallel.pipeline_parallel_size}; run one engine per GPU"
             )
+        if not any(isinstance(f, _NotWeights) for f in logging.getLogger(_RELOAD_LOGGER).filters):
+            logging.getLogger(_RELOAD_LOGGER).addFilter(_NotWeights())
         self.ws_leave()
         joiner = _Joiner(info, rank)
         joiner.start()

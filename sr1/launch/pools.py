@@ -23,6 +23,7 @@ import sys
 import time
 
 from config import Config, ConfigError, load_config, save_config, save_job
+from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
 
 log = logging.getLogger("sr1.launch")
@@ -197,13 +198,21 @@ def learner_main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_dir = cfg.resolved_run_dir
-    if not (run_dir / "config.yaml").exists():
-        save_config(cfg, run_dir)
-    if cfg.learner.use_ray:
-        from sr1.launch.ray import run_learner_on_ray
+    try:
+        lock = RunLock(run_dir, "sr1 learner").acquire()  # one learner writes a run's checkpoints
+    except RunLocked as err:
+        print(f"sr1 learner: {err}", file=sys.stderr)
+        return 2
+    try:
+        if not (run_dir / "config.yaml").exists():
+            save_config(cfg, run_dir)
+        if cfg.learner.use_ray:
+            from sr1.launch.ray import run_learner_on_ray
 
-        return run_learner_on_ray(cfg, args.resume)
-    sup = Supervisor()
-    for child in learner_children(cfg, args.resume):
-        sup.start(child)
-    return _supervise(sup, on_failure="stop_all", drain_s=600.0)
+            return run_learner_on_ray(cfg, args.resume)
+        sup = Supervisor()
+        for child in learner_children(cfg, args.resume):
+            sup.start(child)
+        return _supervise(sup, on_failure="stop_all", drain_s=600.0)
+    finally:
+        lock.release()

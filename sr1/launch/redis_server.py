@@ -51,10 +51,17 @@ def redis_answers(port: int) -> bool:
 class LocalRedis:
     """A redis-server child process on 127.0.0.1 with AOF persistence in `data_dir` (a supervised `Child`)."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, appendfsync: str = "everysec"):
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        appendfsync: str = "everysec",
+        pass_fds: tuple[int, ...] = (),
+    ):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendfsync = appendfsync
+        self.pass_fds = pass_fds  # e.g. the run lock, held while the server lives
         self.child: Child | None = None
 
     @property
@@ -83,7 +90,9 @@ class LocalRedis:
     def start(self, timeout_s: float = 10.0) -> LocalRedis:
         """Start the server (on its port and AOF, again after a crash) and wait until it answers PING."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.child = Child("redis", self.command(), self.data_dir / "redis.stdout.log").start()
+        self.child = Child(
+            "redis", self.command(), self.data_dir / "redis.stdout.log", pass_fds=self.pass_fds
+        ).start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.child.alive:

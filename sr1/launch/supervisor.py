@@ -1,19 +1,23 @@
 """The one process supervisor: `sr1 run`, the generator pool and the learner pool start their processes through it.
 
     sup = Supervisor()
-    sup.start(Child("retrieval", python_module("retrieval.cli", "serve", ...), run_dir / "logs" / "retrieval.log"))
-    sup.check()                         # raises ChildFailed (with the end of the log) when a child has died
+    sup.start(Child("retrieval", python_module("retrieval.cli", "serve", ...), run_dir / "logs" / "retrieval.log",
+                    restart=RestartPolicy()))
+    sup.check()                         # restarts a dead child with back-off; raises ChildFailed (with the end of its
+                                        # log) for a child without a policy or past its restart budget
     sup.stop(["learner", "generator", "retrieval"])   # in that order: SIGINT, then SIGTERM, then SIGKILL
 
 Each child runs in its own session and process group (Ctrl-C in the terminal reaches only the parent, which stops
 its children in order) and gets SIGKILL from the kernel when its parent dies (Linux `PR_SET_PDEATHSIG`), so a
 killed parent never leaves orphans behind. Stopping signals the whole group, also after its leader exited (vLLM's
-engine core and model worker live in the group of the process that started them).
+engine core and model worker live in the group of the process that started them); a child's group is cleared the
+same way before it is restarted.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -24,6 +28,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger("sr1.launch")
 
 _PR_SET_PDEATHSIG = 1
 try:  # loaded here, not in the forked child (loading a library between fork and exec can deadlock)
@@ -64,15 +70,34 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart a child that exits with a non-zero code: after `backoff_s`, doubled for each restart within
+    `window_s` (at most `max_backoff_s`); more than `max_restarts` within the window is a failure."""
+
+    max_restarts: int = 5
+    window_s: float = 600.0
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+
 @dataclass
 class Child:
-    """One supervised process: its command, its log file (stdout and stderr), extra environment."""
+    """One supervised process: its command, its log file (stdout and stderr), extra environment, and what to do when
+    it dies (`restart`: a policy, or None for "the run fails"; `restart_cmd`: the command of a restart, e.g. with
+    `--resume`)."""
 
     name: str
     cmd: list[str]
     log_path: Path | None = None  # None: inherit the parent's stdout/stderr
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    restart: RestartPolicy | None = None
+    restart_cmd: list[str] | None = None
+    pass_fds: tuple[int, ...] = ()  # file descriptors the child inherits (the run lock: held while it lives)
+    restarts: list[float] = field(default_factory=list)  # monotonic times of this child's restarts
+    restart_at: float | None = None  # when a scheduled restart is due
+    gang: str | None = None  # children of one gang (the ranks of a learner) die and restart together
 
     def start(self) -> Child:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
@@ -88,6 +113,7 @@ class Child:
                 env=env,
                 start_new_session=True,  # its own process group: stopped as a whole
                 preexec_fn=die_with_parent,
+                pass_fds=self.pass_fds,
             )
         finally:
             if out is not None:
@@ -151,25 +177,95 @@ class Child:
         return self.process.poll()
 
 
-class Supervisor:
-    """The children of one launcher, started in order and stopped in a given order."""
+@dataclass
+class Event:
+    """Something the supervisor did or saw: a child died, or was restarted."""
 
-    def __init__(self) -> None:
+    time: float  # time.time()
+    child: str
+    kind: str  # "died", "restarted"
+    detail: str = ""
+
+
+class Supervisor:
+    """The children of one launcher, started in order, restarted by their policy, stopped in a given order."""
+
+    def __init__(self, pass_fds: tuple[int, ...] = ()) -> None:
         self.children: list[Child] = []
+        self.events: list[Event] = []
+        self.stopping = False
+        self.pass_fds = pass_fds  # given to every child it starts (the run lock)
 
     def start(self, child: Child) -> Child:
+        child.pass_fds = tuple(dict.fromkeys(child.pass_fds + self.pass_fds))
         self.children.append(child.start())
+        return child
+
+    def adopt(self, child: Child) -> Child:
+        """Look after a child that is already running (started by someone else, e.g. `LocalRedis`)."""
+        self.children.append(child)
         return child
 
     def named(self, prefix: str) -> list[Child]:
         return [c for c in self.children if c.name.startswith(prefix)]
 
-    def check(self, skip: Iterable[Child] = ()) -> None:
-        """Raise ChildFailed for the first child (not in `skip`) that exited."""
+    def check(self, skip: Iterable[Child] = ()) -> list[Child]:
+        """Look after the children (not in `skip`): a child that exited with a non-zero code is restarted by its
+        policy (after its back-off: call `check` again, every second or so); one without a policy, or past its
+        budget, raises ChildFailed. Returns the children restarted by this call."""
         skipped = list(skip)
+        restarted = []
         for child in self.children:
-            if all(child is not s for s in skipped):
-                child.check()
+            if (
+                self.stopping
+                or any(child is s for s in skipped)
+                or child.alive
+                or child.returncode in (None, 0)
+            ):
+                continue
+            if child.restart is None:
+                raise ChildFailed(child.failure())
+            if child.restart_at is None:
+                for member in self._gang_of(child):
+                    self._schedule_restart(member, cause=child)
+            elif time.monotonic() >= child.restart_at:
+                child.restart_at = None
+                child.restarts.append(time.monotonic())
+                if child.restart_cmd is not None:
+                    child.cmd = child.restart_cmd
+                child.start()
+                self.events.append(Event(time.time(), child.name, "restarted", f"pid {child.pid}"))
+                log.warning("restarted %s (pid %d)", child.name, child.pid)
+                restarted.append(child)
+        return restarted
+
+    def _gang_of(self, child: Child) -> list[Child]:
+        if child.gang is None:
+            return [child]
+        return [c for c in self.children if c.gang == child.gang]
+
+    def _schedule_restart(self, child: Child, cause: Child) -> None:
+        policy = child.restart
+        if policy is None:
+            raise ChildFailed(cause.failure())
+        code = child.returncode
+        if child is cause:
+            self.events.append(Event(time.time(), child.name, "died", f"exit code {code}"))
+        child.stop(
+            grace_s=0.0, first=signal.SIGKILL
+        )  # what is left of its group (engine processes) goes first
+        now = time.monotonic()
+        recent = [t for t in child.restarts if now - t < policy.window_s]
+        if len(recent) >= policy.max_restarts:
+            raise ChildFailed(
+                f"{child.name} died {len(recent) + 1} times within {policy.window_s:.0f}s; not restarting it again. "
+                + child.failure()
+            )
+        delay = min(policy.backoff_s * 2 ** len(recent), policy.max_backoff_s)
+        child.restart_at = now + delay
+        why = f"exited with code {code}" if child is cause else f"is restarted with {cause.name}"
+        log.warning("%s %s; restarting it in %.1fs (%s)", child.name, why, delay,
+                    tail(child.log_path, 1) if child.log_path else "")  # fmt: skip
 
     def wait_until(self, predicate: Callable[[], bool], *, timeout_s: float, what: str,
                    interval_s: float = 0.2) -> None:  # fmt: skip
@@ -184,6 +280,7 @@ class Supervisor:
 
     def stop(self, order: Iterable[str] = (), grace_s: dict[str, float] | None = None) -> None:
         """Stop the children whose names start with each prefix of `order` in turn, then all the others."""
+        self.stopping = True
         grace_s = grace_s or {}
         done: list[Child] = []
         for prefix in [*order, ""]:

@@ -19,7 +19,8 @@ NAMESPACE = "resume"
 
 def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if "step" in r]  # not the segment markers
 
 
 def _start(config_path: Path, redis_url: str, *extra: str) -> subprocess.Popen:

@@ -51,7 +51,7 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
         learner.train_step(random_groups(np.random.default_rng(0), n_groups=2, group_size=3))
     )
     out["publisher"] = set(WeightPublisher(None, WeightSyncConfig(), num_engines=0).publish([], version=1))
-    out["loop"] = set(step_timing(1.0, 0.5))
+    out["loop"] = set(step_timing(1.0, 0.5, 0.2))
 
     buffer = ReplayBuffer(redis_server.url, "metric-keys")
     prompt = make_prompt(0)

@@ -1,4 +1,4 @@
-"""The README's "Files" section names every file of the repository (`python scripts/readme_files.py` prints it)."""
+"""The README's "Files" section names every file of the repository (`python scripts/update_readme.py` prints it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_files():
-    spec = importlib.util.spec_from_file_location("readme_files", ROOT / "scripts" / "readme_files.py")
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts" / "update_readme.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -21,7 +21,7 @@ def test_every_file_has_its_line():
     missing = [
         f for f in _readme_files().listed_files() if f"\n{f} " not in section and f"\n{f}\n" not in section
     ]
-    assert not missing, f"README's Files section lacks {missing}: paste `python scripts/readme_files.py`"
+    assert not missing, f"README's Files section lacks {missing}: run `python scripts/update_readme.py`"
 
 
 def test_the_files_section_names_no_file_that_is_gone():

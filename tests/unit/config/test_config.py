@@ -119,4 +119,6 @@ def test_readme_documents_every_config_field():
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     missing = [key for key, _, _, _ in reference_rows() if f"| `{key}` |" not in readme]
-    assert not missing, f"README's configuration reference lacks {missing}: paste `sr1 config reference`"
+    assert not missing, (
+        f"README's configuration reference lacks {missing}: run `python scripts/update_readme.py`"
+    )

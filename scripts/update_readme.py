@@ -1,8 +1,11 @@
-"""Print the README's "Files" block: one line per tracked file, from each module's docstring (first sentence).
+"""Rewrite the README's two generated blocks: the configuration reference and the "Files" list.
 
-    python scripts/readme_files.py          # paste between the ``` fences of the README's "Files" section
+    python scripts/update_readme.py           # rewrite README.md in place
+    python scripts/update_readme.py --check   # exit 1 (naming the stale block) if either is out of date
 
-`tests/unit/test_readme.py` checks that every file of the repository has its line.
+The configuration table comes from the config schema's field descriptions (`sr1 config reference`); the Files list has
+one line per tracked file, from each module's docstring (first sentence). `tests/unit/test_readme.py` and the config
+tests check both.
 """
 
 from __future__ import annotations
@@ -63,5 +66,41 @@ def block() -> str:
     return "\n".join(lines)
 
 
+def _replace_files_block(readme: str) -> str:
+    start = readme.index("```\n", readme.index("## Files")) + 4
+    end = readme.index("\n```", start)
+    return readme[:start] + block() + readme[end:]
+
+
+def _replace_config_table(readme: str) -> str:
+    from config.cli import reference_markdown
+
+    start = readme.index("| key | type | default | description |")
+    end = readme.index("\n\n", start)
+    return readme[:start] + reference_markdown().rstrip("\n") + readme[end:]
+
+
+def updated(readme: str) -> str:
+    return _replace_config_table(_replace_files_block(readme))
+
+
+def main(argv: list[str]) -> int:
+    path = ROOT / "README.md"
+    readme = path.read_text()
+    new = updated(readme)
+    if "--check" in argv:
+        if new != readme:
+            print("README.md is out of date: run `python scripts/update_readme.py`", file=sys.stderr)
+            return 1
+        return 0
+    if new != readme:
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text(new)
+        tmp.replace(path)
+        print("README.md updated")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.stdout.write(block() + "\n")
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main(sys.argv[1:]))

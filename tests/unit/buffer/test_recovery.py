@@ -1,0 +1,114 @@
+"""What the buffer does for crash recovery: gauges that tell the stages of a group apart, a restarted worker's leases
+and evaluation requests given back, groups of lost steps generated again, and a Redis restart ridden out."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from buffer.admission import BatchAssembler, PromptFeeder
+from buffer.redis_buffer import ReplayBuffer
+from sr1.launch.redis_server import LocalRedis
+from tests.fakes.groups import make_group, make_prompt
+
+
+def _buf(url: str, **kw) -> ReplayBuffer:
+    return ReplayBuffer(url, "rec", lease_s=30, **kw)
+
+
+def test_the_three_stages_of_a_released_group_add_up(redis_url):
+    buf = _buf(redis_url)
+    buf.release_prompts([make_prompt(i) for i in range(5)])
+    for c in buf.claim_prompts("g", 3):
+        buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    taken = buf.take(2, block_ms=0)
+    buf.mark_trained([taken[0].entry_id])
+    stats = buf.stats()
+    assert (
+        stats["buffer/generating_groups"],
+        stats["buffer/queued_groups"],
+        stats["buffer/trained_unacked"],
+    ) == (
+        2,
+        2,
+        1,
+    )
+    assert stats["buffer/inflight_groups"] == 5
+    buf.ack([taken[0].entry_id])
+    assert buf.stats()["buffer/trained_unacked"] == 0
+
+
+def test_a_restarted_worker_gets_back_its_leases_and_evaluation_requests(redis_url):
+    buf = _buf(redis_url)
+    buf.release_prompts([make_prompt(i) for i in range(3)])
+    held = [c.entry_id for c in buf.claim_prompts("gen-0", 2)]
+    buf.request_evaluation(step=4, version=4, max_prompts=10)
+    assert buf.pop_evaluation_request("gen-0")["version"] == 4
+    assert buf.pop_evaluation_request("gen-1") is None
+    # gen-0 died; its restart gives back what its earlier life held, and anyone takes it at once
+    assert sorted(buf.leased_by("gen-0")) == sorted(held)
+    buf.release_claims("gen-0", buf.leased_by("gen-0"))
+    assert buf.requeue_evaluations("gen-0") == 1
+    assert len(buf.claim_prompts("gen-1", 5)) == 3
+    request = buf.pop_evaluation_request("gen-1")
+    buf.post_evaluation_result(request, {"eval/em": 0.5})
+    assert buf.evaluation_result(request["id"]) == {"eval/em": 0.5} and buf.requeue_evaluations("gen-1") == 0
+
+
+def test_groups_trained_in_lost_steps_are_released_again_under_their_own_ids(redis_url):
+    buf = _buf(redis_url)
+    prompts = [make_prompt(i) for i in range(4)]
+    feeder = PromptFeeder(buf, prompts, groups_per_step=2, max_staleness=1)
+    feeder.pump()  # releases all 4 at version 0
+    for c in buf.claim_prompts("g", 4):
+        buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    taken = buf.take(4, block_ms=0)
+    buf.mark_trained([t.entry_id for t in taken[:2]])  # a step trained two of them, then the learner died
+    buf.publish_version(3)
+    lost = {t.group.group_id for t in taken[:2]}
+    assert set(buf.recall_trained(feeder.prompt_of, version=3)) == lost
+    stats = buf.stats()
+    assert stats["buffer/released"] == 4 and stats["buffer/trained_unacked"] == 0
+    assert stats["buffer/generating_groups"] == 2  # released anew ...
+    again = buf.claim_prompts("g2", 4)
+    assert {c.prompt.group_id for c in again} == lost and {c.prompt.release_version for c in again} == {3}
+    # ... and their old entries are gone: a restarted learner gets back only the groups nobody trained
+    assert {t.group.group_id for t in buf.pending_groups("learner-0")} == {
+        t.group.group_id for t in taken[2:]
+    }
+    for c in again:
+        assert buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)  # not a duplicate
+
+
+def test_prompt_of_finds_any_epoch_and_duplicate(redis_url):
+    buf = _buf(redis_url)
+    prompts = [make_prompt(i) for i in range(3)]
+    prompts[2].group_id += "/dup1"
+    feeder = PromptFeeder(buf, prompts, groups_per_step=1, max_staleness=0)
+    assert feeder.prompt_of(prompts[1].in_epoch(4).group_id).group_id == prompts[1].in_epoch(4).group_id
+    assert feeder.prompt_of(prompts[2].in_epoch(2).group_id).group_id.endswith("/e2/dup1")
+
+
+def test_a_redis_restart_is_ridden_out_and_the_assembler_takes_back_what_it_missed(tmp_path):
+    server = LocalRedis(tmp_path / "redis", appendfsync="always").start()
+    buf = _buf(server.url, reconnect_s=30)
+    buf.release_prompts([make_prompt(i) for i in range(2)])
+    for c in buf.claim_prompts("g", 2):
+        buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    assembler = BatchAssembler(buf, groups_per_step=2, max_staleness=0)
+    # a read whose reply is lost: delivered to the learner, never seen by it
+    raw = redis.Redis.from_url(server.url)
+    raw.xreadgroup("learner", "learner-0", {"rec:groups": ">"}, count=2)
+    raw.close()
+    server.kill()
+    restart = threading.Timer(1.5, server.start)
+    restart.start()
+    before = buf.reconnects.count
+    started = time.monotonic()
+    batch = assembler.next_batch(0, timeout_s=20)  # waits through the restart, then finds its pending entries
+    restart.join()
+    assert buf.reconnects.count > before and time.monotonic() - started >= 1.0
+    assert len(batch) == 2
+    server.stop()

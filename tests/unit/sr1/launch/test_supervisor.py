@@ -1,0 +1,127 @@
+"""The supervisor: restarts with back-off, gives up naming the process and its log, restarts gangs together,
+stops whole process groups, and its children die with it; the run lock names its owner and outlives no process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sr1.launch.lock import RunLock, RunLocked
+from sr1.launch.supervisor import Child, ChildFailed, RestartPolicy, Supervisor
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def _running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _until(predicate, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_dead_child_is_restarted_with_backoff_then_given_up_on(tmp_path):
+    sup = Supervisor()
+    child = sup.start(Child("crasher", _py("import sys; print('boom'); sys.exit(3)"), tmp_path / "c.log",
+                            restart=RestartPolicy(max_restarts=2, backoff_s=0.2, window_s=60)))  # fmt: skip
+    restarted = []
+    with pytest.raises(ChildFailed, match=r"(?s)crasher died 3 times within 60s.*exited with code 3.*boom"):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            restarted += sup.check()
+            time.sleep(0.05)
+    assert len(restarted) == 2 and len(child.restarts) == 2
+    assert child.restarts[1] - child.restarts[0] >= 0.35  # the back-off doubled: 0.2 s, then 0.4 s
+    assert [e.kind for e in sup.events] == ["died", "restarted", "died", "restarted", "died"]
+
+
+def test_a_child_without_a_policy_fails_the_run_and_one_that_finished_is_left_alone(tmp_path):
+    sup = Supervisor()
+    sup.start(Child("done", _py("pass"), tmp_path / "d.log"))
+    _until(lambda: sup.children[0].returncode == 0)
+    assert sup.check() == []
+    sup.start(Child("broken", _py("import sys; sys.exit(5)"), tmp_path / "b.log"))
+    _until(lambda: sup.children[1].returncode is not None)
+    with pytest.raises(ChildFailed, match="broken exited with code 5"):
+        sup.check()
+
+
+def test_a_gang_restarts_together(tmp_path):
+    sup = Supervisor()
+    policy = RestartPolicy(backoff_s=0.1)
+    a = sup.start(
+        Child("rank-0", _py("import time; time.sleep(60)"), tmp_path / "a.log", restart=policy, gang="g")
+    )
+    b = sup.start(
+        Child("rank-1", _py("import time; time.sleep(60)"), tmp_path / "b.log", restart=policy, gang="g")
+    )
+    first_a, first_b = a.pid, b.pid
+    os.kill(first_b, signal.SIGKILL)
+    _until(lambda: b.returncode is not None)
+    _until(lambda: (sup.check() or True) and a.pid != first_a and b.pid != first_b and a.alive and b.alive)
+    sup.stop()
+
+
+def test_stop_kills_the_whole_group_even_after_its_leader_exited(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    # the leader starts a grandchild in its own group and exits at once
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))")  # fmt: skip
+    child = Child("leader", _py(code), tmp_path / "l.log").start()
+    _until(lambda: pid_file.exists() and pid_file.read_text() and child.returncode is not None)
+    grandchild = int(pid_file.read_text())
+    assert child.group_alive()
+    child.stop(grace_s=1.0)
+    _until(lambda: not child.group_alive())
+    with pytest.raises(ProcessLookupError):
+        os.kill(grandchild, 0)
+
+
+def test_children_die_with_their_parent(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = ("from pathlib import Path; import sys, time; from sr1.launch.supervisor import Child; "
+            "c = Child('sleeper', [sys.executable, '-c', 'import time; time.sleep(60)']).start(); "
+            f"Path({str(pid_file)!r}).write_text(str(c.pid)); time.sleep(60)")  # fmt: skip
+    parent = subprocess.Popen(_py(code), cwd=os.getcwd())
+    _until(lambda: pid_file.exists() and pid_file.read_text())
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    _until(lambda: not _running(child))
+
+
+def test_the_run_lock_names_its_live_owner_and_is_held_by_its_children(tmp_path):
+    lock = RunLock(tmp_path, "sr1 run").acquire()
+    with pytest.raises(RunLocked, match=rf"in use by sr1 run \(pid {os.getpid()}"):
+        RunLock(tmp_path, "sr1 run").acquire(wait_for_dead_owner_s=0)
+    # a child that inherited the locked descriptor keeps the directory locked after its parent let go
+    child = Child("holder", _py("import time; time.sleep(60)"), pass_fds=(lock.fd,)).start()
+    os.close(lock.fd)  # what the parent's death does to its descriptor
+    lock._fd = None
+    with pytest.raises(RunLocked):
+        RunLock(tmp_path, "again").acquire(wait_for_dead_owner_s=0)
+    child.stop(grace_s=0.0, first=signal.SIGKILL)
+    RunLock(tmp_path, "again").acquire(
+        wait_for_dead_owner_s=0
+    ).release()  # the last holder is gone: taken over
+
+
+def test_a_lock_whose_owner_died_is_taken_over(tmp_path):
+    code = (f"from sr1.launch.lock import RunLock; RunLock({str(tmp_path)!r}, 'sr1 run').acquire(); "
+            "import os; os._exit(0)")  # fmt: skip
+    subprocess.run(_py(code), check=True)
+    RunLock(tmp_path, "sr1 run").acquire(wait_for_dead_owner_s=0).release()
