@@ -5,7 +5,7 @@ Used by the process that owns a vLLM `AsyncLLM` built with `WeightSyncExtension`
     rv = Rendezvous(redis_url, namespace)
     sync = EngineWeightSync(rv, worker_id="gen-0")
     cursor = rv.event_cursor()                      # before looking: an announcement meanwhile still wakes the wait
-    if await sync.ensure_joined(llm):               # claim a rank, collective_rpc("ws_join") (re-joins on a new epoch)
+    if await sync.ensure_joined(llm):               # claim a rank per vLLM worker, collective_rpc("ws_join")
         if update := sync.pending_update(current_version):  # a newer announced update, or None
             ...                                     # pause -> collective_rpc("ws_receive", args=(update,)) -> resume
             sync.mark_applied(update)
@@ -13,7 +13,7 @@ Used by the process that owns a vLLM `AsyncLLM` built with `WeightSyncExtension`
     cursor = rv.wait_for_event(cursor, poll_s)      # wakes on the learner's next announcement
 
 `ensure_joined` returns False until a learner published a rendezvous, and after a failed sync until the learner
-opened a new epoch (an engine never claims two ranks in one epoch). After a failed receive, set `sync.epoch = None`:
+opened a new epoch (an engine never claims twice in one epoch). After a failed receive, set `sync.epoch = None`:
 the worker left the broken group and the next epoch is joined.
 """
 
@@ -46,11 +46,26 @@ class EngineWeightSync:
         if info["epoch"] in self._joined:
             # This engine left that epoch (a sync failed); wait for the learner to open a new one.
             return False
-        rank = self.rendezvous.claim_rank(info["epoch"], self.worker_id)
-        log.info("weight sync: %s joins epoch %d as rank %d", self.worker_id, info["epoch"], rank)
+        # One rank per vLLM worker: every worker of a tensor-parallel engine receives the full weights and loads its
+        # own shards (the engine's workers answer with their index in the engine, 0..n-1).
+        indices = await engine.collective_rpc("ws_worker_index")
+        workers = len(indices)
+        if sorted(indices) != list(range(workers)):
+            raise RuntimeError(
+                f"weight sync: engine {self.worker_id}'s workers report indices {indices}, expected 0..{workers - 1}"
+            )
+        first = self.rendezvous.claim_rank(info["epoch"], self.worker_id, workers=workers)
+        log.info(
+            "weight sync: %s joins epoch %d as rank %d (%d worker(s))",
+            self.worker_id,
+            info["epoch"],
+            first,
+            workers,
+        )
         self._joined.add(info["epoch"])
-        # Returns at once: the worker connects in the background and ws_receive waits for the connection.
-        await engine.collective_rpc("ws_join", args=(info, rank))
+        # Returns at once: each worker connects in the background as rank first + its index, and ws_receive waits
+        # for the connection.
+        await engine.collective_rpc("ws_join", args=(info, first))
         self.epoch = info["epoch"]
         return True
 

@@ -4,6 +4,10 @@ vLLM workers (and FSDP learners) already own torch.distributed's default group, 
 from a `TCPStore` (the learner is its master) + a per-epoch `PrefixStore` + `ProcessGroupGloo` on CPU or
 `ProcessGroupNCCL` on GPU. The same code runs on both; only the device of the buffers differs.
 
+The learner fixes the world size only once the engines have claimed their ranks (an engine claims one rank per vLLM
+worker, so a tensor-parallel engine takes several), and hands it to the members through the store: rank 0 passes it
+to `make_group`, which writes it under the epoch's prefix; members pass `world_size=None` and read it there.
+
 Every blocking call takes a timeout and fails with a `WeightSyncError` saying what it was waiting for.
 """
 
@@ -111,11 +115,34 @@ def open_store(addr: str, port: int, *, is_master: bool, timeout_s: float):
         ) from exc
 
 
+def _world_size_key(epoch: int) -> str:
+    return f"sr1-weight-sync/epoch{epoch}:world_size"
+
+
+def _read_world_size(store, epoch: int, rank: int, timeout_s: float) -> int:
+    """Member: wait for rank 0 to fix the epoch's world size; a rank outside it claimed too late."""
+    key = _world_size_key(epoch)
+    try:
+        store.wait([key], datetime.timedelta(seconds=timeout_s))
+        world_size = int(store.get(key))
+    except Exception as exc:
+        raise WeightSyncError(
+            f"weight sync epoch {epoch}: rank {rank} got no world size from the learner within {timeout_s:.0f} s "
+            f"(did the learner see every engine claim its ranks?): {exc}"
+        ) from exc
+    if rank >= world_size:
+        raise WeightSyncError(
+            f"weight sync epoch {epoch}: rank {rank} was claimed after the learner closed the group at "
+            f"{world_size} members; this engine joins the learner's next epoch"
+        )
+    return world_size
+
+
 def make_group(
     store,
     *,
     rank: int,
-    world_size: int,
+    world_size: int | None,
     backend: str,
     epoch: int,
     timeout_s: float,
@@ -123,13 +150,20 @@ def make_group(
 ) -> SyncGroup:
     """Build the process group of `world_size` members on `store`; blocks until all members connect.
 
+    Rank 0 passes the world size and publishes it in the store for the epoch; a member passing None reads it there.
     connect_timeout_s bounds the connection (members may start minutes apart); timeout_s bounds every collective.
     """
     import torch.distributed as dist
 
     backend = resolve_backend(backend)
-    prefixed = dist.PrefixStore(f"sr1-weight-sync/epoch{epoch}", store)
     connect_timeout_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+    if world_size is None:
+        if rank == 0:
+            raise ValueError("rank 0 (the learner) fixes the world size: pass it to make_group")
+        world_size = _read_world_size(store, epoch, rank, connect_timeout_s)
+    elif rank == 0:
+        store.set(_world_size_key(epoch), str(world_size))
+    prefixed = dist.PrefixStore(f"sr1-weight-sync/epoch{epoch}", store)
     timeout = datetime.timedelta(seconds=connect_timeout_s)
     try:
         if backend == "gloo":

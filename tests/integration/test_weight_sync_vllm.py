@@ -2,8 +2,9 @@
 
 One engine is shared by the module. A learner-side WeightPublisher sends a perturbed copy of the tiny Qwen2 model;
 afterwards the engine's greedy generations must equal those of a transformers model holding the same weights (and
-differ before the sync). The last test does the same from a 2-rank FSDP2 (gloo) learner that gathers with
-`full_tensor()`.
+differ before the sync). Another test does the same from a 2-rank FSDP2 (gloo) learner that gathers with
+`full_tensor()`, and the last one into an engine of its own with tensor_parallel_size 2, whose two workers each
+join the group, receive the full weights and load their shards (about a minute more: the engine starts two workers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest_asyncio
 import redis
 import torch
 
+from generators.engine import cpu_tensor_parallel_env
 from tests.fakes.weight_sync import (
     engine_greedy,
     fsdp_learner_rank,
@@ -70,10 +72,11 @@ async def _apply_next(sync: EngineWeightSync, engine, after_version: int) -> int
     return await receive_and_ack(engine, sync, update)
 
 
-async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_dir, redis_url):
-    ns = "wsvllm"
+async def _sync_twice_and_compare(engine, model_dir, redis_url: str, ns: str, workers: int) -> None:
+    """Publish fp32 then bf16 weights into `engine` (of `workers` vLLM workers); after each, its greedy output must
+    equal transformers' with the same weights."""
     r = redis.Redis.from_url(redis_url)
-    prompts = _prompts(tiny_model_dir)
+    prompts = _prompts(model_dir)
     learner_rv, engine_rv = Rendezvous(redis_url, ns), Rendezvous(redis_url, ns)
     pub = WeightPublisher(
         learner_rv, WeightSyncConfig(backend="gloo", bucket_mb=0.25, timeout_s=60), num_engines=1
@@ -84,9 +87,10 @@ async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_
         connect = asyncio.create_task(asyncio.to_thread(pub.connect))
         await _join(sync, engine, r, ns)
         await connect
+        assert pub.group.world_size == 1 + workers  # the learner and one rank per worker
 
         # 1. fp32 weights: exact greedy agreement with transformers.
-        model = perturbed_model(tiny_model_dir, seed=1)
+        model = perturbed_model(model_dir, seed=1)
         reference = hf_greedy(model, prompts, MAX_NEW)
         assert await engine_greedy(engine, prompts, MAX_NEW) != reference, (
             "the perturbation must change outputs"
@@ -95,12 +99,12 @@ async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_
         publish = asyncio.create_task(asyncio.to_thread(pub.publish, named, 1))
         loaded = await _apply_next(sync, engine, 0)
         stats = await publish
-        assert loaded == len(named)
+        assert loaded == workers * len(named)  # summed over the workers: each loaded every tensor
         assert stats["weight_sync/buckets"] >= 2 and stats["weight_sync/bytes"] > 0
         assert await engine_greedy(engine, prompts, MAX_NEW) == reference
 
         # 2. bf16 transport into the fp32 engine: equals transformers holding the bf16-rounded weights.
-        model2 = perturbed_model(tiny_model_dir, seed=2)
+        model2 = perturbed_model(model_dir, seed=2)
         with torch.no_grad():
             for p in model2.parameters():
                 p.copy_(p.to(torch.bfloat16).float())
@@ -117,6 +121,11 @@ async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_
         pub.close()
         learner_rv.close()
         engine_rv.close()
+        r.close()
+
+
+async def test_engine_generates_like_transformers_after_sync(engine, tiny_model_dir, redis_url):
+    await _sync_twice_and_compare(engine, tiny_model_dir, redis_url, "wsvllm", workers=1)
 
 
 async def test_two_rank_fsdp_learner_pushes_into_the_engine(engine, tiny_model_dir, redis_url, free_port):
@@ -147,3 +156,18 @@ async def test_two_rank_fsdp_learner_pushes_into_the_engine(engine, tiny_model_d
             if proc.is_alive():
                 proc.kill()
     assert await engine_greedy(engine, prompts, MAX_NEW) == reference
+
+
+async def test_tensor_parallel_engine_generates_like_transformers_after_sync(
+    tiny_model_dir, redis_url, monkeypatch
+):
+    """tensor_parallel_size 2: both workers are members of the group (world size 3), each receives the full weights
+    and vLLM's loaders keep its shards (the tiny model's single KV head is replicated on both)."""
+    for key, value in cpu_tensor_parallel_env(2).items():
+        monkeypatch.setenv(key, value)
+    engine = await start_engine(tiny_model_dir, tensor_parallel_size=2)
+    try:
+        assert len(await engine.collective_rpc("ws_worker_index")) == 2
+        await _sync_twice_and_compare(engine, tiny_model_dir, redis_url, "wstp2", workers=2)
+    finally:
+        engine.shutdown()

@@ -1,16 +1,17 @@
-"""Redis coordination: rendezvous, rank claims per epoch, announced updates, acks and their timeouts."""
+"""Redis coordination: rendezvous, rank claims per epoch (one per engine worker), announced updates, acks."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 
-from weight_sync.rendezvous import Rendezvous
+from weight_sync.rendezvous import Rendezvous, describe_members
 
 NS = "wsunit"
-INFO = {"addr": "127.0.0.1", "port": 1234, "world_size": 3, "backend": "gloo", "epoch": 1, "timeout_s": 5.0}
+INFO = {"addr": "127.0.0.1", "port": 1234, "backend": "gloo", "epoch": 1, "timeout_s": 5.0}
 
 
 @pytest.fixture
@@ -39,11 +40,54 @@ def test_rendezvous_round_trip_and_rank_claims_per_epoch(rv):
     assert rv.read() == INFO
     assert [rv.claim_rank(1, "g0"), rv.claim_rank(1, "g1")] == [1, 2]
     assert rv.members(1) == {1: "g0", 2: "g1"}
-    with pytest.raises(RuntimeError, match="world size 3.*claimed rank 3"):
-        rv.claim_rank(1, "g2")
     # a new epoch starts counting again
     rv.publish({**INFO, "epoch": 2})
     assert rv.claim_rank(2, "g1") == 1
+    assert rv.members(2) == {1: "g1"}
+
+
+def test_an_engine_claims_one_rank_per_worker(rv):
+    """A tensor-parallel engine of 2 workers takes two consecutive ranks; the learner waits for engines, not ranks,
+    and its group has 1 + every claimed rank."""
+    rv.publish(INFO)
+    assert rv.claim_rank(1, "tp2", workers=2) == 1
+    assert rv.claim_rank(1, "tp1") == 3
+    assert rv.claim_rank(1, "tp4", workers=4) == 4
+    members = {1: "tp2", 2: "tp2", 3: "tp1", 4: "tp4", 5: "tp4", 6: "tp4", 7: "tp4"}
+    assert rv.members(1) == members
+    assert rv.wait_members(1, 3, timeout_s=1) == members
+    with pytest.raises(TimeoutError, match=r"3 of 4 engines joined.*'tp1', 'tp2', 'tp4'"):
+        rv.wait_members(1, 4, timeout_s=0.2)
+    assert describe_members(members) == "tp2 (ranks 1-2), tp1 (rank 3), tp4 (ranks 4-7)"
+    with pytest.raises(ValueError, match="workers=0"):
+        rv.claim_rank(1, "none", workers=0)
+    # engines without a name are told apart by their first rank
+    assert [rv.claim_rank(1, workers=2), rv.claim_rank(1)] == [8, 10]
+    assert rv.wait_members(1, 5, timeout_s=1) == {**members, 8: "rank8", 9: "rank8", 10: "rank10"}
+
+
+def test_concurrent_claims_leave_no_gap(rv):
+    """Claims are atomic: whatever moment the learner reads the members, ranks 1..n are all there and each
+    engine's ranks are consecutive (a gap would leave the group waiting for a rank nobody holds)."""
+    rv.publish(INFO)
+    sizes = {f"e{i}": 1 + i % 3 for i in range(24)}
+    snapshots: list[dict[int, str]] = []
+
+    def claim(worker_id: str) -> None:
+        rv.claim_rank(1, worker_id, workers=sizes[worker_id])
+        snapshots.append(rv.members(1))
+
+    threads = [threading.Thread(target=claim, args=(w,)) for w in sizes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for members in [*snapshots, rv.members(1)]:
+        assert sorted(members) == list(range(1, len(members) + 1))
+        for worker_id in set(members.values()):
+            held = [rank for rank, w in members.items() if w == worker_id]
+            assert len(held) == sizes[worker_id] and held == list(range(held[0], held[0] + len(held)))
+    assert len(rv.members(1)) == sum(sizes.values())
 
 
 def test_malformed_info_and_update_are_rejected(rv):
@@ -102,20 +146,23 @@ def test_keys_keep_their_layout_on_the_wire(rv, redis_url):
 
 
 class _FakeEngine:
-    """Stands in for AsyncLLM: records the calls the engine side makes (pause, rpc, resume)."""
+    """Stands in for AsyncLLM with `workers` workers: records the calls the engine side makes (pause, rpc, resume)."""
 
-    def __init__(self):
-        self.calls: list[str] = []
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+        self.calls: list[tuple[str, tuple]] = []
 
     async def pause_generation(self, **_):
-        self.calls.append("pause")
+        self.calls.append(("pause", ()))
 
     async def resume_generation(self):
-        self.calls.append("resume")
+        self.calls.append(("resume", ()))
 
     async def collective_rpc(self, method, args=()):
-        self.calls.append(method)
-        return [7]
+        self.calls.append((method, args))
+        if method == "ws_worker_index":
+            return list(range(self.workers))
+        return [7] * self.workers
 
 
 async def test_engine_takes_the_starting_weights_even_at_its_own_version(rv):
@@ -131,7 +178,13 @@ async def test_engine_takes_the_starting_weights_even_at_its_own_version(rv):
     rv.announce_update(update)
     assert sync.pending_update(current_version=0) == update
     assert await receive_and_ack(engine, sync, update) == 7
-    assert engine.calls == ["ws_join", "pause", "ws_receive", "resume"]
+    assert [call for call, _ in engine.calls] == [
+        "ws_worker_index",
+        "ws_join",
+        "pause",
+        "ws_receive",
+        "resume",
+    ]
     assert rv.acked(0) == {"g0"}
     assert sync.pending_update(current_version=0) is None  # applied already
     rv.announce_update({**update, "version": 1})
@@ -139,12 +192,38 @@ async def test_engine_takes_the_starting_weights_even_at_its_own_version(rv):
     assert sync.pending_update(current_version=2) is None  # older than what the engine holds
 
 
+async def test_a_tensor_parallel_engine_claims_a_rank_for_each_worker(rv):
+    """The engine side asks the engine how many workers it has, claims that many ranks, and hands every worker the
+    first one (each adds its own index)."""
+    from weight_sync.engine_side import EngineWeightSync
+
+    rv.publish(INFO)
+    rv.claim_rank(1, "before")  # another engine claimed rank 1 first
+    sync, engine = EngineWeightSync(rv, "tp2"), _FakeEngine(workers=2)
+    assert await sync.ensure_joined(engine)
+    assert engine.calls == [("ws_worker_index", ()), ("ws_join", (INFO, 2))]
+    assert rv.members(1) == {1: "before", 2: "tp2", 3: "tp2"}
+    assert await sync.ensure_joined(engine)  # joined already: no second claim
+    assert len(engine.calls) == 2
+
+
+async def test_workers_with_unexpected_indices_are_refused(rv):
+    from weight_sync.engine_side import EngineWeightSync
+
+    class _Shuffled(_FakeEngine):
+        async def collective_rpc(self, method, args=()):
+            return [0, 2] if method == "ws_worker_index" else await super().collective_rpc(method, args)
+
+    rv.publish(INFO)
+    with pytest.raises(RuntimeError, match=r"indices \[0, 2\], expected 0..1"):
+        await EngineWeightSync(rv, "odd").ensure_joined(_Shuffled(workers=2))
+    assert rv.members(1) == {}
+
+
 UPDATE = {"version": 1, "epoch": 1, "buckets": [[["w", "float32", [2]]]], "dtype": "float32"}
 
 
 def test_engines_wait_on_announcements_instead_of_polling(other_ns):
-    import threading
-
     rv = other_ns("wsevents")
     cursor = rv.event_cursor()
     assert cursor == "0-0"  # nothing announced yet
@@ -164,8 +243,6 @@ def test_engines_wait_on_announcements_instead_of_polling(other_ns):
 
 
 def test_wait_acks_wakes_on_the_last_ack_instead_of_polling(other_ns):
-    import threading
-
     rv = other_ns("wsackwake")
     rv.ack_update(3, "g0")  # an ack of an older version does not count
     rv.ack_update(4, "g0")
