@@ -19,6 +19,7 @@ import torch
 
 from buffer.records import Group
 from learner.attention import VARLEN_SDPA
+from learner.chunked_logprobs import chunked_logprobs
 
 
 @dataclass
@@ -170,40 +171,94 @@ def block_causal_mask(seq_lens: list[int], device: torch.device | None = None) -
     return (same & causal)[None, None]
 
 
-def token_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, temperature: float, with_entropy: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of the targets at `mb.keep`, from logits / temperature like the engine's.
-
-    Only the positions whose target is a response token go through the LM head (`logits_to_keep` with indices),
-    which keeps the (tokens x vocab) logits small for long prompts and large vocabularies.
-    """
+def attention_kwargs(model: torch.nn.Module, mb: MicroBatch) -> dict:
+    """How the model keeps the packed sequences apart: varlen boundaries, or a block-causal mask."""
     attn = getattr(model.config, "_attn_implementation", "sdpa")
-    kwargs = {}
-    if attn in ("flash_attention_2", VARLEN_SDPA):  # varlen kernels: sequence boundaries, no T x T mask
-        bounds = np.cumsum([0, *mb.seq_lens]).tolist()
-        kwargs = {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max(mb.seq_lens)}
-        kwargs["max_length_k"] = kwargs["max_length_q"]
-        if attn == "flash_attention_2":
-            device = mb.input_ids.device
-            kwargs["cu_seq_lens_q"] = kwargs["cu_seq_lens_k"] = torch.tensor(
-                bounds, dtype=torch.int32, device=device
+    if attn not in ("flash_attention_2", VARLEN_SDPA):
+        return {"attention_mask": block_causal_mask(mb.seq_lens, mb.input_ids.device)}
+    # varlen kernels: sequence boundaries, no T x T mask
+    bounds = np.cumsum([0, *mb.seq_lens]).tolist()
+    longest = max(mb.seq_lens)
+    kwargs = {
+        "cu_seq_lens_q": bounds,
+        "cu_seq_lens_k": bounds,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+    if attn == "flash_attention_2":
+        device = mb.input_ids.device
+        kwargs["cu_seq_lens_q"] = kwargs["cu_seq_lens_k"] = torch.tensor(
+            bounds, dtype=torch.int32, device=device
+        )
+    return kwargs
+
+
+# config attributes of models whose forward changes the logits after the LM head (Gemma 2/3 soft-capping, Cohere,
+# Granite): the chunked head below applies the plain LM head only, so it refuses them rather than differ silently
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The LM head's weight as the forward just used it (FSDP2's root unit keeps it unsharded until backward)."""
+    from torch.distributed.tensor import DTensor
+
+    for name in _LOGIT_TRANSFORMS:
+        if getattr(model.config, name, None) not in (None, 1.0):
+            raise ValueError(
+                f"{type(model).__name__} transforms its logits after the LM head (config.{name}="
+                f"{getattr(model.config, name)}); token_logprobs computes the plain head only"
             )
-    else:
-        kwargs["attention_mask"] = block_causal_mask(mb.seq_lens, mb.input_ids.device)
-    out = model(
-        input_ids=mb.input_ids,
-        position_ids=mb.position_ids,
-        logits_to_keep=mb.keep,
-        use_cache=False,
-        **kwargs,
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError(
+            f"{type(model).__name__}'s LM head has a bias; token_logprobs supports bias-free heads"
+        )
+    if isinstance(head.weight, DTensor):
+        raise RuntimeError(
+            "the LM head's weight is sharded after the forward: token_logprobs needs it unsharded, as FSDP2 leaves "
+            "the root unit's parameters (embeddings, norm, head) between forward and backward; shard the model "
+            "with learner.model.load_policy (lm_head in the root unit, root not resharded after forward)"
+        )
+    return head.weight
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    temperature: float,
+    with_entropy: bool = True,
+    chunk_tokens: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 log-probs (and entropies) of the targets at `mb.keep`, from logits / temperature like the engine's.
+
+    The model body runs once over the packed row; its final hidden states at the `keep` positions then go through
+    the LM head, log-softmax and gather `chunk_tokens` at a time (learner/chunked_logprobs.py), so no
+    [tokens x vocab] logits tensor exists in the forward or the backward. The model's own head is called on zero
+    positions (`logits_to_keep` empty); the hidden states are taken from its decoder (`get_decoder()`) with a
+    forward hook. Under FSDP2 this still runs inside the root unit's forward/backward hooks, which all-gather the
+    head with the embeddings and reduce-scatter its gradient after the backward.
+    `with_entropy=False` computes no entropy; with it, the entropy's gradient is computed only if it reaches the loss.
+    """
+    captured: list[torch.Tensor] = []
+    hook = model.get_decoder().register_forward_hook(
+        lambda _module, _args, output: captured.append(output[0])
     )
-    logits = out.logits[0].float() / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)
-    targets = mb.target_ids[mb.keep]
-    logprobs = logits.gather(-1, targets[:, None])[:, 0] - log_norm
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_norm - (probs * logits).sum(-1)
-    return logprobs, entropy
+    try:
+        model(
+            input_ids=mb.input_ids,
+            position_ids=mb.position_ids,
+            logits_to_keep=mb.keep[:0],  # the head on no position: log-probs come from the chunked head below
+            use_cache=False,
+            **attention_kwargs(model, mb),
+        )
+    finally:
+        hook.remove()
+    hidden = captured[-1][0, mb.keep]
+    return chunked_logprobs(
+        hidden,
+        _lm_head_weight(model),
+        mb.target_ids[mb.keep],
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        with_entropy=with_entropy,
+    )

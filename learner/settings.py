@@ -25,18 +25,29 @@ class LearnerConfig(BaseModel):
         ge=0,
         description="Most policy versions a trajectory may lag the learner (0 = synchronous, on-policy).",
     )
-    total_steps: int = Field(1000, ge=1, description="Optimizer steps to run.")
+    total_steps: int = Field(
+        1000, ge=1, description="Steps (batches) to run; each publishes one policy version."
+    )
     # -- optimisation
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps to the peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    ppo_mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Trajectories per optimizer update: the batch (groups_per_step x group_size) is cut into "
+        "mini-batches of this size, one AdamW step each, one publish per batch (None: the whole batch, one update).",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over the batch's mini-batches per step.")
     # -- objective: the algorithm and the off-policy correction (learner/algorithms/)
     algorithm: AlgorithmConfig = Field(
         default_factory=GRPOConfig,
-        description="The RL algorithm and its policy loss: {type: grpo|drgrpo, clip_low, clip_high, kl_coef, "
-        "entropy_coef}.",
+        description="The RL algorithm and its policy loss: {type: grpo|drgrpo|rloo|reinforce_baseline|reinforce_pp|"
+        "ppo, clip_low, clip_high, kl_coef, kl_placement, kl_estimator, kl_ctrl, entropy_coef, dynamic_sampling, "
+        "overlong, ...} (learner/algorithms/settings.py). reinforce_pp's own defaults put the KL in the reward "
+        "(kl_coef 0.001, kl_estimator k1).",
     )
     correction: CorrectionConfig = Field(
         default_factory=TISCorrection,
@@ -55,6 +66,19 @@ class LearnerConfig(BaseModel):
         8192, ge=16, description="Token budget of one packed micro-batch (sequence packing without padding)."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Tokens per chunk of the LM head + log-softmax in the log-prob step: it holds about two "
+        "chunk x vocab fp32 buffers instead of several tokens x vocab logits copies (the backward recomputes each "
+        "chunk's logits).",
+    )
+    cpu_offload: bool = Field(
+        False,
+        description="FSDP2 CPU offload: parameters, gradients and optimizer state live in CPU memory (the optimizer "
+        "steps there) and each unit is copied to the GPU for its forward/backward. On a CPU-only run it changes "
+        "nothing but the code path.",
+    )
     checkpoint_every: int = Field(
         50, ge=1, description="Save an HF checkpoint + resume state every this many steps."
     )

@@ -1,12 +1,21 @@
 """Learner throughput: sequence packing against padding on variable-length groups, measured in one run.
 
     python scripts/bench_learner.py [--quick] [--json] [--device cpu|cuda] [--model DIR]
+    python scripts/bench_learner.py --logprob-memory [--tokens 2048,4096,16384] [--chunk-tokens 1024] [--json]
 
 Both paths run the same FSDP2 policy (world size 1), the same loss (GRPO + `tis`) and the same token budget per
 micro-batch. Packing: first-fit-decreasing rows with a block-causal mask (flash-attention varlen on GPU when
 installed). Padding: sequences in arrival order, each micro-batch padded to its longest sequence (rows x longest
 <= budget), a 2-D padding mask. Throughput counts real tokens only; the ratio is packed / padded tokens per second.
 Without --model a small random Qwen2 (hidden 256, 4 layers) is built in a temporary directory.
+
+--logprob-memory: the log-prob step (forward, policy loss, backward of one packed micro-batch; no optimizer step) at
+Qwen's 151,936-token vocabulary on a tiny Qwen2 body, so the LM head dominates. The chunked head
+(learner/chunked_logprobs.py) against the unchunked code it replaced, kept below as `_unchunked_token_logprobs`;
+both are called as the trainer calls them (entropy for the metric, entropy_coef 0, unless --entropy). Each run is
+a fresh process (CPU only): its peak RSS (the kernel's high-water mark, reset after the model is loaded) minus the
+RSS after loading is the step's peak memory; parameter gradients count in both. The unchunked path runs only at
+sizes whose ~5.5 [tokens x vocab] fp32 copies fit in the available memory; runs alternate A-B-B-A.
 """
 
 from __future__ import annotations
@@ -205,6 +214,261 @@ def run(args) -> dict:
     }
 
 
+# -- the log-prob step's peak memory (--logprob-memory) ------------------------------------------------------------
+
+QWEN_VOCAB = 151_936
+# fp32 [tokens x vocab] copies the unchunked step holds at its peak (logits, logits / T, probs, their product, the
+# backward's gradient; 5.2 measured here): a size runs only when these and HEADROOM_GIB fit in the available memory
+UNCHUNKED_COPIES = 5.5
+HEADROOM_GIB = 1.5
+
+
+def _unchunked_token_logprobs(model, mb, temperature: float, with_entropy: bool = True):
+    """The trainer's log-probs before the chunked head (the baseline): fp32 logits at every kept position, then
+    logsumexp and gather, and softmax for the entropy, all under autograd."""
+    import torch
+
+    from learner.packing import attention_kwargs
+
+    out = model(
+        input_ids=mb.input_ids,
+        position_ids=mb.position_ids,
+        logits_to_keep=mb.keep,
+        use_cache=False,
+        **attention_kwargs(model, mb),
+    )
+    logits = out.logits[0].float() / temperature
+    log_norm = torch.logsumexp(logits, dim=-1)
+    targets = mb.target_ids[mb.keep]
+    logprobs = logits.gather(-1, targets[:, None])[:, 0] - log_norm
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = log_norm - (probs * logits).sum(-1)
+    return logprobs, entropy
+
+
+def _proc_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _available_bytes(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable")
+
+
+def _vocab_model(out_dir: Path, vocab: int, hidden: int, layers: int, max_len: int) -> Path:
+    """A random Qwen2 with the given vocabulary and a tiny body (untied head, as in Qwen2.5-7B and larger)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_len, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out_dir)
+    return out_dir
+
+
+def _packed_micro_batch(tokens: int, seq_len: int, vocab: int):
+    """One packed row of `tokens` tokens: sequences of `seq_len` (32 prompt tokens), every response token a loss
+    token, behaviour log-probs near a uniform policy's."""
+    import numpy as np
+
+    from learner.packing import Sequence, pack
+
+    rng = np.random.default_rng(0)
+    sequences = []
+    for i, start in enumerate(range(0, tokens, seq_len)):
+        n = min(seq_len, tokens - start)
+        prompt = min(32, n - 1)
+        response = n - prompt
+        sequences.append(
+            Sequence(
+                token_ids=rng.integers(0, vocab, n),
+                prompt_len=prompt,
+                loss_mask=np.ones(response, dtype=np.uint8),
+                behavior_logprobs=(-np.log(vocab) + 0.1 * rng.standard_normal(response)).astype(np.float32),
+                versions=np.zeros(response, dtype=np.int32),
+                advantage=1.0 if i % 2 == 0 else -1.0,
+            )
+        )
+    return pack(sequences)
+
+
+def _logprob_worker(spec: dict) -> dict:
+    """One path at one size in this (fresh) process: peak memory and seconds of the log-prob step."""
+    import torch
+
+    from learner.algorithms import build_algorithm
+    from learner.algorithms.settings import GRPOConfig, TISCorrection
+    from learner.distributed import init_distributed, shutdown_distributed
+    from learner.model import load_policy
+    from learner.packing import token_logprobs
+
+    torch.set_num_threads(spec["threads"])
+    if spec["device"] == "cpu":
+        with open("/proc/self/oom_score_adj", "w") as oom:
+            oom.write("1000")  # if memory runs out, the kernel kills this run first, not a neighbour
+    world = init_distributed(spec["device"])
+    device = world.device
+    model = load_policy(spec["model"], world)
+    algorithm = build_algorithm(
+        GRPOConfig(entropy_coef=0.01 if spec["entropy"] == "grad" else 0.0), TISCorrection()
+    )
+    mb = _packed_micro_batch(spec["tokens"], spec["seq_len"], model.config.vocab_size).to(device)
+    keep = mb.keep
+    with_entropy = spec["entropy"] != "off"
+
+    def step() -> None:
+        if spec["path"] == "unchunked":
+            logprobs, entropy = _unchunked_token_logprobs(model, mb, 1.0, with_entropy)
+        else:
+            logprobs, entropy = token_logprobs(
+                model, mb, 1.0, with_entropy, chunk_tokens=spec["chunk_tokens"]
+            )
+        if entropy is not None and not algorithm.needs_entropy:
+            entropy = entropy.detach()  # as the trainer does: the entropy only feeds the metric
+        loss_mask = mb.loss_mask[keep]
+        per_token, _ = algorithm.loss(
+            logprobs, mb.behavior_logprobs[keep], mb.advantages[keep], loss_mask,
+            torch.zeros_like(keep), entropy=entropy,
+        )  # fmt: skip
+        per_token.sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        base = _proc_kib("VmRSS") * 1024
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset the peak RSS (VmHWM) to the current RSS: loading's peak does not count
+    step()  # warm-up (allocations, lazy init); its peak counts
+    seconds = []
+    for _ in range(spec["steps"]):
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = _proc_kib("VmHWM") * 1024 - base
+    shutdown_distributed()
+    kept = int(keep.numel())
+    return {"peak_bytes": peak, "seconds": seconds, "kept_tokens": kept, "tokens_per_s": kept / min(seconds)}
+
+
+def _run_worker(spec: dict) -> dict:
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--logprob-worker", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == -9:
+        raise RuntimeError(f"{spec['path']} at {spec['tokens']} tokens was killed (out of memory?)")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec['path']} at {spec['tokens']} tokens failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def logprob_memory(args) -> dict:
+    """Each size: the chunked path, and the unchunked one where it fits, `--repeats` times each (A-B-B-A)."""
+    import torch
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    device = torch.device("cuda" if args.device == "cuda" else "cpu")
+    tmp = tempfile.TemporaryDirectory()
+    model_dir = str(_vocab_model(Path(tmp.name), args.vocab, args.hidden, args.layers, args.seq_len + 8))
+    rows = []
+    for tokens in args.tokens:
+        paths = ["chunked"]
+        needed = UNCHUNKED_COPIES * tokens * args.vocab * 4 + HEADROOM_GIB * 2**30
+        if needed <= _available_bytes(device):
+            paths = ["unchunked", "chunked"]
+        else:
+            console.print(
+                f"{tokens} tokens: unchunked skipped (~{needed / 2**30:.1f} GiB > available memory)"
+            )
+        runs: dict[str, list[dict]] = {path: [] for path in paths}
+        for repeat in range(args.repeats):
+            for path in paths if repeat % 2 == 0 else paths[::-1]:
+                spec = {
+                    "path": path, "tokens": tokens, "model": model_dir, "device": args.device,
+                    "threads": args.threads, "steps": args.steps, "entropy": args.entropy,
+                    "chunk_tokens": args.chunk_tokens, "seq_len": args.seq_len,
+                }  # fmt: skip
+                result = _run_worker(spec)
+                runs[path].append(result)
+                console.print(
+                    f"{tokens} tokens, {path} run {repeat + 1}: peak {result['peak_bytes'] / 2**30:.2f} GiB, "
+                    f"{result['tokens_per_s']:.0f} tokens/s"
+                )
+        row = {"tokens": tokens, "kept_tokens": runs["chunked"][0]["kept_tokens"]}
+        for path, results in runs.items():
+            row[f"{path}/peak_gib"] = max(r["peak_bytes"] for r in results) / 2**30
+            row[f"{path}/tokens_per_s"] = sum(r["tokens_per_s"] for r in results) / len(results)
+        if "unchunked" in runs:
+            row["peak_ratio_chunked_over_unchunked"] = row["chunked/peak_gib"] / row["unchunked/peak_gib"]
+            row["speed_ratio_chunked_over_unchunked"] = (
+                row["chunked/tokens_per_s"] / row["unchunked/tokens_per_s"]
+            )
+        rows.append(row)
+    tmp.cleanup()
+    return {
+        "device": args.device,
+        "vocab": args.vocab,
+        "body": f"Qwen2, hidden {args.hidden}, {args.layers} layers, fp32",
+        "sequence_len": args.seq_len,
+        "chunk_tokens": args.chunk_tokens,
+        "entropy": args.entropy,
+        "threads": args.threads,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "sizes": rows,
+    }
+
+
+_TABLE_CELLS = [
+    ("unchunked/peak_gib", ".2f"),
+    ("chunked/peak_gib", ".2f"),
+    ("peak_ratio_chunked_over_unchunked", ".3f"),
+    ("unchunked/tokens_per_s", ".0f"),
+    ("chunked/tokens_per_s", ".0f"),
+    ("speed_ratio_chunked_over_unchunked", ".2f"),
+]
+
+
+def _print_logprob_memory(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"log-prob step at vocab {result['vocab']} ({result['body']}, chunk {result['chunk_tokens']}, "
+                        f"entropy {result['entropy']}, {result['threads']} threads)")  # fmt: skip
+    for column in ("tokens", "unchunked peak GiB", "chunked peak GiB", "peak ratio", "unchunked tok/s",
+                   "chunked tok/s", "speed ratio"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for row in result["sizes"]:
+        cells = {key: format(row[key], fmt) if key in row else "-" for key, fmt in _TABLE_CELLS}
+        table.add_row(str(row["tokens"]), *cells.values())
+    Console().print(table)
+
+
 def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
     """Parse the options, run both modes, return (figures, --json given). Also used by bench_weight_sync.py."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -218,8 +482,32 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--budget", type=int, default=None, help="micro_batch_tokens")
     parser.add_argument("--max-len", type=int, default=1024, help="longest prompt + response")
+    memory = parser.add_argument_group(
+        "--logprob-memory: the log-prob step's peak memory at a large vocabulary"
+    )
+    memory.add_argument("--logprob-memory", action="store_true", help="measure the log-prob step (see above)")
+    memory.add_argument(
+        "--tokens", default="2048,4096,16384", help="micro-batch sizes in tokens, comma-separated"
+    )
+    memory.add_argument("--chunk-tokens", type=int, default=1024, help="learner.logprob_chunk_tokens")
+    memory.add_argument("--vocab", type=int, default=QWEN_VOCAB, help="vocabulary size (Qwen2.5: 151,936)")
+    memory.add_argument("--hidden", type=int, default=128, help="hidden size of the tiny body")
+    memory.add_argument("--layers", type=int, default=2, help="decoder layers of the tiny body")
+    memory.add_argument("--seq-len", type=int, default=1024, help="tokens per packed sequence")
+    memory.add_argument("--entropy", default="metric", choices=["off", "metric", "grad"],
+                        help="off: log-probs only; metric: entropy without gradient (entropy_coef 0, the default); "
+                        "grad: entropy in the loss")  # fmt: skip
+    memory.add_argument("--threads", type=int, default=1, help="torch threads per run (CPU)")
+    memory.add_argument("--repeats", type=int, default=2, help="runs per path and size (A-B-B-A order)")
     args = parser.parse_args(argv)
     import torch
+
+    if args.logprob_memory:
+        args.device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+        args.device = "cpu" if args.device == "auto" else args.device
+        args.steps = args.steps or (1 if args.quick else 2)
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+        return logprob_memory(args), args.json
 
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
@@ -232,9 +520,15 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--logprob-worker"]:  # one run of --logprob-memory, in its own process
+        print(json.dumps(_logprob_worker(json.loads(argv[1]))))
+        return 0
     result, as_json = measure(argv)
     if as_json:
         print(json.dumps(result))
+    elif "sizes" in result:
+        _print_logprob_memory(result)
     else:
         for key, value in result.items():
             print(f"{key:28s} {value:.3f}" if isinstance(value, float) else f"{key:28s} {value}")

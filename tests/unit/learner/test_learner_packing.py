@@ -1,4 +1,5 @@
-"""Packing: bin planning, target alignment, and packed log-probs equal to per-sequence log-probs."""
+"""Packing: bin planning, target alignment, packed log-probs equal to per-sequence log-probs, and the chunked head
+equal to full logits under FSDP2."""
 
 from __future__ import annotations
 
@@ -105,3 +106,70 @@ def test_varlen_attention_falls_back_to_sdpa_on_padded_batches(tiny_model_dir):
         a = varlen(input_ids=ids, attention_mask=mask).logits
         b = plain(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(a[mask.bool()], b[mask.bool()])
+
+
+def tied_copy(model_dir, out_dir):
+    """The tiny policy with its LM head tied to the embeddings (as Qwen2.5-0.5B..3B are)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out_dir)
+    return out_dir
+
+
+def full_logits_logprobs(model, mb, temperature):
+    """The log-probs and entropies as the trainer computed them before the chunked head: all logits at once."""
+    from learner.packing import attention_kwargs
+
+    out = model(
+        input_ids=mb.input_ids,
+        position_ids=mb.position_ids,
+        logits_to_keep=mb.keep,
+        use_cache=False,
+        **attention_kwargs(model, mb),
+    )
+    log_probs = torch.log_softmax(out.logits[0].float() / temperature, dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return log_probs.gather(-1, mb.target_ids[mb.keep][:, None])[:, 0], entropy
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fsdp_token_logprobs_and_grads_equal_full_logits(world, tiny_model_dir, tmp_path, tied):
+    """Under FSDP2 (root unit holding embeddings and head), over two accumulated micro-batches."""
+    from learner.model import load_policy
+
+    model_dir = tied_copy(tiny_model_dir, tmp_path / "tied") if tied else tiny_model_dir
+    rng = np.random.default_rng(2)
+    group = Group("g", "toy", 0, [_trajectory(rng, p, r) for p, r in [(5, 19), (3, 27), (8, 14)]])
+    mb = pack(sequences_from_groups([group], [np.zeros(3)]))
+    results = {}
+    for path in ("chunked", "full"):
+        model = load_policy(model_dir, world)
+        for step in range(2):
+            model.set_requires_gradient_sync(step == 1)
+            if path == "chunked":
+                logprobs, entropy = token_logprobs(model, mb, 0.7, with_entropy=True, chunk_tokens=7)
+            else:
+                logprobs, entropy = full_logits_logprobs(model, mb, 0.7)
+            (logprobs * torch.linspace(-1, 1, len(logprobs)) + 0.1 * entropy).sum().backward()
+        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+        results[path] = (logprobs.detach(), entropy.detach(), grads)
+    (lp_a, ent_a, grads_a), (lp_b, ent_b, grads_b) = results["chunked"], results["full"]
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=1e-5)
+    assert grads_a.keys() == grads_b.keys() and ("lm_head.weight" in grads_a) != tied
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_token_logprobs_refuses_a_model_that_reshapes_its_logits(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.config.final_logit_softcapping = 30.0
+    rng = np.random.default_rng(3)
+    mb = pack(sequences_from_groups([Group("g", "toy", 0, [_trajectory(rng, 3, 6)])], [np.zeros(1)]))
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        token_logprobs(model, mb, 1.0)
