@@ -1,14 +1,16 @@
 """Operations of `ReplayBuffer` for evaluation requests: whoever drives a run asks, generator workers answer.
 
-    request_id = buf.request_evaluation(step=50, version=50, max_prompts=200)    # the learner side / `sr1 run`
-    request = buf.pop_evaluation_request("gen-0")                               # a generator worker
-    buf.post_evaluation_result(request, {"eval/em": 0.41, ...})
-    result = buf.wait_evaluation_result(request_id, timeout_s=600)
+    eval_id = buf.request_evaluation(step=50, version=50, shards=4, max_prompts=1000)   # the learner / `sr1 run`
+    request = buf.pop_evaluation_request("gen-0")            # a generator worker: one shard of the evaluation
+    buf.post_evaluation_result(request, {"items": [...], "eval/version": 50})
+    results = buf.wait_evaluation(eval_id, timeout_s=600)    # every shard's result, once all are in
 
-Requests are a Redis list under `<namespace>:eval:requests`; a worker that pops one holds it in
-`<namespace>:eval:taken:<worker>` until it posts the result, so a worker that dies mid-evaluation gives its requests
-back when it restarts (`requeue_evaluations`). Results live 7 days under `<namespace>:eval:result:<id>`. A request
-that is not a JSON object with a string `id` is counted (`<namespace>:eval:malformed`) and reported.
+An evaluation is split into `shards` requests (one per generator worker, so they answer it together); shard i of k
+answers every k-th selected prompt. Requests are a Redis list under `<namespace>:eval:requests`; a worker that pops
+one holds it in `<namespace>:eval:taken:<worker>` until it posts the result, so a worker that dies mid-evaluation
+gives its requests back when it restarts (`requeue_evaluations`). Results live 7 days under
+`<namespace>:eval:result:<request id>`. A request that is not a JSON object with a string `id` is counted
+(`<namespace>:eval:malformed`) and reported.
 """
 
 from __future__ import annotations
@@ -24,16 +26,20 @@ RESULT_TTL_S = 7 * 24 * 3600
 class EvaluationRequests:
     """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis` and `key()` it uses."""
 
-    def request_evaluation(self, *, step: int, max_prompts: int, greedy: bool = True, **fields: Any) -> str:
-        request_id = f"eval-{step}-{uuid.uuid4().hex[:8]}"
-        payload = {
-            "id": request_id,
-            "step": int(step),
-            "max_prompts": int(max_prompts),
-            "greedy": bool(greedy),
-        }
-        self._redis.rpush(self.key("eval", "requests"), json.dumps(payload | fields))
-        return request_id
+    def request_evaluation(self, *, step: int, version: int, shards: int = 1, **spec: Any) -> str:
+        """Ask for an evaluation of the policy at `version` or newer, split into `shards` requests; returns its id.
+        `spec` travels with every shard (max_prompts, max_per_source, greedy, samples)."""
+        if shards < 1:
+            raise ValueError(f"an evaluation needs at least one shard, got {shards}")
+        eval_id = f"eval-{step}-{uuid.uuid4().hex[:8]}"
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(self.key("eval", "shards", eval_id), shards, ex=RESULT_TTL_S)
+        for i in range(shards):
+            payload = {"id": f"{eval_id}#{i}", "eval_id": eval_id, "shard": [i, shards], "step": int(step),
+                       "version": int(version)}  # fmt: skip
+            pipe.rpush(self.key("eval", "requests"), json.dumps(spec | payload))
+        pipe.execute()
+        return eval_id
 
     def pop_evaluation_request(self, worker_id: str) -> dict[str, Any] | None:
         """The oldest request, now held by `worker_id` until it posts the result; None when there is none.
@@ -70,15 +76,24 @@ class EvaluationRequests:
             moved += 1
         return moved
 
-    def evaluation_result(self, request_id: str) -> dict[str, Any] | None:
-        raw = self._redis.get(self.key("eval", "result", request_id))
-        return None if raw is None else json.loads(raw)
+    def evaluation_results(self, eval_id: str) -> list[dict[str, Any]] | None:
+        """Every shard's result once all are in (in shard order), else None."""
+        shards = self._redis.get(self.key("eval", "shards", eval_id))
+        if shards is None:
+            raise KeyError(f"no evaluation {eval_id!r} was requested (or it expired)")
+        keys = [self.key("eval", "result", f"{eval_id}#{i}") for i in range(int(shards))]
+        raw = self._redis.mget(keys)
+        if any(r is None for r in raw):
+            return None
+        return [json.loads(r) for r in raw]
 
-    def wait_evaluation_result(self, request_id: str, timeout_s: float) -> dict[str, Any]:
+    def wait_evaluation(self, eval_id: str, timeout_s: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            result = self.evaluation_result(request_id)
-            if result is not None:
-                return result
+            results = self.evaluation_results(eval_id)
+            if results is not None:
+                return results
             time.sleep(0.25)
-        raise TimeoutError(f"no generator answered evaluation request {request_id} within {timeout_s:.0f}s")
+        raise TimeoutError(
+            f"generators did not answer every shard of evaluation {eval_id} within {timeout_s:.0f}s"
+        )

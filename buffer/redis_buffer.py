@@ -19,7 +19,7 @@ Keys, all under `<namespace>:`
     trained        set of group entry ids a step trained on, waiting for the checkpoint that lets them be acked
     released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
     put_ids        set of every group_id put (a second put of a group is a counted duplicate, never delivered)
-    counters       hash: released, produced, consumed, malformed, duplicates, ...
+    counters       hash: released, produced, consumed, dropped (dynamic sampling), malformed, duplicates, ...
     staleness      hash: per-token staleness -> count, reported by the learner
     version        the published policy version
     worker:<id>    a worker's heartbeat (JSON, TTL heartbeat_ttl_s); `workers` is the set of known ids
@@ -382,7 +382,7 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         if entry_ids:
             self._redis.xclaim(self.key("groups"), LEARNER, consumer, 0, entry_ids, justid=True)
 
-    def ack(self, entry_ids: list[str]) -> None:
+    def ack(self, entry_ids: list[str], client: Any = None) -> None:
         """Finish taken groups: XACK + XDEL them and remove them from the in-flight set, in one script."""
         if not entry_ids:
             return
@@ -396,7 +396,21 @@ class ReplayBuffer(EvaluationRequests, RunStats):
             self._rate_key("consumed"),
             self.key("trained"),
         ]
-        self._script(lua.ACK, keys, args)
+        self._script(lua.ACK, keys, args, client=client)
+
+    def drop(self, entry_ids: list[str]) -> None:
+        """Finish taken groups that no step will train on (dynamic sampling), counting them as `dropped` in the same
+        transaction: the prompt feeder releases that many more prompts (buffer/admission.py)."""
+        if not entry_ids:
+            return
+        pipe = self._redis.pipeline(transaction=True)
+        self.ack(entry_ids, client=pipe)
+        pipe.hincrby(self.key("counters"), "dropped", len(entry_ids))
+        pipe.execute()
+
+    def dropped_count(self) -> int:
+        """Groups dropped by dynamic sampling so far (each one leaves room for one more release)."""
+        return int(self._redis.hget(self.key("counters"), "dropped") or 0)
 
     def recall_trained(self, prompt_of: Callable[[str], PromptRecord], version: int) -> list[str]:
         """Generate again the groups trained in steps that a learner crash lost (trained, never acked): their

@@ -114,6 +114,7 @@ class RunStats:
             "buffer/released": counters.get("released", 0),
             "buffer/produced": counters.get("produced", 0),
             "buffer/consumed": counters.get("consumed", 0),
+            "buffer/dropped_groups": counters.get("dropped", 0),
             "buffer/malformed": counters.get("malformed", 0),
             "buffer/oversized": counters.get("oversized", 0),
             "buffer/poison_prompts": counters.get("poison_prompts", 0),

@@ -53,6 +53,13 @@ def _union_rows(
                 seen.setdefault(name, []).append(tag)
     for name, owners in seen.items():
         sub = next(m for m, t in zip(models, tags, strict=True) if t == owners[0]).model_fields[name]
+        nested = section_models(sub.annotation)
+        if (
+            nested and not sub.discriminator
+        ):  # a section inside a variant (`learner.algorithm.critic`): its leaves
+            for leaf, type_name, value, description in reference_rows(nested[0], f"{key}.{name}."):
+                rows.append((leaf, type_name, value, f"({', '.join(owners)}) {description}"))
+            continue
         value = repr(sub.get_default(call_default_factory=True))
         rows.append(
             (f"{key}.{name}", _type_name(sub.annotation), value, f"({', '.join(owners)}) {sub.description}")

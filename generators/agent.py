@@ -56,7 +56,7 @@ class AgentSettings:
     ) -> AgentSettings:
         """From the `generators` section and the engine's model length (`max_turns` overrides, e.g. for evaluation)."""
         return cls(
-            max_turns=max_turns or cfg.max_turns,
+            max_turns=cfg.max_turns if max_turns is None else max_turns,
             max_tokens_per_turn=cfg.max_tokens_per_turn,
             max_obs_tokens=cfg.max_obs_tokens,
             max_response_tokens=cfg.max_response_tokens,
@@ -216,8 +216,22 @@ async def run_agent(
 
 
 def encode_prompt(tokenizer: Any, messages: list[dict[str, str]], *, chat_template: bool) -> list[int]:
-    """Prompt token ids: the chat template with a generation prompt, or the raw message text for base models."""
+    """Prompt token ids: the chat template with a generation prompt, or the raw message text for base models.
+
+    The template is applied here and only here: a message that already holds the template's special tokens (a
+    dataset written with the template applied) is refused rather than wrapped twice."""
     if chat_template and getattr(tokenizer, "chat_template", None):
+        markers = [
+            t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in tokenizer.chat_template
+        ]
+        for message in messages:
+            found = [t for t in markers if t in message["content"]]
+            if found:
+                raise ValueError(
+                    f"a prompt message already holds the chat template ({', '.join(found)}): datasets keep the "
+                    "bare messages (Search-R1's parquet does) and the template is applied once, here; or set "
+                    "model.chat_template=false for text that is already templated"
+                )
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]

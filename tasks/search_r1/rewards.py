@@ -3,6 +3,12 @@
 All of them compare the last `<answer>` of the model's text with the gold answers after Search-R1's normalisation
 (lower-case, punctuation and the articles a/an/the removed, whitespace collapsed). `score(...)` returns the
 reward chosen by `task.reward` together with every metric, so the learner can log EM whichever reward trains.
+
+The format-aware score (`format_em`, Search-R1 v0.3's `qa_em_format`) has three weights, named as Search-R1 names them
+and set in `task.*` (`FormatWeights`): `structure_format_score` (a well-formed trajectory with a wrong answer; a
+correct but malformed one gets 1 minus it), `final_format_score` (a malformed one with a wrong answer) and
+`retrieval_score` (added to a well-formed wrong answer when a gold answer appears in the retrieved information).
+`task.reward_function` replaces the reward by a function of your own (tasks/search_r1/__init__.py).
 """
 
 from __future__ import annotations
@@ -15,11 +21,6 @@ from dataclasses import dataclass
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-# Search-R1 v0.3 format-aware reward (qa_em_format): the share of the score a well-formed trajectory keeps.
-FORMAT_SCORE_WELL_FORMED_WRONG = 0.2
-FORMAT_SCORE_MALFORMED_WRONG = 0.1
-FORMAT_SCORE_MALFORMED_CORRECT = 0.8
 
 REWARDS = ("em", "f1", "format_em", "substring_em")
 
@@ -64,6 +65,21 @@ def f1_score(answer: str | None, golds: Sequence[str]) -> float:
     return best
 
 
+@dataclass(frozen=True)
+class FormatWeights:
+    """The format-aware score's weights; the defaults are Search-R1 v0.3's training scripts' (0.2, 0.1, 0)."""
+
+    structure_format_score: float = 0.2
+    final_format_score: float = 0.1
+    retrieval_score: float = 0.0
+
+
+def retrieval_correct(observations: Sequence[str], golds: Sequence[str]) -> bool:
+    """Whether a normalised gold answer occurs in a retrieved `<information>` block (Search-R1's check)."""
+    blocks = [normalize_answer(o) for o in observations if "<information>" in o]
+    return any(normalize_answer(g) in block for g in golds for block in blocks)
+
+
 @dataclass
 class RewardResult:
     reward: float
@@ -73,12 +89,20 @@ class RewardResult:
 
 
 def score(
-    answer: str | None, golds: Sequence[str], *, kind: str = "em", well_formed: bool = True
+    answer: str | None,
+    golds: Sequence[str],
+    *,
+    kind: str = "em",
+    well_formed: bool = True,
+    weights: FormatWeights = FormatWeights(),
+    found_in_retrieval: bool = False,
 ) -> RewardResult:
     """The reward `kind` of one trajectory plus EM/F1/substring EM as metrics.
 
-    `format_em` follows Search-R1 v0.3: 1 correct and well-formed, 0.8 correct but malformed, 0.2 wrong but
-    well-formed, 0.1 wrong and malformed with an answer, 0 with no answer at all.
+    `format_em` follows Search-R1 v0.3 (default weights): 1 correct and well-formed, 1 - structure_format_score
+    (0.8) correct but malformed, structure_format_score (0.2) wrong but well-formed, plus retrieval_score (0) when a
+    gold answer was in the retrieved information (`found_in_retrieval`), final_format_score (0.1) wrong and malformed
+    with an answer, 0 with no answer at all.
     """
     if kind not in REWARDS:
         raise ValueError(f"unknown reward {kind!r}; expected one of {', '.join(REWARDS)}")
@@ -95,7 +119,9 @@ def score(
     elif answer is None:
         reward = 0.0
     elif em:
-        reward = 1.0 if well_formed else FORMAT_SCORE_MALFORMED_CORRECT
+        reward = 1.0 if well_formed else 1.0 - weights.structure_format_score
+    elif well_formed:
+        reward = weights.structure_format_score + (weights.retrieval_score if found_in_retrieval else 0.0)
     else:
-        reward = FORMAT_SCORE_WELL_FORMED_WRONG if well_formed else FORMAT_SCORE_MALFORMED_WRONG
+        reward = weights.final_format_score
     return RewardResult(reward=float(reward), em=em, f1=f1, substring_em=sub)

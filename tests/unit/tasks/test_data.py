@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.search_r1.data import DataError, load_prompts
+from sr1.world.kb import DATA_SOURCE
+from tasks.search_r1.data import KNOWN_DATA_SOURCES, DataError, load_prompts
 from tasks.search_r1.protocol import INSTRUCTION, make_prompt_text
 
 
@@ -72,3 +73,61 @@ def test_bad_rows_name_the_file_and_row(tmp_path):
     (tmp_path / "x.csv").write_text("a")
     with pytest.raises(DataError, match="expected .parquet or .jsonl"):
         load_prompts(tmp_path / "x.csv")
+
+
+def test_a_parquet_row_without_reward_model_names_the_file_and_row(tmp_path):
+    # FlashRAG columns alone (golden_answers) are not a Search-R1 parquet: the gold answers must be in reward_model
+    path = tmp_path / "flashrag.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"data_source": "nq", "question": "q", "golden_answers": ["a"]}]), path
+    )
+    with pytest.raises(DataError, match=r"flashrag.parquet row 0: no 'reward_model'"):
+        load_prompts(path)
+    rows = [_search_r1_row("nq", 0, "q", ["a"]), _search_r1_row("nq", 1, "r", ["b"])]
+    rows[1]["reward_model"] = {"style": "rule", "ground_truth": None}
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError, match=r"flashrag.parquet row 1: expected reward_model.ground_truth.target"):
+        load_prompts(path)
+
+
+def test_an_unknown_data_source_is_refused_naming_the_known_ones(tmp_path):
+    path = tmp_path / "train.parquet"
+    rows = [_search_r1_row("hotpotqa", 0, "q", ["a"]), _search_r1_row("squad", 1, "r", ["b"])]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(
+        DataError, match=r"train.parquet row 1: unknown data_source 'squad'; expected one of nq, "
+    ):
+        load_prompts(path)
+    assert DATA_SOURCE in KNOWN_DATA_SOURCES  # the tiny world's questions stay readable
+    # a user's own dataset is accepted once the task config names it
+    from tasks.search_r1 import SearchR1Task
+    from tasks.settings import SearchR1Config
+
+    with pytest.raises(DataError, match="task.extra_data_sources"):
+        SearchR1Task(SearchR1Config()).load_prompts(path)
+    records = SearchR1Task(SearchR1Config(extra_data_sources=["squad"])).load_prompts(path)
+    assert [r.data_source for r in records] == ["hotpotqa", "squad"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "got an empty list"),
+        ({"role": "user", "content": "x"}, "got dict"),
+        ([["user", "x"]], "message 0 is a list"),
+        ([{"role": "user", "content": "x"}, {"content": "y"}], "message 1 'role' is missing"),
+        ([{"role": "user", "content": 3}], "message 0 'content' is int"),
+    ],
+)
+def test_a_prompt_that_is_not_a_list_of_messages_names_the_file_and_row(tmp_path, prompt, message):
+    path = tmp_path / "p.jsonl"
+    good = {
+        "prompt": [{"role": "user", "content": "Question: q"}],
+        "golden_answers": ["a"],
+        "data_source": "nq",
+    }
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "prompt": prompt}) + "\n")
+    with pytest.raises(
+        DataError, match=rf"p.jsonl row 1: 'prompt' must be a non-empty list of chat messages.*{message}"
+    ):
+        load_prompts(path)

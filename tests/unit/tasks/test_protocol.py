@@ -28,3 +28,21 @@ def test_an_observation_is_never_empty():
 
 def test_the_information_block_wraps_the_text_in_blank_lines():
     assert information_block("Doc 1(Title: x) y") == "\n\n<information>Doc 1(Title: x) y</information>\n\n"
+
+
+async def test_the_baselines_answer_from_the_question_alone_or_with_documents_up_front():
+    from tasks.search_r1 import SearchR1Task
+
+    asked = []
+
+    async def search(query: str) -> str:
+        asked.append(query)
+        return 'Doc 1(Title: "Cedar") The cedar is a tree.'
+
+    task = SearchR1Task(search=search)
+    direct = task.baseline_messages("what is a cedar", "direct")[0]["content"]
+    assert direct.endswith("Question: what is a cedar?\n") and "<search>" not in direct
+    context = await task.retrieve_context("what is a cedar")
+    assert asked == ["what is a cedar?"] and context == 'Doc 1(Title: "Cedar") The cedar is a tree.'
+    rag = task.baseline_messages("what is a cedar", "rag", context)[0]["content"]
+    assert f"Documents:\n{context}\nQuestion: what is a cedar?\n" in rag and "<search>" not in rag
