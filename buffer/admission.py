@@ -24,6 +24,17 @@ s=2, G=1: a quick group released at version 1 taken at step 1 leaves two groups 
 The assembler meets the quotas with finished groups, oldest release first, waits when it cannot, and fills the
 rest of the batch with the oldest finished groups (stream order). With max_staleness = 0 every released group is
 required at the next step: synchronous on-policy training.
+
+Dynamic sampling (DAPO; `keep_group`). A finished group the filter rejects (all rewards equal) is dropped as soon as
+the assembler takes it: acked at once, out of the in-flight set, counted in the buffer's `dropped` counter. The
+feeder over-releases by exactly that count: `released < (max_staleness + version + 1) * groups_per_step + dropped`.
+A dropped group is then as if never released (it is neither trained nor waited for), so the rule above holds for
+the groups that remain: the ones released at version <= t and not yet consumed or dropped number at most
+(max_staleness + t + 1) * G minus those already trained, as without drops, and every quota is still at most G. A
+group that will be dropped still counts while it runs (required stragglers are waited for), so nothing trained is
+ever older than the bound, and every batch holds groups_per_step kept groups. Dropping is immediate, not deferred to
+a checkpoint like a trained group's ack: a dropped group is in no step's weights, so a crash cannot make it count
+twice; its prompt is not released again (its group id was released).
 """
 
 from __future__ import annotations
@@ -32,9 +43,11 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from buffer.records import PromptRecord
+import numpy as np
+
+from buffer.records import Group, PromptRecord
 from buffer.redis_buffer import ReplayBuffer, TakenGroup
 
 log = logging.getLogger(__name__)
@@ -61,6 +74,10 @@ class PromptFeeder:
     group ids) or an iterable (the first `cursor` items are skipped on resume). `cursor` counts prompts taken from
     the dataset; save it in learner checkpoints. A prompt released before a crash and taken again after a resume
     from an older cursor is skipped by the buffer (its group_id was released), so resuming never duplicates.
+
+    With `shuffle_seed`, each epoch of a sequence is walked in its own random order, a function of the seed and the
+    epoch only: sources merged file after file come out interleaved, and a resume at any cursor continues the same
+    order (numpy's PCG64, identical on every machine).
     """
 
     def __init__(
@@ -71,9 +88,12 @@ class PromptFeeder:
         groups_per_step: int,
         max_staleness: int,
         cursor: int = 0,
+        shuffle_seed: int | None = None,
     ):
         _check_step_shape(groups_per_step, max_staleness)
         self.buffer = buffer
+        self.shuffle_seed = shuffle_seed
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.cursor = cursor
@@ -88,6 +108,8 @@ class PromptFeeder:
                 raise ValueError("the prompt dataset is empty")
             self._sequence = prompts
         else:
+            if shuffle_seed is not None:
+                raise ValueError("shuffling needs the prompts as a sequence, not an iterator")
             self._iterator = iter(prompts)
             for _ in range(cursor):  # resume: skip what an earlier run already took
                 if next(self._iterator, None) is None:
@@ -97,7 +119,7 @@ class PromptFeeder:
     def _next_prompt(self) -> PromptRecord | None:
         if self._sequence is not None:
             epoch, i = divmod(self.cursor, len(self._sequence))
-            prompt = self._sequence[i]
+            prompt = self._sequence[self._position(epoch, i)]
             if epoch:  # the same question in a later epoch is a different group
                 prompt = prompt.in_epoch(epoch)
         else:
@@ -107,6 +129,15 @@ class PromptFeeder:
                 return None
         self.cursor += 1
         return prompt
+
+    def _position(self, epoch: int, i: int) -> int:
+        """Where the epoch's i-th prompt sits in the dataset."""
+        if self.shuffle_seed is None:
+            return i
+        if self._order is None or self._order[0] != epoch:
+            rng = np.random.Generator(np.random.PCG64([self.shuffle_seed, epoch]))
+            self._order = (epoch, rng.permutation(len(self._sequence)))
+        return int(self._order[1][i])
 
     def prompt_of(self, group_id: str) -> PromptRecord:
         """The prompt behind a group id this feeder released (any epoch), to release it again."""
@@ -121,12 +152,16 @@ class PromptFeeder:
         return prompt.in_epoch(int(match["epoch"]))
 
     def pump(self) -> int:
-        """Release as many prompts as the rule allows now, stamped with the current version; return how many."""
+        """Release as many prompts as the rule allows now, stamped with the current version; return how many.
+        Groups dropped by dynamic sampling are replaced: each one raises the limit by one."""
         released = 0
         while not self.exhausted:
             version = self.buffer.version()
-            limit = admission_limit(
-                version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness
+            limit = (
+                admission_limit(
+                    version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness
+                )
+                + self.buffer.dropped_count()
             )
             room = limit - self.buffer.released_count()
             if room <= 0:
@@ -148,6 +183,8 @@ class BatchAssembler:
 
     Groups taken from Redis but not used yet stay here, unacked, for later steps; after a restart with the same
     `consumer` they come back from the buffer's pending entries. The caller acks a batch once its step is durable.
+    With `keep_group` (dynamic sampling) a group it rejects is dropped when taken, and `on_drop` (the feeder's pump)
+    is called so that its replacement is released at once.
     """
 
     def __init__(
@@ -158,6 +195,8 @@ class BatchAssembler:
         max_staleness: int,
         consumer: str = "learner-0",
         take_count: int | None = None,
+        keep_group: Callable[[Group], bool] | None = None,
+        on_drop: Callable[[], object] | None = None,
     ):
         _check_step_shape(groups_per_step, max_staleness)
         self.buffer = buffer
@@ -166,7 +205,11 @@ class BatchAssembler:
         self.consumer = consumer
         # admission bounds unconsumed groups by (max_staleness + 1) * G, so this takes everything available
         self.take_count = take_count or (max_staleness + 2) * groups_per_step
-        self._held: dict[str, TakenGroup] = {t.entry_id: t for t in buffer.pending_groups(consumer)}
+        self.keep_group = keep_group
+        self.on_drop = on_drop
+        self.dropped = 0  # groups this assembler dropped (dynamic sampling)
+        self._held: dict[str, TakenGroup] = {}
+        self._hold(buffer.pending_groups(consumer))
         self._handed: set[str] = set()  # group ids returned by next_batch and not acked yet
         self._reconnects = buffer.reconnects.count
         self.waited_s = 0.0  # time the last next_batch spent waiting for required groups or a full batch
@@ -175,16 +218,27 @@ class BatchAssembler:
     def held(self) -> list[TakenGroup]:
         return list(self._held.values())
 
+    def _hold(self, taken: list[TakenGroup]) -> None:
+        """Keep taken groups for batches; drop (ack, count) the ones the dynamic-sampling filter rejects."""
+        rejected = {t.entry_id for t in taken if self.keep_group is not None and not self.keep_group(t.group)}
+        for t in taken:
+            if t.entry_id not in rejected:
+                self._held.setdefault(t.entry_id, t)
+        if rejected:
+            self.buffer.drop(sorted(rejected))
+            self.dropped += len(rejected)
+            if self.on_drop is not None:
+                self.on_drop()
+
     def _pull(self, block_ms: int) -> None:
-        for taken in self.buffer.take(self.take_count, consumer=self.consumer, block_ms=block_ms):
-            self._held.setdefault(taken.entry_id, taken)
+        self._hold(self.buffer.take(self.take_count, consumer=self.consumer, block_ms=block_ms))
         if self.buffer.reconnects.count != self._reconnects:
             # Redis went away: a read whose reply was lost delivered entries to us that we never saw; they are in
             # our pending list (a live learner never reclaims its own entries), so take them back from there
             self._reconnects = self.buffer.reconnects.count
-            for taken in self.buffer.pending_groups(self.consumer):
-                if taken.group.group_id not in self._handed:
-                    self._held.setdefault(taken.entry_id, taken)
+            self._hold(
+                [t for t in self.buffer.pending_groups(self.consumer) if t.group.group_id not in self._handed]
+            )
 
     def _select(self, version: int, unconsumed: dict[str, int]) -> list[TakenGroup] | None:
         """The batch for `version` from the held groups, or None if it needs groups that are not finished yet."""

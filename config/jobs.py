@@ -8,7 +8,7 @@ Launchers (`sr1 run`, `sr1 generators`, `sr1 learner`) write one job file per pr
 the process with it. A process also accepts a preset or a root config file (`--config qwen2.5-3b-8xh100`, as under
 torchrun): `load_job` then resolves the root config and takes the job from it, so both ways end in the same typed
 value. Values shared by several processes are copied into each job by the root config (`learner_job()` copies the
-generators' sampling temperature and the number of engines), never read from another process's section.
+generators' sampling temperature, token budget and the number of engines), never read from another process's section.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ class LearnerJob(_Job):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     temperature: float = Field(
         1.0, gt=0, description="The generators' sampling temperature (log-probs match)."
+    )
+    max_response_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="The generators' response token budget (DAPO's overlong shaping measures from it).",
     )
     num_engines: int = Field(1, ge=0, description="Engines that receive the weights after every step.")
 

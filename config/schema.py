@@ -93,7 +93,42 @@ class Config(BaseSettings):
                 f"learner.micro_batch_tokens ({self.learner.micro_batch_tokens}) must be >= model.max_seq_len "
                 f"({self.model.max_seq_len}) so that the longest trajectory fits in one packed micro-batch"
             )
+        self._check_algorithm_shape()
         return self
+
+    def _check_algorithm_shape(self) -> None:
+        """The learner's update plan and DAPO's options against the generators' group size and token budget."""
+        learner, group_size = self.learner, self.generators.group_size
+        trajectories = learner.groups_per_step * group_size
+        mini = learner.ppo_mini_batch_size
+        if mini is not None and (mini > trajectories or trajectories % mini):
+            raise ValueError(
+                f"learner.ppo_mini_batch_size ({mini}) must divide the batch's trajectories: learner.groups_per_step "
+                f"({learner.groups_per_step}) x generators.group_size ({group_size}) = {trajectories}"
+            )
+        algorithm = learner.algorithm
+        if algorithm.group_baseline and group_size < 2:
+            raise ValueError(
+                f"learner.algorithm.type {algorithm.type} compares each sample with the others of its group: it "
+                f"needs generators.group_size >= 2 (got {group_size}; ppo and reinforce_pp learn from one sample)"
+            )
+        critic_warmup = getattr(algorithm, "critic_warmup", 0)
+        if critic_warmup >= learner.total_steps:
+            raise ValueError(
+                f"learner.algorithm.critic_warmup ({critic_warmup}) must be below learner.total_steps "
+                f"({learner.total_steps}): the policy trains only after the critic's warmup"
+            )
+        if algorithm.dynamic_sampling and group_size < 2:
+            raise ValueError(
+                f"learner.algorithm.dynamic_sampling drops groups whose rewards are all equal: it needs "
+                f"generators.group_size >= 2 (got {group_size})"
+            )
+        budget = self.generators.max_response_tokens
+        if algorithm.overlong.buffer_tokens >= budget:
+            raise ValueError(
+                f"learner.algorithm.overlong.buffer_tokens ({algorithm.overlong.buffer_tokens}) must be below "
+                f"generators.max_response_tokens ({budget})"
+            )
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -130,6 +165,7 @@ class Config(BaseSettings):
             weight_sync=self.weight_sync,
             eval=self.eval,
             temperature=self.generators.temperature,
+            max_response_tokens=self.generators.max_response_tokens,
             num_engines=self.generators.num_engines if num_engines is None else num_engines,
         )
 

@@ -19,10 +19,14 @@ class ModelConfig(BaseModel):
 
     path: str = Field(
         "tiny",
-        description="HF model directory (or hub-style name already present on disk). 'tiny' means the embedded tiny "
-        "Qwen2 policy built by scripts/tiny_world.py inside the run directory.",
+        description="HF model directory, or a hub id (`Qwen/Qwen2.5-3B-Instruct`) already in the local Hugging Face "
+        "cache (nothing is downloaded). Two names are built by `sr1 run` itself: 'tiny' (the tiny world's warm-started "
+        "policy) and 'tiny-qwen2.5' (a small random model with Qwen2.5's real tokenizer and chat template).",
     )
-    tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `path`.")
+    tokenizer_path: str | None = Field(
+        None,
+        description="Tokenizer directory or cached hub id; defaults to `path`. Checkpoints copy its files.",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "bfloat16",
         description="Parameter dtype for the engines and the learner's compute (fp32 master weights).",
@@ -50,7 +54,11 @@ class DataConfig(BaseModel):
         description="Training prompt files: Search-R1 parquet (`prompt`, `reward_model`, ...) or JSONL.",
     )
     test_files: list[Path] = Field(default_factory=list, description="Evaluation prompt files, same formats.")
-    shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded by the root seed).")
+    shuffle: bool = Field(
+        True,
+        description="Walk the training prompts in a new random order each epoch, a function of the root seed and the "
+        "epoch (sources interleave; a resume continues the same order). False: file order.",
+    )
 
 
 class LoggingConfig(BaseModel):
@@ -60,22 +68,47 @@ class LoggingConfig(BaseModel):
 
     wandb: bool = Field(False, description="Log to Weights & Biases as well as to the run directory.")
     wandb_project: str = Field("sr1", description="wandb project name.")
+    wandb_entity: str | None = Field(
+        None, description="wandb entity (team or user); None: your default entity."
+    )
     wandb_mode: Literal["online", "offline"] = Field(
-        "offline", description="wandb mode; offline writes under <run_dir>/wandb for a later `wandb sync`."
+        "offline",
+        description="wandb mode. online streams to wandb (needs `wandb login` or WANDB_API_KEY); offline writes "
+        "under <run_dir>/wandb for a later `wandb sync`. Either way the run's wandb id is kept in "
+        "<run_dir>/wandb_run_id and a resume continues the same wandb run.",
     )
     log_every: int = Field(1, ge=1, description="Log learner metrics every this many steps.")
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Python log level.")
 
 
 class EvalConfig(BaseModel):
-    """Greedy evaluation on the test split (before, during and after training)."""
+    """Greedy evaluation on the test split during training, answered by the generator workers (split between them,
+    each with its engine's weights pinned for the whole evaluation)."""
 
     model_config = ConfigDict(extra="forbid")
 
     every_steps: int = Field(
-        0, ge=0, description="Evaluate every this many learner steps (0: only before and after)."
+        0,
+        ge=0,
+        description="The learner asks for an evaluation of the version it just published every this many steps and "
+        "at its last step, however the pools were launched (0: none; `sr1 run` still evaluates before and after).",
     )
-    max_prompts: int = Field(200, ge=1, description="Evaluate on at most this many test prompts.")
+    max_prompts: int | None = Field(
+        200,
+        ge=1,
+        description="At most this many test prompts, shared equally between data sources (a seeded sample of each); "
+        "None: every test prompt.",
+    )
+    max_per_source: int | None = Field(
+        None,
+        ge=1,
+        description="At most this many test prompts of each data source (None: no per-source cap).",
+    )
     max_turns: int | None = Field(
-        None, ge=1, description="Search turns at evaluation (None: generators.max_turns)."
+        None, ge=0, description="Search turns at evaluation (None: generators.max_turns)."
+    )
+    timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long the learner waits at its last step for evaluations still being answered.",
     )

@@ -4,8 +4,8 @@
         model.safetensors | model-0000k-of-0000n.safetensors + model.safetensors.index.json
         config.json, generation_config.json, tokenizer files          (copied from the model directory)
         resume/dcp/        torch.distributed.checkpoint: each rank writes its own shards of the fp32 parameters and
-                           AdamW state (no gather; reloads under another world size too)
-        resume/rng_rank<r>.pt   each rank's torch RNG state
+                           AdamW state (no gather; reloads under another world size too), and PPO's critic's
+        resume/rng_rank<r>.pt   each rank's torch RNG state and learning-rate schedules
         resume/state.json  version, data cursor, groups used since the previous checkpoint (acked at resume)
     <run_dir>/checkpoints/latest      name of the newest complete checkpoint (written last, atomically)
 
@@ -122,11 +122,17 @@ def save_hf_weights(
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _copy_hf_files(model_dir: Path, out_dir: Path, dtype_name: str) -> None:
-    """config.json (dtype set to the saved one), generation config and tokenizer files from the model dir."""
-    for path in model_dir.iterdir():
-        if path.is_file() and path.name not in _HF_FILES_SKIP and not path.name.endswith(".safetensors"):
-            shutil.copy2(path, out_dir / path.name)
+def _copy_hf_files(
+    model_dir: Path, out_dir: Path, dtype_name: str, tokenizer_dir: Path | None = None
+) -> None:
+    """config.json (dtype set to the saved one), generation config and tokenizer files from the model dir (the
+    tokenizer's from `tokenizer_dir` when the model has its tokenizer elsewhere), so a checkpoint loads alone."""
+    for source in (model_dir, tokenizer_dir) if tokenizer_dir is not None else (model_dir,):
+        for path in source.iterdir():
+            if path.is_file() and path.name not in _HF_FILES_SKIP and not path.name.endswith(".safetensors"):
+                if source == tokenizer_dir and path.name in ("config.json", "generation_config.json"):
+                    continue  # the model's own
+                shutil.copy2(path, out_dir / path.name)
     config_path = out_dir / "config.json"
     config = json.loads(config_path.read_text())
     config["torch_dtype"] = dtype_name
@@ -145,18 +151,21 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 class Checkpointer:
-    def __init__(self, root: Path, world: World, model_dir: Path, save_dtype: str = "float32", keep: int = 2):
+    def __init__(self, root: Path, world: World, model_dir: Path, save_dtype: str = "float32", keep: int = 2,
+                 tokenizer_dir: Path | None = None):  # fmt: skip
         self.root = Path(root)
         self.world = world
         self.model_dir = Path(model_dir)
+        self.tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
         self.save_dtype = save_dtype
         self.keep = keep
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.root)
 
-    def save(self, model, optimizer, scheduler, state: ResumeState) -> Path:
-        """Every rank calls this. Returns the checkpoint directory (complete once `latest` names it)."""
+    def save(self, model, optimizer, scheduler, state: ResumeState, critic=None) -> Path:
+        """Every rank calls this. Returns the checkpoint directory (complete once `latest` names it). `critic`
+        (learner/critic.py) is saved with the policy's resume state."""
         from torch.distributed.checkpoint import save as dcp_save
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -170,14 +179,16 @@ class Checkpointer:
         # 1. HF weights, streamed parameter by parameter
         save_hf_weights(model, out, world, DTYPES[self.save_dtype])
         if world.is_main:
-            _copy_hf_files(self.model_dir, out, self.save_dtype)
+            _copy_hf_files(self.model_dir, out, self.save_dtype, self.tokenizer_dir)
         # 2. sharded fp32 parameters + optimizer state, each rank its own shards
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out / "resume" / "dcp"))
-        torch.save(
-            {"torch": torch.get_rng_state(), "scheduler": scheduler.state_dict()},
-            out / "resume" / f"rng_rank{world.rank}.pt",
-        )
+        sharded = {"model": model_sd, "optim": optim_sd}
+        local = {"torch": torch.get_rng_state(), "scheduler": scheduler.state_dict()}
+        if critic is not None:
+            sharded["critic_model"], sharded["critic_optim"] = get_state_dict(critic.model, critic.optimizer)
+            local["critic_scheduler"] = critic.scheduler.state_dict()
+        dcp_save(sharded, checkpoint_id=str(out / "resume" / "dcp"))
+        torch.save(local, out / "resume" / f"rng_rank{world.rank}.pt")
         _barrier(world)
         # 3. the resume state and the `latest` pointer, written last (a crash before this leaves the old latest)
         if world.is_main:
@@ -188,21 +199,39 @@ class Checkpointer:
         _barrier(world)
         return out
 
-    def load(self, path: Path, model, optimizer, scheduler) -> ResumeState:
-        """Restore model shards, optimizer, scheduler and RNG from `path` (every rank)."""
+    def load(self, path: Path, model, optimizer, scheduler, critic=None) -> ResumeState:
+        """Restore model shards, optimizer, scheduler and RNG from `path` (every rank), and the critic's."""
+        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint import load as dcp_load
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_sd, optim_sd = get_state_dict(model, optimizer)
         target = {"model": model_sd, "optim": optim_sd}
+        if critic is not None:
+            saved = FileSystemReader(str(path / "resume" / "dcp")).read_metadata().state_dict_metadata
+            if not any(key.startswith("critic_model.") for key in saved):
+                raise ValueError(
+                    f"{path} holds no critic (saved by a run without PPO's value model); resume it with the algorithm "
+                    "it was trained with, or start a new run"
+                )
+            target["critic_model"], target["critic_optim"] = get_state_dict(critic.model, critic.optimizer)
         dcp_load(target, checkpoint_id=str(path / "resume" / "dcp"))
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        if critic is not None:
+            set_state_dict(
+                critic.model,
+                critic.optimizer,
+                model_state_dict=target["critic_model"],
+                optim_state_dict=target["critic_optim"],
+            )
         rng_path = path / "resume" / f"rng_rank{self.world.rank}.pt"
         if not rng_path.is_file():
             rng_path = path / "resume" / "rng_rank0.pt"  # resumed under a larger world
         extra = torch.load(rng_path, weights_only=False)
         torch.set_rng_state(extra["torch"])
         scheduler.load_state_dict(extra["scheduler"])
+        if critic is not None:
+            critic.scheduler.load_state_dict(extra["critic_scheduler"])
         return ResumeState(**json.loads((path / "resume" / "state.json").read_text()))
 
     def _prune(self, newest: Path) -> None:

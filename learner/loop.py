@@ -35,6 +35,7 @@ import torch
 
 from buffer.codec import decode_group
 from buffer.stats import STALENESS_HIST
+from config.hub import resolve_model_path
 from config.jobs import LearnerJob
 from learner.checkpoint import Checkpointer, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
@@ -96,18 +97,23 @@ def run_learner(
     cfg = job.learner
     stop = stop or StopFlag()
     run_dir = Path(job.run_dir)
-    model_dir = Path(job.model.path)
+    model_dir = resolve_model_path(job.model.path)  # a directory, or a hub id in the local HF cache
+    tokenizer_dir = resolve_model_path(job.model.tokenizer_path, what="model.tokenizer_path") if (
+        job.model.tokenizer_path) else None  # fmt: skip
     learner = Learner(
-        cfg, model_dir, world, model_dtype=job.model.dtype, temperature=job.temperature, seed=job.seed
-    )
-    checkpointer = Checkpointer(
-        run_dir / "checkpoints", world, model_dir, save_dtype=job.model.dtype, keep=cfg.keep_checkpoints
-    )
+        cfg, model_dir, world, model_dtype=job.model.dtype, temperature=job.temperature, seed=job.seed,
+        max_response_tokens=job.max_response_tokens,
+    )  # fmt: skip
+    checkpointer = Checkpointer(run_dir / "checkpoints", world, model_dir, save_dtype=job.model.dtype,
+                                keep=cfg.keep_checkpoints, tokenizer_dir=tokenizer_dir)  # fmt: skip
     state = ResumeState(version=0)
     latest = checkpointer.latest() if resume else None
     if latest is not None:
-        state = checkpointer.load(latest, learner.model, learner.optimizer, learner.scheduler)
+        state = checkpointer.load(
+            latest, learner.model, learner.optimizer, learner.scheduler, critic=learner.critic
+        )
         learner.version = state.version
+        learner.restore_extra(state.extra)
         log.info("resumed from %s at version %d (cursor %d)", latest, state.version, state.cursor)
     tracker = Tracker(run_dir, job.logging, world.rank, config=job.model_dump(mode="json"))
     side = _Rank0(job, state, prompts, resume) if world.is_main else None
@@ -217,6 +223,9 @@ def run_learner(
             )
             if learner.version % job.logging.log_every == 0 or done:
                 tracker.log(metrics, step=learner.version)
+            if side is not None:
+                for result in side.evaluations(learner.version, last=done):
+                    tracker.log_eval(result, step=result["step"])
             if stopping:
                 break
         if learner.version != last_saved and learner.version > 0:
@@ -240,12 +249,12 @@ def step_timing(step_s: float, wait_s: float, checkpoint_s: float | None = None)
 
 
 def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[str]) -> None:
-    state = ResumeState(version=learner.version, used_group_entries=list(used))
+    state = ResumeState(version=learner.version, used_group_entries=list(used), extra=learner.resume_extra())
     if side is not None:
         state.cursor = side.feeder.cursor
         state.consumed_groups = side.consumed_groups
     # rank 0's state is the one written; the other ranks only need the collective parts
-    checkpointer.save(learner.model, learner.optimizer, learner.scheduler, state)
+    checkpointer.save(learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic)
     if side is not None:
         side.buffer.ack(used)  # durable now: never re-delivered
 
@@ -256,6 +265,8 @@ class _Rank0:
     def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool):
         from buffer.admission import BatchAssembler, PromptFeeder
         from buffer.redis_buffer import open_buffer
+        from generators.evaluate import Evaluations
+        from learner.algorithms.shaping import informative
         from weight_sync.publisher import WeightPublisher
         from weight_sync.rendezvous import Rendezvous
 
@@ -271,6 +282,7 @@ class _Rank0:
             groups_per_step=cfg.groups_per_step,
             max_staleness=cfg.max_staleness,
             cursor=state.cursor,
+            shuffle_seed=job.seed if job.data.shuffle else None,  # the same order again on resume
         )
         # groups trained in steps the crash lost: released again at the version this learner goes on at
         self.recalled: list[str] = []
@@ -282,10 +294,16 @@ class _Rank0:
             groups_per_step=cfg.groups_per_step,
             max_staleness=cfg.max_staleness,
             consumer=CONSUMER,
+            # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
+            keep_group=informative if cfg.algorithm.dynamic_sampling else None,
+            on_drop=self.feeder.pump,
         )
         self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
         self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
         self._last_heartbeat = 0.0
+        # evaluations during training, answered by the generators whoever launched the pools
+        self.eval_cfg = job.eval
+        self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
 
     def heartbeat(self, version: int, status: str) -> None:
         now = time.monotonic()
@@ -337,13 +355,38 @@ class _Rank0:
         self.heartbeat(version, "training")
 
     def buffer_metrics(self) -> dict:
-        """The buffer's gauges beside the step's metrics (not its staleness histogram: one key per bucket)."""
+        """The buffer's gauges and the generator pool's figures beside the step's metrics (not the staleness
+        histogram: one key per bucket)."""
+        from generators.worker import pool_metrics
+
         stats = self.buffer.stats()
-        return {
+        gauges = {
             k: v
             for k, v in stats.items()
             if k.startswith("buffer/") and not k.startswith(STALENESS_HIST) and isinstance(v, (int, float))
         }
+        return gauges | pool_metrics(self.buffer.workers())
+
+    def evaluations(self, version: int, last: bool) -> list[dict]:
+        """Ask for an evaluation of `version` when it is due (every `eval.every_steps`, and the last step); return
+        the evaluations answered since the last call (at the last step, wait for every one still out)."""
+        every = self.eval_cfg.every_steps
+        if every and (version % every == 0 or last) and version > 0:
+            if self.evals.answerers():
+                self.evals.request(version)
+            else:
+                log.warning(
+                    "no generator worker is alive to evaluate version %d: evaluation skipped", version
+                )
+        done = self.evals.ready()
+        if last:
+            for eval_id in list(self.evals.pending):
+                log.info("waiting for the evaluation of version %d", self.evals.pending[eval_id])
+                try:
+                    done.append(self.evals.wait(eval_id, self.eval_cfg.timeout_s))
+                except TimeoutError as err:
+                    log.warning("%s", err)
+        return done
 
     def close(self) -> None:
         self.publisher.close()

@@ -2,7 +2,15 @@
 
 Same code on CPU (gloo) and GPU (NCCL). Master weights stay fp32; with `model.dtype` bfloat16/float16 FSDP2's
 MixedPrecisionPolicy casts parameters for compute and reduces gradients in fp32. Each decoder layer is its own
-FSDP unit (all-gathered just before it runs, freed after), the embeddings and head belong to the root unit.
+FSDP unit (all-gathered just before it runs, freed after), the embeddings and head belong to the root unit, which
+FSDP2 does not reshard after the forward: the chunked log-prob head (learner/packing.py) uses the head's weight
+between the forward and the backward.
+
+`cpu_offload` (`learner.cpu_offload`): FSDP2's CPUOffloadPolicy keeps the sharded parameters, their gradients and
+so the optimizer state in CPU memory, copies each unit to the GPU for its forward/backward, and the optimizer steps
+on the CPU. The shards then sit on the CPU while the mesh is CUDA, so DTensor collectives on them (the gradient
+norm, `full_tensor()` for checkpoints and weight sync) need a CPU backend: the mesh gets its own `cpu:gloo,cuda:nccl`
+group. On a CPU-only run the policy is applied as well (unpinned): nothing moves, but the code path is the GPU's.
 """
 
 from __future__ import annotations
@@ -42,6 +50,17 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def _device_mesh(world: World, cpu_offload: bool):
+    """The 1-D mesh over all ranks; with CPU offload on GPU, over a group that also has a CPU backend."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if cpu_offload and world.device.type == "cuda":
+        import torch.distributed as dist
+
+        return DeviceMesh.from_group(dist.new_group(backend="cpu:gloo,cuda:nccl"), "cuda")
+    return init_device_mesh(world.device.type, (world.world_size,))
+
+
 def load_policy(
     path: str | Path,
     world: World,
@@ -49,19 +68,30 @@ def load_policy(
     dtype: str = "float32",
     gradient_checkpointing: bool = False,
     trainable: bool = True,
+    cpu_offload: bool = False,
+    value_head: bool = False,
 ) -> torch.nn.Module:
-    """Load an HF model in fp32 and shard it over the world with FSDP2."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
+    """Load an HF model in fp32 and shard it over the world with FSDP2 (optionally offloaded to CPU memory).
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation=_attn_implementation(world)
+    `value_head`: the model's body with a scalar head in place of the LM head (PPO's critic, learner/critic.py):
+    transformers' token-classification class with one label and no dropout on the head."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    head = {}
+    if value_head:
+        config = AutoConfig.from_pretrained(str(path), num_labels=1)
+        config.classifier_dropout = (
+            0.0  # set on the object: transformers drops unknown from_pretrained kwargs
+        )
+        head = {"config": config}
+    model = (AutoModelForTokenClassification if value_head else AutoModelForCausalLM).from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation=_attn_implementation(world), **head
     )
     if gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    mesh = init_device_mesh(world.device.type, (world.world_size,))
+    mesh = _device_mesh(world, cpu_offload)
     compute = DTYPES[dtype]
     mp = (
         MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
@@ -69,6 +99,8 @@ def load_policy(
         else None
     )
     kwargs = {"mesh": mesh} | ({"mp_policy": mp} if mp is not None else {})
+    if cpu_offload:  # pinned host memory for fast copies; pinning needs an accelerator
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=world.device.type == "cuda")
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

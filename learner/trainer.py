@@ -3,14 +3,20 @@
     learner = Learner(cfg.learner, model_path, world, model_dtype="float32", temperature=1.0)
     metrics = learner.train_step(groups)        # every rank passes the same groups; version += 1
 
-The step: the algorithm's advantages (learner/algorithms/) -> this rank's share of sequences, packed into
-micro-batches -> per micro-batch log-probs, the algorithm's loss (global token mean over the whole batch on all
-ranks) and backward -> clip, AdamW step, warmup schedule -> version + 1. All ranks run the same number of forward/backward passes (FSDP2 collectives must line
-up), so a rank with fewer micro-batches runs an empty one with zero weight.
+The step: DAPO's reward shaping (learner/algorithms/shaping.py) -> the batch cut into PPO mini-batches, this rank's
+share of each packed into micro-batches (learner/minibatches.py) -> before any update, at the step's starting
+weights: the reference's and the policy's log-probs and the critic's values where the algorithm needs them -> the
+algorithm's advantages (learner/algorithms/) -> `ppo_epochs` times over the mini-batches: per micro-batch log-probs,
+the algorithm's loss (global token mean over the mini-batch on all ranks) and backward, then clip and one AdamW step
+(the critic's value loss and step beside, learner/critic.py) -> warmup schedules, the KL controller -> version + 1.
+The version counts batches, not optimizer updates: one publish per batch. All ranks run the same number of
+forward/backward passes (FSDP2 collectives must line up), so a rank with fewer micro-batches runs an empty one with
+zero weight.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -19,18 +25,14 @@ import numpy as np
 import torch
 
 from buffer.records import Group
-from learner.algorithms import build_algorithm
+from learner.algorithms import AdvantageBatch, TokenAdvantages, TrajectoryTokens, build_algorithm, kl_estimate
+from learner.algorithms.settings import NoCorrection
+from learner.algorithms.shaping import shaped_rewards, truncated
+from learner.critic import Critic
 from learner.distributed import World, all_reduce
+from learner.minibatches import MiniBatch, PackedPart, plan_updates
 from learner.model import build_optimizer, load_policy
-from learner.packing import (
-    MicroBatch,
-    Sequence,
-    pack,
-    plan_micro_batches,
-    sequences_from_groups,
-    split_across_ranks,
-    token_logprobs,
-)
+from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
 from learner.settings import LearnerConfig
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 # per-token statistics summed over loss tokens (then divided by their count), in all-reduce order
 _SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness"]
 _MAX_KEYS = ["is_weight", "staleness", "ratio"]
+_CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
 
 
 class StalenessError(RuntimeError):
@@ -64,16 +67,17 @@ def check_staleness(groups: list[Group], version: int, max_staleness: int) -> np
     return batch_staleness(groups, version)
 
 
-def _empty_sequence() -> Sequence:
-    """Two tokens, no loss token: keeps a rank with no work in step with the others' collectives."""
-    return Sequence(
-        token_ids=np.zeros(2, dtype=np.int64),
-        prompt_len=1,
-        loss_mask=np.zeros(1, dtype=np.uint8),
-        behavior_logprobs=np.zeros(1, dtype=np.float32),
-        versions=np.full(1, -1, dtype=np.int32),
-        advantage=0.0,
-    )
+@dataclasses.dataclass
+class _Totals:
+    """Sums and maxima over every update of the step, reduced over ranks at its end."""
+
+    sums: torch.Tensor
+    maxes: torch.Tensor
+    critic: torch.Tensor
+    tokens: float = 0.0  # loss tokens over all updates and ranks (the denominator of `sums`)
+    model_tokens: int = 0  # tokens through the policy on this rank
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    critic_grad_norms: list[float] = dataclasses.field(default_factory=list)
 
 
 class Learner:
@@ -86,21 +90,42 @@ class Learner:
         model_dtype: str = "float32",
         temperature: float = 1.0,
         seed: int = 0,
+        max_response_tokens: int | None = None,
     ):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.world = world
         self.temperature = temperature
+        self.max_response_tokens = (
+            max_response_tokens  # the generators' token budget (DAPO's overlong shaping)
+        )
         self.model_path = Path(model_path)
         self.model_dtype = model_dtype
         self.model = load_policy(
-            model_path, world, dtype=model_dtype, gradient_checkpointing=cfg.gradient_checkpointing
+            model_path,
+            world,
+            dtype=model_dtype,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            cpu_offload=cfg.cpu_offload,
         )
         self.model.train()
         self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
         self.reference = (
-            load_policy(model_path, world, dtype=model_dtype, trainable=False)
+            load_policy(model_path, world, dtype=model_dtype, trainable=False, cpu_offload=cfg.cpu_offload)
             if self.algorithm.needs_reference
+            else None
+        )
+        self.critic = (
+            Critic(
+                cfg.algorithm.critic,
+                model_path,
+                world,
+                betas=cfg.betas,
+                dtype=model_dtype,
+                gradient_checkpointing=cfg.gradient_checkpointing,
+                cpu_offload=cfg.cpu_offload,
+            )
+            if self.algorithm.needs_values
             else None
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg)
@@ -110,62 +135,58 @@ class Learner:
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics."""
         start = time.perf_counter()
-        cfg, world, version = self.cfg, self.world, self.version
-        # 1. staleness bound (per loss token) and advantages
+        cfg, world, version, algorithm = self.cfg, self.world, self.version, self.algorithm
+        # 1. staleness bound (per loss token); DAPO's reward shaping and overlong filtering
         staleness = check_staleness(groups, version, cfg.max_staleness)
-        adv = self.algorithm.advantages(groups)
-        sequences = sequences_from_groups(groups, adv.advantages)
+        rewards = shaped_rewards(groups, algorithm.cfg.overlong, self.max_response_tokens)
+        sequences, owners = self._sequences(groups)
 
-        # 2. this rank's share, packed; every rank runs the same number of micro-batches
-        share = split_across_ranks([len(s) for s in sequences], world.world_size)[world.rank]
-        mine = [sequences[i] for i in share]
-        plan = plan_micro_batches([len(s) for s in mine], cfg.micro_batch_tokens)
-        micro_batches = [pack([mine[i] for i in sorted(b)]) for b in plan]
-        n_max = torch.tensor([len(micro_batches)], dtype=torch.int64, device=world.device)
-        all_reduce(n_max, world, "max")
-        loss_tokens = torch.tensor(
-            [sum(float(s.loss_mask.sum()) for s in mine)], dtype=torch.float64, device=world.device
+        # 2. the updates: mini-batches, each split over the ranks and packed (equal counts on every rank)
+        updates = plan_updates(
+            sequences, mini_batch_size=cfg.ppo_mini_batch_size, budget=cfg.micro_batch_tokens, world=world
         )
-        all_reduce(loss_tokens, world, "sum")
-        global_tokens = max(float(loss_tokens.item()), 1.0)
-        while len(micro_batches) < int(n_max.item()):
-            micro_batches.append(pack([_empty_sequence()]))
+        # 3. before the first update, at the step's starting weights: reference/proximal log-probs, old values
+        self._before_updates(updates, several_updates=len(updates) * cfg.ppo_epochs > 1)
+        # 4. advantages (and the critic's returns) of this rank's trajectories, into their micro-batches
+        adv = self._advantages(groups, rewards, sequences, owners, updates)
 
-        # 3. log-probs, loss, backward (gradient sync only on the last micro-batch)
-        # FSDP2 averages gradients over ranks; scaling by world_size makes the result the global token mean.
-        scale = world.world_size / global_tokens
-        sums = torch.zeros(len(_SUM_KEYS), dtype=torch.float64, device=world.device)
-        maxes = torch.full((len(_MAX_KEYS),), -1e30, dtype=torch.float64, device=world.device)
-        tokens_local = 0
-        for i, mb in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            self.model.set_requires_gradient_sync(last)
-            mb = mb.to(world.device)
-            loss, stats = self._micro_batch_loss(mb, version)
-            (loss * scale).backward()
-            tokens_local += mb.num_tokens
-            self._accumulate(sums, maxes, stats)
+        # 5. ppo_epochs x mini-batches: log-probs, loss, backward, clip, AdamW (the critic's update beside)
+        train_policy = self.critic is None or version >= algorithm.cfg.critic_warmup
+        totals = _Totals(
+            sums=torch.zeros(len(_SUM_KEYS), dtype=torch.float64, device=world.device),
+            maxes=torch.full((len(_MAX_KEYS),), -1e30, dtype=torch.float64, device=world.device),
+            critic=torch.zeros(len(_CRITIC_KEYS), dtype=torch.float64, device=world.device),
+        )
+        for _ in range(cfg.ppo_epochs):
+            for mini in updates:
+                self._update(mini, version, totals, train_policy)
 
-        # 4. optimizer step with clipping and the warmup schedule
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip, foreach=False)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        if train_policy:
+            self.scheduler.step()
+        critic_lr = None
+        if self.critic is not None:
+            critic_lr = self.critic.scheduler.get_last_lr()[0]
+            self.critic.scheduler.step()
         self.version += 1
 
-        # 5. metrics, reduced over ranks
-        all_reduce(sums, world, "sum")
-        all_reduce(maxes, world, "max")
-        total_tokens = torch.tensor([tokens_local], dtype=torch.float64, device=world.device)
-        all_reduce(total_tokens, world, "sum")
+        # 7. metrics, reduced over ranks
+        all_reduce(totals.sums, world, "sum")
+        all_reduce(totals.maxes, world, "max")
+        all_reduce(totals.critic, world, "sum")
+        model_tokens = torch.tensor([totals.model_tokens], dtype=torch.float64, device=world.device)
+        all_reduce(model_tokens, world, "sum")
+        denominator = max(totals.tokens, 1.0)
+        mean = {k: float(v) / denominator for k, v in zip(_SUM_KEYS, totals.sums.tolist(), strict=True)}
+        peak = dict(zip(_MAX_KEYS, totals.maxes.tolist(), strict=True))
+        if self.reference is not None and train_policy:
+            algorithm.kl_controller.update(mean["kl"], sum(len(g.trajectories) for g in groups))
         elapsed = time.perf_counter() - start
-        mean = {k: float(v) / global_tokens for k, v in zip(_SUM_KEYS, sums.tolist(), strict=True)}
-        peak = dict(zip(_MAX_KEYS, maxes.tolist(), strict=True))
-        rewards = np.concatenate([g.rewards for g in groups]) if groups else np.zeros(1)
-        return {
+        raw = np.concatenate([g.rewards for g in groups]) if groups else np.zeros(1)
+        shaped = np.concatenate(rewards) if groups else np.zeros(1)
+        trajectories = [t for g in groups for t in g.trajectories]
+        metrics = {
             "loss/pg": mean["pg_loss"],
             "loss/entropy": mean["entropy"],
             "loss/kl_ref": mean["kl"],
@@ -175,37 +196,221 @@ class Learner:
             "loss/ratio_max": peak["ratio"],
             "is/weight_mean": mean["is_weight"],
             "is/weight_max": peak["is_weight"],
-            "loss/grad_norm": float(grad_norm),
+            "loss/grad_norm": float(np.mean(totals.grad_norms)) if totals.grad_norms else 0.0,
             "loss/lr": lr,
+            "kl/coef": algorithm.kl_controller.value,
             "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
             "staleness/max": int(staleness.max()) if staleness.size else 0,
-            "batch/reward_mean": float(rewards.mean()),
+            "batch/reward_mean": float(raw.mean()),
+            "batch/overlong_penalty_mean": float((shaped - raw).mean()),
+            "batch/truncated_frac": float(np.mean([truncated(t) for t in trajectories]))
+            if trajectories
+            else 0.0,
             "batch/zero_adv_groups": adv.zero_adv_groups,
             "batch/groups": len(groups),
-            "batch/loss_tokens": int(global_tokens),
-            "batch/tool_calls_per_traj": float(
-                np.mean([t.info.get("tool_calls", 0) for g in groups for t in g.trajectories])
-            )
-            if groups
+            "batch/loss_tokens": int(max(sum(m.loss_tokens for m in updates), 1.0)),
+            "batch/tool_calls_per_traj": float(np.mean([t.info.get("tool_calls", 0) for t in trajectories]))
+            if trajectories
             else 0.0,
-            "batch/response_len_mean": float(
-                np.mean([len(t.response_ids) for g in groups for t in g.trajectories])
-            )
-            if groups
+            "batch/response_len_mean": float(np.mean([len(t.response_ids) for t in trajectories]))
+            if trajectories
             else 0.0,
             "perf/train_s": elapsed,
-            "perf/tokens_per_s": float(total_tokens.item()) / elapsed,
-            "perf/micro_batches": int(n_max.item()),
+            "perf/tokens_per_s": float(model_tokens.item()) / elapsed,
+            "perf/micro_batches": sum(len(m.micro_batches) for m in updates),
+            "perf/updates": len(updates) * cfg.ppo_epochs,
             "learner/version": self.version,
         }
+        if self.critic is not None:
+            metrics |= self._critic_metrics(totals, critic_lr, updates, denominator)
+        return metrics
 
-    def _micro_batch_loss(self, mb: MicroBatch, version: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        logprobs, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=True)
+    # -- the parts of the step --------------------------------------------------------------------------------
+    def _sequences(self, groups: list[Group]) -> tuple[list[Sequence], list[tuple[int, int]]]:
+        """Every trajectory as a packed sequence (advantages come later), and its (group, sample) owner; DAPO's
+        overlong filtering takes truncated trajectories out of the loss."""
+        sequences = sequences_from_groups(groups, [np.zeros(len(g.trajectories)) for g in groups])
+        owners = [(g, j) for g, group in enumerate(groups) for j in range(len(group.trajectories))]
+        if self.algorithm.cfg.overlong.mask_truncated:
+            flat = [t for g in groups for t in g.trajectories]
+            sequences = [
+                dataclasses.replace(s, loss_mask=np.zeros_like(s.loss_mask)) if truncated(t) else s
+                for s, t in zip(sequences, flat, strict=True)
+            ]
+        return sequences, owners
+
+    def _needs_policy_pass(self, several_updates: bool) -> bool:
+        """The policy's own log-probs at the step's start: the KL in the reward, or the proximal policy of a
+        correction when later updates move the weights away from it."""
+        cfg, correction = self.algorithm.cfg, self.algorithm.correction
+        proximal = not isinstance(correction, NoCorrection) and correction.proximal == "recompute"
+        return cfg.kl_in_reward or (several_updates and proximal)
+
+    def _before_updates(self, updates: list[MiniBatch], several_updates: bool) -> None:
+        """No-gradient forward passes at the step's starting weights, kept beside each packed micro-batch."""
+        policy_pass = self._needs_policy_pass(several_updates)
+        if self.reference is None and self.critic is None and not policy_pass:
+            return
+        chunk = self.cfg.logprob_chunk_tokens
+        with torch.no_grad():
+            for mini in updates:
+                for part in mini.micro_batches:
+                    mb = part.mb.to(self.world.device)
+                    if self.reference is not None:
+                        part.ref_logprobs, _ = token_logprobs(
+                            self.reference, mb, self.temperature, with_entropy=False, chunk_tokens=chunk
+                        )
+                    if policy_pass:
+                        part.proximal_logprobs, _ = token_logprobs(
+                            self.model, mb, self.temperature, with_entropy=False, chunk_tokens=chunk
+                        )
+                    if self.critic is not None:
+                        part.old_values = self.critic.values(mb)
+
+    def _sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=self.world.device)
+        return all_reduce(tensor, self.world, "sum").cpu().numpy()
+
+    def _advantages(
+        self,
+        groups: list[Group],
+        rewards: list[np.ndarray],
+        sequences: list[Sequence],
+        owners: list[tuple[int, int]],
+        updates: list[MiniBatch],
+    ) -> TokenAdvantages:
+        """The algorithm's advantages of this rank's trajectories, written into their micro-batches (and the critic's
+        returns beside them)."""
+        algorithm = self.algorithm
+        in_reward = algorithm.cfg.kl_in_reward
+        beta = algorithm.kl_controller.value if in_reward else 0.0
+        parts = [p for mini in updates for p in mini.micro_batches if p.sequences]
+        trajectories: list[TrajectoryTokens] = []
+        kl_sums = np.zeros(len(sequences))
+        for part in parts:
+            kls = (
+                part.split(
+                    kl_estimate(part.proximal_logprobs, part.ref_logprobs, algorithm.cfg.kl_estimator),
+                    sequences,
+                )
+                if in_reward
+                else None
+            )
+            values = part.split(part.old_values, sequences) if part.old_values is not None else None
+            for k, i in enumerate(part.sequences):
+                mask = sequences[i].loss_mask
+                kl = kls[k] * (mask > 0) if kls is not None else None
+                if kl is not None:
+                    kl_sums[i] = kl.sum()
+                group, sample = owners[i]
+                trajectories.append(TrajectoryTokens(group, sample, mask, kl, values[k] if values else None))
+        if in_reward:  # each rank summed its own trajectories' KL; every rank needs every group's scores
+            kl_sums = self._sum_over_ranks(kl_sums)
+        scores, offset = [], 0
+        for r in rewards:
+            scores.append(r - beta * kl_sums[offset : offset + len(r)])
+            offset += len(r)
+        batch = AdvantageBatch(groups, rewards, scores, trajectories, beta, self._sum_over_ranks)
+        result = algorithm.token_advantages(batch)
+        # back into the packed micro-batches, in the order the trajectories were listed
+        position = 0
+        for part in parts:
+            count = len(part.sequences)
+            keep = part.mb.keep
+            part.mb.advantages[keep] = torch.from_numpy(
+                np.concatenate(result.advantages[position : position + count]).astype(np.float32)
+            )
+            if result.returns is not None:
+                returns = np.concatenate(result.returns[position : position + count]).astype(np.float32)
+                part.returns = torch.from_numpy(returns).to(self.world.device)
+            position += count
+        if self.critic is not None:  # padding micro-batches: no loss token, any target
+            for mini in updates:
+                for part in mini.micro_batches:
+                    if part.returns is None:
+                        part.returns = torch.zeros(len(part.mb.keep), device=self.world.device)
+        return result
+
+    def _update(self, mini: MiniBatch, version: int, totals: _Totals, train_policy: bool) -> None:
+        """One optimizer update on a mini-batch: backward per micro-batch (gradient sync on the last), then step."""
+        world = self.world
+        # FSDP2 averages gradients over ranks; scaling by world_size makes the result the global token mean.
+        scale = world.world_size / mini.loss_tokens
+        for i, part in enumerate(mini.micro_batches):
+            last = i == len(mini.micro_batches) - 1
+            mb = part.mb.to(world.device)
+            if train_policy:
+                self.model.set_requires_gradient_sync(last)
+                loss, stats = self._micro_batch_loss(mb, version, part)
+                (loss * scale).backward()
+                totals.model_tokens += mb.num_tokens
+                self._accumulate(totals.sums, totals.maxes, stats)
+            if self.critic is not None:
+                self.critic.model.set_requires_gradient_sync(last)
+                loss_mask = mb.loss_mask[mb.keep]
+                value_loss, stats = self.critic.loss(mb, part.old_values, part.returns, loss_mask)
+                (value_loss * scale).backward()
+                mask = loss_mask > 0
+                totals.critic += torch.stack(
+                    [
+                        value_loss.detach().double(),
+                        *(stats[k][mask].double().sum() for k in ("value_clipped", "value", "return")),
+                    ]
+                )
+        totals.tokens += mini.loss_tokens
+        if train_policy:
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.cfg.grad_clip, foreach=False
+            )
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            totals.grad_norms.append(float(grad_norm))
+        if self.critic is not None:
+            totals.critic_grad_norms.append(self.critic.step())
+
+    def _critic_metrics(
+        self, totals: _Totals, lr: float | None, updates: list[MiniBatch], denominator: float
+    ) -> dict[str, float]:
+        """The value loss and the critic's fit: explained variance of the returns by the values before the step."""
+        mean = {k: float(v) / denominator for k, v in zip(_CRITIC_KEYS, totals.critic.tolist(), strict=True)}
+        moments = np.zeros(5)  # count, sum R, sum R^2, sum (R - V), sum (R - V)^2 over sampled tokens
+        for mini in updates:
+            for part in mini.micro_batches:
+                mask = part.mb.loss_mask[part.mb.keep].to(part.returns.device) > 0
+                returns, values = part.returns[mask].double(), part.old_values[mask].double()
+                error = returns - values
+                moments += np.array(
+                    [mask.sum().item(), returns.sum().item(), returns.square().sum().item(),
+                     error.sum().item(), error.square().sum().item()]
+                )  # fmt: skip
+        count, r_sum, r_sq, e_sum, e_sq = self._sum_over_ranks(moments)
+        explained = 0.0
+        if count > 1:
+            var_returns = (r_sq - r_sum * r_sum / count) / (count - 1)
+            var_error = (e_sq - e_sum * e_sum / count) / (count - 1)
+            explained = float(1.0 - var_error / var_returns) if var_returns > 1e-12 else 0.0
+        return {
+            "critic/value_loss": mean["value_loss"],
+            "critic/clipped_frac": mean["value_clipped"],
+            "critic/value_mean": mean["value"],
+            "critic/return_mean": mean["return"],
+            "critic/explained_var": explained,
+            "critic/grad_norm": float(np.mean(totals.critic_grad_norms)) if totals.critic_grad_norms else 0.0,
+            "critic/lr": lr,
+        }
+
+    def _micro_batch_loss(
+        self, mb: MicroBatch, version: int, part: PackedPart
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # the entropy is computed for the `loss/entropy` metric in any case (one pass over each chunk of logits in the
+        # forward); it gets a gradient, in the backward, only when the algorithm's loss uses it (see below)
+        chunk = self.cfg.logprob_chunk_tokens
+        logprobs, entropy = token_logprobs(
+            self.model, mb, self.temperature, with_entropy=True, chunk_tokens=chunk
+        )
         keep = mb.keep
-        ref_logprobs = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logprobs, _ = token_logprobs(self.reference, mb, self.temperature, with_entropy=False)
         token_versions = mb.versions[keep]
         loss_mask = mb.loss_mask[keep]
         staleness = torch.where(loss_mask > 0, version - token_versions, torch.zeros_like(token_versions))
@@ -218,7 +423,8 @@ class Learner:
             loss_mask,
             staleness,
             entropy=entropy,
-            ref_logprobs=ref_logprobs,
+            ref_logprobs=part.ref_logprobs,  # the reference's, computed before the first update
+            proximal_logprobs=part.proximal_logprobs,
         )
         stats["pg_loss"] = per_token.detach()
         stats["entropy"] = entropy.detach()
@@ -235,3 +441,11 @@ class Learner:
             sums[i] += stats[key][mask].double().sum()
         for i, key in enumerate(_MAX_KEYS):
             maxes[i] = torch.maximum(maxes[i], stats[key][mask].double().max())
+
+    # -- state a checkpoint keeps beside the weights ----------------------------------------------------------
+    def resume_extra(self) -> dict:
+        """What the step keeps across steps besides models and optimizers (the adaptive KL coefficient)."""
+        return {"algorithm": self.algorithm.state_dict()}
+
+    def restore_extra(self, extra: dict) -> None:
+        self.algorithm.load_state_dict(extra.get("algorithm", {}))

@@ -6,17 +6,39 @@
 |---|---|---|
 | `grpo` | `grpo.py` | (r - mean) / std within the group |
 | `drgrpo` | `grpo.py` | r - mean within the group |
+| `rloo` | `rloo.py` | r - mean of the group's other samples |
+| `reinforce_baseline` | `reinforce.py` | r - mean within the group, normalised over the batch's tokens |
+| `reinforce_pp` | `reinforce.py` | returns-to-go of the reward with a per-token KL penalty, normalised over the batch |
+| `ppo` | `ppo.py` | GAE over the sampled tokens with a critic (`learner/critic.py`), normalised over the batch |
 
-Off-policy corrections (`learner.correction.type`: none, tis, icepop, decoupled) are in `corrections.py`; the
-config members of both unions in `settings.py`.
+Off-policy corrections (`learner.correction.type`: none, tis, icepop, decoupled) are in `corrections.py`; the KL
+estimators and controller in `kl.py`; DAPO's reward shaping in `shaping.py`; the config members in `settings.py`.
 """
 
 from __future__ import annotations
 
-from learner.algorithms.base import Algorithm, BatchAdvantages, low_var_kl, policy_loss
+from learner.algorithms.base import (
+    AdvantageBatch,
+    Algorithm,
+    BatchAdvantages,
+    TokenAdvantages,
+    TrajectoryTokens,
+    policy_loss,
+)
+from learner.algorithms.kl import kl_estimate, low_var_kl
 from learner.algorithms.settings import AlgorithmConfig, CorrectionConfig
 
-__all__ = ["Algorithm", "BatchAdvantages", "build_algorithm", "low_var_kl", "policy_loss"]
+__all__ = [
+    "AdvantageBatch",
+    "Algorithm",
+    "BatchAdvantages",
+    "TokenAdvantages",
+    "TrajectoryTokens",
+    "build_algorithm",
+    "kl_estimate",
+    "low_var_kl",
+    "policy_loss",
+]
 
 
 def build_algorithm(cfg: AlgorithmConfig, correction: CorrectionConfig) -> Algorithm:

@@ -13,9 +13,10 @@ sampled it) and proximal log-prob l_p (the learner's weights at the start of thi
 
 `decoupled` is AReaL's decoupled PPO (Fu et al. 2025, "AReaL", eq. 5): like AReaL's `behav_imp_weight_cap` the cap
 masks tokens instead of truncating them, which is where it differs from `tis`. The proximal log-probs come from the
-learner's weights at the start of the step. The learner takes one optimizer step per batch, so a recomputing forward
-pass with those weights gives exactly l_theta's values: `recompute` uses l_theta detached from the same forward (no
-second pass). `loglinear` is AReaL's approximation (docs/algorithms/prox_approx.md in AReaL): with per-token staleness
+learner's weights at the start of the step. When the step makes one optimizer update, a recomputing forward pass with
+those weights gives exactly l_theta's values: `recompute` uses l_theta detached from the same forward (no second
+pass). With several updates per step (`learner.ppo_mini_batch_size`, `learner.ppo_epochs`) the trainer computes them
+once, before the first update, and passes them in (`proximal_logprobs`). `loglinear` is AReaL's approximation (docs/algorithms/prox_approx.md in AReaL): with per-token staleness
 s = v - v_token, the proximal policy (version v) sits between the behaviour (v - s) and the policy after this step
 (v + 1): l_p ~= l_mu + s / (s + 1) * (l_theta - l_mu).
 """
@@ -43,14 +44,19 @@ def loglinear_proximal(
 
 
 def importance_weights(
-    correction: CorrectionConfig, logprobs: torch.Tensor, behavior: torch.Tensor, staleness: torch.Tensor
+    correction: CorrectionConfig,
+    logprobs: torch.Tensor,
+    behavior: torch.Tensor,
+    staleness: torch.Tensor,
+    recomputed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log ratio r, detached weight w, masked-out tokens) of the table above, per token."""
+    """(log ratio r, detached weight w, masked-out tokens) of the table above, per token. `recomputed`: the step's
+    starting policy's log-probs when the step makes several updates (`recompute` then uses them)."""
     masked_out = torch.zeros_like(logprobs, dtype=torch.bool)
     if isinstance(correction, NoCorrection):
         return logprobs - behavior, torch.ones_like(logprobs), masked_out
     if correction.proximal == "recompute":
-        proximal = logprobs.detach()
+        proximal = logprobs.detach() if recomputed is None else recomputed.detach()
     else:
         proximal = loglinear_proximal(logprobs, behavior, staleness)
     raw = torch.exp(proximal - behavior)

@@ -4,8 +4,9 @@ GRPO (Shao et al. 2024, DeepSeekMath section 4.1.2): A_i = (r_i - mean(r)) / (st
 one prompt. Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training") drops the std division, which
 over-weights groups that are almost all right or all wrong; unlike the paper, the loss stays the batch's global token
 mean (the paper also drops the per-sequence length normalisation, which a global token mean never had). A group
-whose rewards are all equal carries no signal: every advantage is exactly 0, so it contributes no gradient; it is
-counted (`batch/zero_adv_groups`).
+whose scores are all equal carries no signal: every advantage is exactly 0, so it contributes no gradient; it is
+counted (`batch/zero_adv_groups`). With the KL in the reward, a trajectory's score is its reward minus kl_coef times
+its summed KL (verl's way); by default the KL is a loss term, as in the paper.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from buffer.records import Group
-from learner.algorithms.base import Algorithm, BatchAdvantages
+from learner.algorithms.base import BatchAdvantages, SequenceAlgorithm, identical_score_groups
 
 
 def group_advantages(rewards: np.ndarray, *, std_normalize: bool = True, eps: float = 1e-6) -> np.ndarray:
@@ -31,16 +32,17 @@ def group_advantages(rewards: np.ndarray, *, std_normalize: bool = True, eps: fl
 
 def count_zero_advantage_groups(groups: list[Group]) -> int:
     """Groups of one sample or with identical rewards: no baseline, no gradient."""
-    return sum(1 for g in groups if g.rewards.size <= 1 or np.all(g.rewards == g.rewards[0]))
+    return identical_score_groups([g.rewards for g in groups])
 
 
-class GRPO(Algorithm):
+class GRPO(SequenceAlgorithm):
     std_normalize = True
 
-    def advantages(self, groups: list[Group]) -> BatchAdvantages:
+    def advantages(self, groups: list[Group], scores: list[np.ndarray] | None = None) -> BatchAdvantages:
+        scores = [g.rewards for g in groups] if scores is None else scores
         return BatchAdvantages(
-            advantages=[group_advantages(g.rewards, std_normalize=self.std_normalize) for g in groups],
-            zero_adv_groups=count_zero_advantage_groups(groups),
+            advantages=[group_advantages(s, std_normalize=self.std_normalize) for s in scores],
+            zero_adv_groups=identical_score_groups(scores),
         )
 
 

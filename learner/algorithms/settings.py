@@ -4,10 +4,23 @@
       algorithm: {type: grpo, clip_low: 0.2, clip_high: 0.28, kl_coef: 0.0, entropy_coef: 0.0}
       correction: {type: tis, cap: 2.0, proximal: recompute}
 
+    learner:
+      algorithm:
+        type: ppo
+        gamma: 1.0
+        lam: 1.0
+        kl_coef: 0.001
+        kl_placement: reward
+        kl_estimator: k1
+        critic: {lr: 1.0e-5, warmup_steps: 15, value_clip: 0.5}
+
 Both are discriminated unions on `type`: a variant's own fields sit with it, and a field of another variant (or an
 unknown type) fails when the config is loaded. A bare string is shorthand for the variant with its defaults
-(`learner.correction=icepop`). Each algorithm member names its class (`implementation`), which `build_algorithm`
-builds. Adding an algorithm: one file in `learner/algorithms/` plus one member here.
+(`learner.correction=icepop`, `learner.algorithm=rloo`). Each algorithm member names its class (`implementation`),
+which `build_algorithm` builds. Adding an algorithm: one file in `learner/algorithms/` plus one member here.
+
+Every member shares the policy loss (PPO-clip), the KL term (in the loss or in the reward, with its estimator and
+controller), the entropy bonus and DAPO's options (dynamic sampling, overlong shaping); only `ppo` has a critic.
 """
 
 from __future__ import annotations
@@ -22,27 +35,115 @@ def variant_shorthand(value: Any) -> Any:
     return {"type": value} if isinstance(value, str) else value
 
 
-# -- algorithms -------------------------------------------------------------------------------------------------
+# -- the shared parts of every algorithm ---------------------------------------------------------------------
+
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+GAMMA_DESCRIPTION = (
+    "Discount per time step (sampled token; observation tokens are not steps) of the returns and GAE."
+)
+
+
+class KLControlConfig(BaseModel):
+    """How the KL coefficient moves: fixed, or adaptive towards a target KL (Ziegler et al. 2019, section 2.2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="fixed: the coefficient stays at kl_coef; adaptive: it follows target_kl."
+    )
+    target_kl: float = Field(
+        0.1,
+        gt=0,
+        description="adaptive: the KL per token (mean over the batch's loss tokens) to steer towards.",
+    )
+    horizon: int = Field(
+        10000,
+        ge=1,
+        description="adaptive: coef *= 1 + clip(kl / target_kl - 1, -0.2, 0.2) * trajectories / horizon per step.",
+    )
+
+
+class OverlongConfig(BaseModel):
+    """DAPO's overlong reward shaping (Yu et al. 2025, section 3.4), over the response token budget
+    (`generators.max_response_tokens`: sampled and observation tokens, the budget the agent loop enforces)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mask_truncated: bool = Field(
+        False,
+        description="Overlong filtering: trajectories cut by the token budget (finish reason `budget`) get no loss "
+        "(they still count in their group's baseline).",
+    )
+    buffer_tokens: int = Field(
+        0,
+        ge=0,
+        description="Soft overlong punishment: within this many tokens of the budget the reward falls linearly to "
+        "-penalty at the budget (0: off).",
+    )
+    penalty: float = Field(1.0, ge=0, description="The soft punishment at the budget itself (DAPO: 1).")
 
 
 class PolicyLossConfig(BaseModel):
-    """The PPO-clip policy loss every policy-gradient algorithm here trains with."""
+    """The PPO-clip policy loss every policy-gradient algorithm here trains with, and its KL and DAPO options."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # whether the advantage compares a trajectory with the other samples of its group (a group of one has none)
+    group_baseline: ClassVar[bool] = False
 
     type: str = Field(description="Which algorithm (the union's tag).")
     clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
     clip_high: float = Field(0.28, ge=0, description="PPO clip epsilon above 1 (ratio <= 1 + clip_high).")
     kl_coef: float = Field(
-        0.0, ge=0, description="Coefficient of the low_var_kl penalty to a frozen reference (0: off)."
+        0.0,
+        ge=0,
+        description="Coefficient of the KL to a frozen reference (the start value under an adaptive kl_ctrl; 0: no "
+        "reference model, no KL).",
+    )
+    kl_placement: Literal["loss", "reward"] = Field(
+        "loss",
+        description="loss: kl_coef * KL added to the per-token loss (GRPO's way); reward: -kl_coef * KL of each "
+        "sampled token added to the reward before advantages (PPO's and REINFORCE++'s way).",
+    )
+    kl_estimator: KLEstimator = Field(
+        "low_var_kl",
+        description="Per-token KL estimate from the sampled token: k1 = log p - log p_ref, k2 = (k1)^2 / 2, "
+        "k3 = exp(-k1) + k1 - 1, low_var_kl = k3 clamped to [-10, 10] (Schulman 2020).",
+    )
+    kl_ctrl: KLControlConfig = Field(
+        default_factory=KLControlConfig,
+        description="The KL coefficient's controller: {type: fixed|adaptive, ...}.",
     )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: groups whose rewards are all equal are dropped when they arrive and "
+        "replaced by new prompts, so every batch holds groups_per_step informative groups.",
+    )
+    overlong: OverlongConfig = Field(
+        default_factory=OverlongConfig,
+        description="DAPO's overlong shaping: {mask_truncated, buffer_tokens, penalty}.",
+    )
+
+    @model_validator(mode="after")
+    def _kl_needs_a_coefficient(self) -> PolicyLossConfig:
+        if self.kl_ctrl.type == "adaptive" and self.kl_coef == 0:
+            raise ValueError("kl_ctrl.type adaptive needs kl_coef > 0 (its start value; 0 stays 0)")
+        return self
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.kl_coef > 0 and self.kl_placement == "reward"
+
+
+# -- algorithms -------------------------------------------------------------------------------------------------
 
 
 class GRPOConfig(PolicyLossConfig):
     """GRPO: advantage (r - mean) / std within the group (DeepSeekMath, Shao et al. 2024)."""
 
     implementation: ClassVar[str] = "learner.algorithms.grpo:GRPO"
+    group_baseline: ClassVar[bool] = True
 
     type: Literal["grpo"] = Field("grpo", description="Which algorithm (the union's tag).")
 
@@ -51,11 +152,98 @@ class DrGRPOConfig(PolicyLossConfig):
     """Dr. GRPO: advantage r - mean within the group, no std (Liu et al. 2025)."""
 
     implementation: ClassVar[str] = "learner.algorithms.grpo:DrGRPO"
+    group_baseline: ClassVar[bool] = True
 
     type: Literal["drgrpo"] = Field("drgrpo", description="Which algorithm (the union's tag).")
 
 
-AlgorithmConfig = Annotated[GRPOConfig | DrGRPOConfig, Field(discriminator="type")]
+class RLOOConfig(PolicyLossConfig):
+    """RLOO: advantage r_i - mean of the other samples' rewards (Ahmadian et al. 2024)."""
+
+    implementation: ClassVar[str] = "learner.algorithms.rloo:RLOO"
+    group_baseline: ClassVar[bool] = True
+
+    type: Literal["rloo"] = Field("rloo", description="Which algorithm (the union's tag).")
+
+
+class ReinforcePPConfig(PolicyLossConfig):
+    """REINFORCE++: token-level KL in the reward, returns-to-go, advantages normalised over the batch (Hu 2025)."""
+
+    implementation: ClassVar[str] = "learner.algorithms.reinforce:ReinforcePP"
+
+    type: Literal["reinforce_pp"] = Field("reinforce_pp", description="Which algorithm (the union's tag).")
+    kl_coef: float = Field(
+        0.001,
+        ge=0,
+        description="Coefficient of the KL to a frozen reference (the start value under an adaptive kl_ctrl; 0: no "
+        "reference model, no KL).",
+    )
+    kl_placement: Literal["loss", "reward"] = Field(
+        "reward",
+        description="loss: kl_coef * KL added to the per-token loss; reward: -kl_coef * KL of each sampled token "
+        "added to the reward (REINFORCE++'s way).",
+    )
+    kl_estimator: KLEstimator = Field(
+        "k1", description="Per-token KL estimate (k1, k2, k3, low_var_kl; see grpo's description)."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description=GAMMA_DESCRIPTION)
+
+
+class ReinforceBaselineConfig(PolicyLossConfig):
+    """REINFORCE with a group baseline (REINFORCE++-baseline): r - group mean, normalised over the whole batch."""
+
+    implementation: ClassVar[str] = "learner.algorithms.reinforce:ReinforceBaseline"
+    group_baseline: ClassVar[bool] = True
+
+    type: Literal["reinforce_baseline"] = Field(
+        "reinforce_baseline", description="Which algorithm (the union's tag)."
+    )
+
+
+class CriticConfig(BaseModel):
+    """PPO's value model: an HF causal LM's body with a scalar head, sharded like the policy, its own optimizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str | None = Field(
+        None,
+        description="HF model directory the critic starts from (None: the policy's model.path); its LM head is "
+        "replaced by a zero-initialised scalar value head.",
+    )
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate of the critic (AdamW).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps of the critic's learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the critic.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the critic's global gradient norm to this value.")
+    value_clip: float = Field(
+        0.5,
+        gt=0,
+        description="Value clipping: a new value may move at most this far from the step's old value.",
+    )
+
+
+class PPOConfig(PolicyLossConfig):
+    """PPO with a critic: GAE over the sampled tokens, a clipped value loss (Schulman et al. 2017)."""
+
+    implementation: ClassVar[str] = "learner.algorithms.ppo:PPO"
+
+    type: Literal["ppo"] = Field("ppo", description="Which algorithm (the union's tag).")
+    gamma: float = Field(1.0, ge=0, le=1, description=GAMMA_DESCRIPTION)
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    whiten_advantages: bool = Field(
+        True, description="Normalise the advantages over the batch's sampled tokens (mean 0, std 1)."
+    )
+    critic_warmup: int = Field(
+        0, ge=0, description="Steps at the start that train only the critic (the policy stays as it is)."
+    )
+    critic: CriticConfig = Field(
+        default_factory=CriticConfig, description="The value model and its optimizer."
+    )
+
+
+AlgorithmConfig = Annotated[
+    GRPOConfig | DrGRPOConfig | RLOOConfig | ReinforcePPConfig | ReinforceBaselineConfig | PPOConfig,
+    Field(discriminator="type"),
+]
 
 
 # -- off-policy corrections -------------------------------------------------------------------------------------

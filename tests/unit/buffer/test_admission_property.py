@@ -1,5 +1,6 @@
 """Hypothesis: under any finish order of the generators, the assembler's batches keep max_staleness, hold exactly
-groups_per_step groups (the quotas never ask for more), and consume every released group exactly once.
+groups_per_step groups (the quotas never ask for more), and consume every released group exactly once; with DAPO's
+dynamic sampling, also under any choice of which groups are dropped and replaced.
 
 Sequential and adversarial (hypothesis picks which leased prompt finishes next); the concurrent version with real
 threads, dead generators and learner restarts is tests/integration/test_buffer_staleness.py.
@@ -7,6 +8,7 @@ threads, dead generators and learner restarts is tests/integration/test_buffer_s
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import Counter
 
@@ -53,4 +55,66 @@ def test_any_finish_order_keeps_the_bound_and_full_batches(
         buf.ack([t.entry_id for t in batch])
         buf.publish_version(u + 1)
     assert consumed == Counter(p.group_id for p in dataset)  # each exactly once, none left behind
+    buf.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    max_staleness=st.integers(0, 3),
+    groups_per_step=st.integers(1, 3),
+    steps=st.integers(2, 6),
+    choices=st.lists(st.integers(0, 1_000), min_size=60, max_size=60),
+    drops=st.lists(st.booleans(), min_size=1, max_size=8),
+)
+def test_dynamic_sampling_drops_and_replaces_within_the_bound(
+    redis_url, max_staleness, groups_per_step, steps, choices, drops
+):
+    """DAPO's dynamic sampling: the adversary also picks which finished groups are uninformative (equal rewards).
+    Those are dropped and replaced by new releases; every batch still holds groups_per_step groups, all
+    informative, within max_staleness, and every released group is trained once, dropped, or still in flight."""
+    from learner.algorithms.shaping import informative
+
+    s, g = max_staleness, groups_per_step
+    buf = ReplayBuffer(redis_url, f"hyp-ds-{uuid.uuid4().hex[:8]}")
+    dataset = [make_prompt(i) for i in range(2_000)]
+    feeder = PromptFeeder(buf, iter(dataset), groups_per_step=g, max_staleness=s)
+    assembler = BatchAssembler(
+        buf, groups_per_step=g, max_staleness=s, keep_group=informative, on_drop=feeder.pump
+    )
+    uninformative = itertools.cycle([*drops, False])  # at least one informative group in every cycle
+    leased = []
+    picks = iter(choices * 10)
+    consumed: Counter[str] = Counter()
+    put_uninformative: set[str] = set()
+    for u in range(steps):
+        feeder.pump()
+        assert (
+            buf.released_count()
+            <= admission_limit(u, groups_per_step=g, max_staleness=s) + buf.dropped_count()
+        )
+        while not (batch := assembler.next_batch(u, timeout_s=0)):
+            leased += buf.claim_prompts("gen", 100)  # including the replacements of dropped groups
+            assert leased, f"step {u} waits for a group no generator holds"
+            claim = leased.pop(next(picks) % len(leased))
+            group = make_group(claim.prompt, n=2, prompt_len=2, response_len=3, version=buf.version())
+            same = next(uninformative)
+            for trajectory, reward in zip(group.trajectories, [1.0, 1.0 if same else 0.0], strict=True):
+                trajectory.reward = reward
+            if same:
+                put_uninformative.add(group.group_id)
+            assert buf.put_group(group, claim.entry_id)
+        assert len(batch) == g
+        for t in batch:
+            assert informative(t.group)
+            assert u - t.group.release_version <= s
+            assert u - t.group.min_version() <= s
+        consumed.update(t.group.group_id for t in batch)
+        buf.ack([t.entry_id for t in batch])
+        buf.publish_version(u + 1)
+    inflight = set(buf.inflight())
+    dropped = put_uninformative - inflight
+    assert all(count == 1 for count in consumed.values()) and not set(consumed) & put_uninformative
+    assert buf.dropped_count() == assembler.dropped == len(dropped)
+    released = {p.group_id for p in dataset[: feeder.cursor]}
+    assert released == set(consumed) | dropped | inflight  # nothing lost
     buf.close()
