@@ -53,6 +53,11 @@ class GeneratorsConfig(BaseModel):
     use_ray: bool = Field(
         False, description="Launch engines as Ray actors, one per GPU, in a placement group."
     )
+    cpu_cores: list[int] | None = Field(
+        None,
+        description="Linux: pin this pool's processes (and their threads) to these CPU cores, a dedicated pool as a "
+        "GPU is; None: any core. `scripts/bench_async.py` gives each pool its own core this way.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine arguments.")
     group_size: int = Field(5, ge=1, description="Samples per prompt (the GRPO group size n).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the learner uses the same).")

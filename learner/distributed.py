@@ -68,9 +68,15 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> World:
     return World(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=backend)
 
 
-def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown_distributed(wait_for_peers: bool = True) -> None:
+    """Leave the process group. After a normal end every rank first waits for the others: a gloo rank that tears its
+    connections down while a peer still finishes its last collective aborts that peer ("terminate called without an
+    active exception"). After an error (`wait_for_peers=False`) nobody waits for ranks that may never come."""
+    if not dist.is_initialized():
+        return
+    if wait_for_peers and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def broadcast_bytes(payload: bytes | None, world: World, src: int = 0) -> bytes:

@@ -52,16 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     if world.device.type == "cpu":
         # ranks on one machine share its cores; oversubscription makes gloo ranks crawl
         local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world.world_size)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // max(1, local)))  # the cores it may run on (pinned pools: fewer)
     job_file = job.run_dir / "jobs" / "learner.yaml"
     if world.is_main and not job_file.exists():
         save_job(job, job_file)  # what this learner ran with (a launcher may have written it already)
+    finished = False
     try:
         version = run_learner(job, world, resume=args.resume, stop=stop)
         if world.is_main:
             log.info("learner stopped at version %d", version)
+        finished = True
     finally:
-        shutdown_distributed()
+        shutdown_distributed(wait_for_peers=finished)
     return 0
 
 

@@ -62,6 +62,11 @@ class LearnerConfig(BaseModel):
         description="Engines the learner pushes weights into (None: generators.num_engines; 0: train alone).",
     )
     use_ray: bool = Field(False, description="Launch learner ranks as Ray actors on GPUs.")
+    cpu_cores: list[int] | None = Field(
+        None,
+        description="Linux: pin this pool's processes (and their threads) to these CPU cores, a dedicated pool as a "
+        "GPU is; None: any core. `scripts/bench_async.py` gives each pool its own core this way.",
+    )
     micro_batch_tokens: int = Field(
         8192, ge=16, description="Token budget of one packed micro-batch (sequence packing without padding)."
     )

@@ -23,10 +23,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 log = logging.getLogger("sr1.launch")
@@ -49,8 +51,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _prepare_child(cpus: tuple[int, ...] | None) -> None:
+    """In a child before exec: die with the parent; run on `cpus` only (when given)."""
+    die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """In a child before exec (Linux): the kernel sends `sig` when the parent dies; a no-op elsewhere."""
+    """In a child before exec (Linux): the kernel sends `sig` when the parent dies; a no-op elsewhere.
+
+    "The parent" is the thread that started the child: a child started from a short-lived thread dies when that
+    thread ends, so `Child.start` refuses to run anywhere but in the main thread."""
     prctl = getattr(_LIBC, "prctl", None) if sys.platform.startswith("linux") else None
     if prctl is not None:
         prctl(_PR_SET_PDEATHSIG, sig)
@@ -98,8 +110,11 @@ class Child:
     restarts: list[float] = field(default_factory=list)  # monotonic times of this child's restarts
     restart_at: float | None = None  # when a scheduled restart is due
     gang: str | None = None  # children of one gang (the ranks of a learner) die and restart together
+    cpus: tuple[int, ...] | None = None  # Linux: the cores it (and every process it starts) may run on
 
     def start(self) -> Child:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(f"start {self.name} from the main thread: it would die when this thread ends")
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         out = None
         if self.log_path is not None:
@@ -112,7 +127,7 @@ class Child:
                 stderr=subprocess.STDOUT if out is not None else None,
                 env=env,
                 start_new_session=True,  # its own process group: stopped as a whole
-                preexec_fn=die_with_parent,
+                preexec_fn=partial(_prepare_child, self.cpus),
                 pass_fds=self.pass_fds,
             )
         finally:

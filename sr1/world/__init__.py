@@ -12,6 +12,14 @@ comes first) or, more often, with the first name only (`Velmora born`, the passa
 share that first name comes first); the answer always copies the attribute of the first passage. Greedy decoding
 therefore prefers the imperfect query and gets a low exact match; sampling at temperature 1 sometimes writes the
 full name and is rewarded, which is what RL then reinforces. `python scripts/tiny_world.py --check` shows it.
+
+The same everywhere. A seed gives byte-identical corpus, questions and tokenizer (Python's seeded `random`, a
+single-threaded BPE trainer) and the same warm-started weights on every x86-64 machine with AVX2 and the same torch
+version: the build runs in a child process whose math libraries are pinned to one code path (`PINNED_ENV`: MKL's
+conditional numerical reproducibility, ATen's and oneDNN's AVX2 kernels, two threads), with torch's deterministic
+algorithms. Without the pins, AVX-512 and AVX2 machines round differently and the warm start drifts into another
+policy. ARM machines (Apple silicon) build a world of the same kind, not the same bytes.
+`tests/integration/test_world_determinism.py` checks committed checksums.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +42,19 @@ __all__ = ["DATA_SOURCE", "MARKER_FILE", "TinyWorld", "WorldSizes", "build_world
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "tiny_world.json"
-WORLD_VERSION = 2  # 2: warm-start observations from the retrieval server's BM25
+WORLD_VERSION = 4  # 2: warm-start observations from the retrieval server's BM25; 3-4: built with PINNED_ENV
+# the environment of the child process that builds a world: the same floating-point results on every x86-64 CPU with
+# AVX2 (every x86-64 server and laptop CPU since 2013-2015); pinning to the pre-AVX2 baseline instead was measured
+# 2-3x slower per op, which would take a first `make run` past ten minutes
+PINNED_ENV = {
+    "MKL_CBWR": "AVX2,STRICT",  # MKL: the AVX2 code path and reduction order, also on AVX-512 CPUs
+    "ATEN_CPU_CAPABILITY": "avx2",  # ATen: its AVX2 kernels, not the AVX-512 ones
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "2",  # the same split of every reduction, whatever the core count
+    "MKL_NUM_THREADS": "2",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONHASHSEED": "0",
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +99,14 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
         log.info("tiny world: cached in %s", out_dir)
         return world
     marker_path.unlink(missing_ok=True)
+    if not pinned():
+        # the build itself runs in a child process with the math libraries pinned (they read these at load time)
+        cmd = [sys.executable, "-m", "sr1.world", "--out", str(out_dir), "--seed", str(seed), "--sizes",
+               json.dumps(sizes)] + ([] if progress else ["--quiet"])  # fmt: skip
+        subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True)
+        if not marker_path.exists():
+            raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")
+        return world
 
     kb = build_kb(seed, world_sizes)
     write_corpus(kb, world.corpus_path)
@@ -93,3 +124,8 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
     warm_start(kb, trajectories, world.model_dir, world_sizes, seed=seed, progress=progress)
     marker_path.write_text(json.dumps(wanted, indent=2))
     return world
+
+
+def pinned() -> bool:
+    """Whether this process runs with `PINNED_ENV` (the world build's child process does)."""
+    return all(os.environ.get(key) == value for key, value in PINNED_ENV.items())

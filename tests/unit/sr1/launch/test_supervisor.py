@@ -125,3 +125,39 @@ def test_a_lock_whose_owner_died_is_taken_over(tmp_path):
             "import os; os._exit(0)")  # fmt: skip
     subprocess.run(_py(code), check=True)
     RunLock(tmp_path, "sr1 run").acquire(wait_for_dead_owner_s=0).release()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores"
+)
+def test_a_pinned_child_and_its_children_run_on_its_cores_only(tmp_path):
+    core = min(os.sched_getaffinity(0))
+    code = (
+        "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)));"
+        "print(subprocess.check_output([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+        " text=True).strip())"
+    )
+    child = Child("pinned", _py(code), tmp_path / "p.log", cpus=(core,)).start()
+    assert child.process.wait(timeout=30) == 0
+    assert (tmp_path / "p.log").read_text().split("\n")[:2] == [f"[{core}]", f"[{core}]"]
+
+
+def test_pools_pin_their_children_to_the_configured_cores(tmp_path):
+    from config import load_config
+    from sr1.launch.pools import generator_children, learner_children
+
+    cfg = load_config(
+        "tiny",
+        [
+            f"run_dir={tmp_path}",
+            "model.path=/nonexistent",
+            "generators.cpu_cores=[0]",
+            "learner.cpu_cores=[1]",
+        ],
+    )
+    (gen,) = generator_children(cfg, 1, "g")
+    (rank,) = learner_children(cfg, resume=False)
+    assert gen.cpus == (0,) and gen.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert rank.cpus == (1,)
+    unpinned = load_config("tiny", [f"run_dir={tmp_path}", "model.path=/nonexistent"])
+    assert generator_children(unpinned, 1, "g")[0].cpus is None

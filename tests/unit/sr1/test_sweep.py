@@ -1,0 +1,57 @@
+"""Sweeps: what `read_run` takes from a finished run (report.json and metrics.jsonl), and the staleness comparison's
+settings and table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sr1.sweep import Case, RunFailed, mean_std, read_run, run_case
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+
+
+def _fake_run(run_dir: Path, em_before: float, em_after: float) -> None:
+    run_dir.mkdir(parents=True)
+    report = {"em_before": em_before, "em_after": em_after, "step_s_mean": 2.0, "wall_s": 80.0,
+              "learner_idle_fraction": 0.1, "generator_idle_fraction": 0.5,
+              "evals": [{"step": 0, "eval/em": em_before}, {"step": 40, "eval/em": em_after}],
+              "staleness_histogram": {"0": 30, "1": 10}}  # fmt: skip
+    (run_dir / "report.json").write_text(json.dumps(report))
+    rows = [{"eval_step": 0, "time": 1000.0, "eval/em": em_before}, {"step": 1, "time": 1010.0},
+            {"eval_step": 40, "time": 1090.5, "eval/em": em_after}]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_read_run_takes_the_curves_against_steps_and_wall_time(tmp_path):
+    _fake_run(tmp_path / "run", 0.25, 0.5)
+    run = read_run(tmp_path / "run")
+    assert run["curve"] == [(0, 0.25), (40, 0.5)]
+    assert run["curve_wall"] == [(0.0, 0.25), (90.5, 0.5)]
+    assert run["staleness_histogram"] == {0: 30, 1: 10}
+    assert (run["em_before"], run["em_after"], run["learner_idle"]) == (0.25, 0.5, 0.1)
+
+
+def test_a_finished_run_is_not_run_again_and_a_failed_one_names_its_log(tmp_path):
+    _fake_run(tmp_path / "done-s3", 0.1, 0.2)
+    assert run_case(Case("done", "done"), 3, tmp_path) == tmp_path / "done-s3"  # no sr1 run started
+    with pytest.raises(RunFailed, match="bad-s0.log"):
+        run_case(Case("bad", "bad", ["no_such_section.x=1"]), 0, tmp_path)
+
+
+def test_mean_std():
+    assert mean_std([0.5]) == "0.50"
+    assert mean_std([0.2, 0.4]) == "0.30 ± 0.14"
+
+
+def test_staleness_settings_run_sync_once_and_tabulate_gains(tmp_path):
+    import compare_staleness
+
+    cases = compare_staleness.cases([0, 2], ["none", "tis"])
+    assert [c.name for c in cases] == ["s0-none", "s2-none", "s2-tis"]
+    _fake_run(tmp_path / "r", 0.25, 0.5)
+    table = compare_staleness.summarize(cases, {"s2-tis": {0: read_run(tmp_path / "r")}})
+    assert "| max_staleness 2, tis | 0.25 | 0.50 | +0.25 |" in table and "s0" not in table
