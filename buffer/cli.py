@@ -4,7 +4,9 @@
     sr1 buffer stats [--url URL | --run-dir DIR] [--namespace NS] [--json] [--metrics-port P]
 
 `watch` is a live terminal view (queue depth, in-flight groups, prompts pending and leased, produced/consumed
-rates, the staleness histogram, learner version, live workers and their metrics). `stats` prints one snapshot
+rates, the staleness histogram, learner version, live workers and their metrics), with a line for every worker that
+joins, stops or leaves (no heartbeat for `buffer.heartbeat_ttl_s`); without a terminal (or with `--lines`) it prints
+only those lines and a one-line summary every 10 s, so a log or a pipe shows workers come and go. `stats` prints one snapshot
 (`--json`: one JSON object of stats + workers, for scripts). `--metrics-port` also serves Prometheus `/metrics`
 with the same gauges (with `stats`, it keeps serving until Ctrl-C). The URL is `--url`, else the local Redis of
 `--run-dir`, else `$SR1_BUFFER__REDIS_URL`, else redis://127.0.0.1:6379/0.
@@ -36,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", parents=[common], help="live terminal view of the buffer")
     watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     watch.add_argument("--once", action="store_true", help="draw one frame and exit")
+    watch.add_argument(
+        "--lines", action="store_true", help="plain lines, not a live table (the default in a pipe)"
+    )
     stats = sub.add_parser("stats", parents=[common], help="print one snapshot")
     stats.add_argument("--json", action="store_true", help="one JSON object (stats and workers)")
     return parser
@@ -52,6 +57,49 @@ def _resolve_url(args: argparse.Namespace) -> str:
             raise SystemExit(f"sr1 buffer: no running local Redis found for run directory {args.run_dir!r}")
         return url_file.read_text().strip()
     return os.environ.get("SR1_BUFFER__REDIS_URL") or DEFAULT_URL
+
+
+def worker_states(workers: list[dict]) -> dict[str, tuple[str, str]]:
+    """worker id -> (role, state) from the heartbeats (`rollout/state` of a generator; "running" otherwise)."""
+    return {w.get("worker_id", "?"): (w.get("role", "?"), str(w.get("metrics", {}).get("rollout/state", "running")))
+            for w in workers}  # fmt: skip
+
+
+def worker_events(before: dict[str, tuple[str, str]], now: dict[str, tuple[str, str]]) -> list[str]:
+    """What changed between two looks at the workers: who joined, changed state (draining, stopped) or left."""
+    events = []
+    for worker_id, (role, state) in now.items():
+        if worker_id not in before:
+            events.append(f"+ {worker_id} ({role}) joined, {state}")
+        elif before[worker_id][1] != state:
+            events.append(f"~ {worker_id} ({role}) {state}")
+    for worker_id, (role, state) in before.items():
+        if worker_id not in now:
+            events.append(f"- {worker_id} ({role}) left (last seen {state}; no heartbeat within the TTL)")
+    return events
+
+
+def _summary(stats: dict) -> str:
+    keys = ("buffer/version", "buffer/generating_groups", "buffer/queued_groups", "buffer/pending_prompts",
+            "buffer/produced", "buffer/consumed")  # fmt: skip
+    return "  ".join(f"{k.removeprefix('buffer/')}={stats.get(k)}" for k in keys)
+
+
+def watch_lines(buffer, interval_s: float, summary_every_s: float = 10.0) -> None:
+    """`watch` without a terminal: a line per worker event, and a summary line every `summary_every_s`."""
+    known: dict[str, tuple[str, str]] = {}
+    last_summary = 0.0
+    while True:
+        workers = buffer.workers()
+        stamp = time.strftime("%H:%M:%S")
+        now = worker_states(workers)
+        for event in worker_events(known, now):
+            print(f"{stamp} {event}", flush=True)
+        known = now
+        if time.monotonic() - last_summary >= summary_every_s:
+            last_summary = time.monotonic()
+            print(f"{stamp} {_summary(buffer.stats())}  workers={','.join(sorted(now)) or '-'}", flush=True)
+        time.sleep(interval_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,12 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         console.print(render(buffer.stats(), buffer.workers(), title=title))
         return 0
     try:
-        with Live(
-            render(buffer.stats(), buffer.workers(), title=title), console=console, auto_refresh=False
-        ) as live:
+        if args.lines or not console.is_terminal:
+            watch_lines(buffer, args.interval)
+        workers = buffer.workers()
+        known = worker_states(workers)
+        with Live(render(buffer.stats(), workers, title=title), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(render(buffer.stats(), buffer.workers(), title=title), refresh=True)
+                workers = buffer.workers()
+                now = worker_states(workers)
+                for event in worker_events(known, now):  # printed above the table, so they stay on screen
+                    live.console.print(f"{time.strftime('%H:%M:%S')} {event}")
+                known = now
+                live.update(render(buffer.stats(), workers, title=title), refresh=True)
     except KeyboardInterrupt:
         pass
     except redis.ConnectionError as err:

@@ -183,6 +183,10 @@ class GeneratorWorker:
             return True
         return int(self.engine.version) >= await asyncio.to_thread(self.buffer.version)
 
+    def _engine_version(self) -> float:
+        """The version of the engine's weights; unbounded for an engine that never takes the learner's weights."""
+        return int(self.engine.version) if getattr(self.engine, "has_weight_sync", False) else float("inf")
+
     async def _claim_loop(self) -> None:
         while not self._stop.is_set():
             free = self.cfg.max_inflight_groups - len(self._held)
@@ -205,6 +209,15 @@ class GeneratorWorker:
                     self.buffer.release_claims, self.worker_id, [c.entry_id for c in claimed]
                 )
                 break
+            # the learner may publish a version while the claim waits (after a failed weight push, without this
+            # engine holding it): a prompt released at a version newer than the engine's weights goes back, or its
+            # tokens would be older than its release and break the staleness bound the learner enforces
+            behind = [c for c in claimed if c.prompt.release_version > self._engine_version()]
+            if behind:
+                await asyncio.to_thread(
+                    self.buffer.release_claims, self.worker_id, [c.entry_id for c in behind]
+                )
+                claimed = [c for c in claimed if c.prompt.release_version <= self._engine_version()]
             for item in claimed:
                 self._held[item.entry_id] = item
                 task = asyncio.create_task(self._run_one(item), name=f"group:{item.prompt.group_id}")

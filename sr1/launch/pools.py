@@ -64,16 +64,22 @@ def rank_env(rank: int, world_size: int, addr: str, port: int, local_rank: int, 
 
 
 def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = False) -> list[Child]:
-    """One worker process per engine, each with its job file in `<run_dir>/jobs/` and its GPU slice."""
+    """One worker process per engine, each with its job file in `<run_dir>/jobs/` and its GPU slice (with
+    `generators.use_ray`, Ray gives each engine its GPUs instead: sr1/launch/ray.py)."""
     run_dir = cfg.resolved_run_dir
+    tp = cfg.generators.engine.tensor_parallel_size
+    slices = [None] * num_engines if cfg.generators.use_ray else gpu_slices(num_engines, tp)
     children = []
-    for i, gpus in enumerate(gpu_slices(num_engines, cfg.generators.engine.tensor_parallel_size)):
+    for i, gpus in enumerate(slices):
         worker_id = f"{prefix}{i}"
         job_file = save_job(cfg.generator_job(worker_id, i), run_dir / "jobs" / f"{worker_id}.yaml")
         env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+        cores = cfg.generators.cpu_cores
+        if cores:  # vLLM's CPU backend would otherwise bind its OpenMP threads to cores of its own choosing
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         log_path = run_dir / "logs" / f"{worker_id}.log" if logs else None
         cmd = python_module("generators.main", "--config", str(job_file))
-        children.append(Child(worker_id, cmd, log_path, env))
+        children.append(Child(worker_id, cmd, log_path, env, cpus=tuple(cores) if cores else None))
     return children
 
 
@@ -87,7 +93,9 @@ def learner_children(cfg: Config, resume: bool, logs: bool = False) -> list[Chil
         cmd = python_module("learner.main", "--config", str(job_file), *(["--resume"] if resume else []))
         name = "learner" if n == 1 else f"learner-{rank}"
         log_path = run_dir / "logs" / f"{name}.log" if logs else None
-        children.append(Child(name, cmd, log_path, rank_env(rank, n, "127.0.0.1", port, rank, n)))
+        env = rank_env(rank, n, "127.0.0.1", port, rank, n)
+        cores = tuple(cfg.learner.cpu_cores or ()) or None
+        children.append(Child(name, cmd, log_path, env, cpus=cores))
     return children
 
 
@@ -177,6 +185,7 @@ def generators_main(argv: list[str] | None = None) -> int:
     if args.ray or cfg.generators.use_ray:
         from sr1.launch.ray import run_generators_on_ray
 
+        cfg = cfg.model_copy(update={"generators": cfg.generators.model_copy(update={"use_ray": True})})
         return run_generators_on_ray(cfg, num_engines, prefix, args.ray_address)
     sup = Supervisor()
     for child in generator_children(cfg, num_engines, prefix):
