@@ -52,7 +52,11 @@ def free_port() -> int:
 
 
 def _prepare_child(cpus: tuple[int, ...] | None) -> None:
-    """In a child before exec: die with the parent; run on `cpus` only (when given)."""
+    """In a child before exec: no blocked signals, die with the parent, run on `cpus` only (when given).
+
+    A child inherits its starter's blocked-signal mask, and a Ray actor blocks SIGINT: a part started by one would
+    never see the Ctrl-C that asks it to checkpoint and stop."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     die_with_parent()
     if cpus:
         os.sched_setaffinity(0, cpus)

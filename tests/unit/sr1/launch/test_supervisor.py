@@ -104,6 +104,23 @@ def test_children_die_with_their_parent(tmp_path):
     _until(lambda: not _running(child))
 
 
+def test_a_child_started_with_sigint_blocked_still_stops_on_sigint(tmp_path):
+    """A Ray actor blocks SIGINT and its children inherit the mask: the supervisor clears it, so Ctrl-C reaches them."""
+    code = "import signal, time; signal.signal(signal.SIGINT, lambda *a: print('got SIGINT', flush=True) or exit(0)); time.sleep(60)"
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        child = Child("blocked", _py(code), tmp_path / "b.log").start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    _until(lambda: Path(f"/proc/{child.pid}/status").exists())
+    blocked = next(line for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                   if line.startswith("SigBlk:"))  # fmt: skip
+    assert int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)) == 0
+    time.sleep(1.0)  # its handler is installed
+    assert child.stop(grace_s=10.0) == 0
+    assert "got SIGINT" in (tmp_path / "b.log").read_text()
+
+
 def test_the_run_lock_names_its_live_owner_and_is_held_by_its_children(tmp_path):
     lock = RunLock(tmp_path, "sr1 run").acquire()
     with pytest.raises(RunLocked, match=rf"in use by sr1 run \(pid {os.getpid()}"):
