@@ -110,5 +110,6 @@ class EvalConfig(BaseModel):
     timeout_s: float = Field(
         1800.0,
         gt=0,
-        description="How long the learner waits at its last step for evaluations still being answered.",
+        description="How long the learner waits after its last step for evaluations still being answered (an engine "
+        "that missed the last publish gets the final weights again meanwhile).",
     )

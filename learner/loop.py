@@ -230,6 +230,8 @@ def run_learner(
                 break
         if learner.version != last_saved and learner.version > 0:
             _checkpoint(checkpointer, learner, side, used_since_checkpoint)
+        if learner.version >= cfg.total_steps:
+            _settle(side, world, stop, lambda: publish(learner.version), tracker)
     finally:
         tracker.close()
         if groups_file is not None:
@@ -237,6 +239,25 @@ def run_learner(
         if side is not None:
             side.close()
     return learner.version
+
+
+def _settle(
+    side: _Rank0 | None, world: World, stop: StopFlag, publish_final: Callable[[], dict], tracker: Tracker
+) -> None:
+    """After the last step, until the evaluations still out are answered: an engine that missed the last publish (it
+    was evaluating with its weights pinned, restarting, or unreachable for `weight_sync.timeout_s`) can only answer
+    an evaluation of the final version once it holds that version, and nobody but this learner can give it. So every
+    rank keeps re-forming the group and publishing the final weights again whenever rank 0 says so."""
+    while True:
+        command = side.settle(stop) if side is not None else None
+        command = broadcast_frames([command.encode()] if command else None, world)[0].decode()
+        if command == "publish":
+            publish_final()
+        elif command == "done":
+            break
+        if side is not None:
+            for result in side.evals.ready():
+                tracker.log_eval(result, step=result["step"])
 
 
 def step_timing(step_s: float, wait_s: float, checkpoint_s: float | None = None) -> dict[str, float]:
@@ -304,6 +325,9 @@ class _Rank0:
         # evaluations during training, answered by the generators whoever launched the pools
         self.eval_cfg = job.eval
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
+        # after the last step (`settle`): until when evaluations are waited for; when a generator was last alive
+        self._settle_deadline: float | None = None
+        self._answerer_seen = 0.0
 
     def heartbeat(self, version: int, status: str) -> None:
         now = time.monotonic()
@@ -369,7 +393,8 @@ class _Rank0:
 
     def evaluations(self, version: int, last: bool) -> list[dict]:
         """Ask for an evaluation of `version` when it is due (every `eval.every_steps`, and the last step); return
-        the evaluations answered since the last call (at the last step, wait for every one still out)."""
+        the evaluations answered since the last call (those still out after the last step are waited for by
+        `settle`)."""
         every = self.eval_cfg.every_steps
         if every and (version % every == 0 or last) and version > 0:
             if self.evals.answerers():
@@ -378,15 +403,31 @@ class _Rank0:
                 log.warning(
                     "no generator worker is alive to evaluate version %d: evaluation skipped", version
                 )
-        done = self.evals.ready()
-        if last:
-            for eval_id in list(self.evals.pending):
-                log.info("waiting for the evaluation of version %d", self.evals.pending[eval_id])
-                try:
-                    done.append(self.evals.wait(eval_id, self.eval_cfg.timeout_s))
-                except TimeoutError as err:
-                    log.warning("%s", err)
-        return done
+        return self.evals.ready()
+
+    def settle(self, stop: StopFlag, poll_s: float = 0.5) -> str:
+        """What every rank does next after the last step (see `_settle`): "publish" the final weights again (an
+        engine joined, came back or left), "wait", or "done" (every evaluation answered, `eval.timeout_s` passed,
+        no generator worker alive for a minute, or asked to stop)."""
+        now = time.monotonic()
+        if self._settle_deadline is None:
+            self._settle_deadline, self._answerer_seen = now + self.eval_cfg.timeout_s, now
+            for step in self.evals.pending.values():
+                log.info("waiting for the evaluation of version %d", step)
+        if not self.evals.pending or stop.is_set():
+            return "done"
+        if self.evals.answerers():
+            self._answerer_seen = now
+        if now > self._settle_deadline or now - self._answerer_seen > 60.0:
+            why = "timed out" if now > self._settle_deadline else "no generator worker alive for 60 s"
+            log.warning("evaluation of version(s) %s %s", sorted(self.evals.pending.values()), why)
+            return "done"
+        self.heartbeat(max(self.evals.pending.values()), "evaluating")
+        if self.publisher.needs_regroup():
+            log.info("an engine lacks the final weights while evaluations are out: publishing them again")
+            return "publish"
+        time.sleep(poll_s)
+        return "wait"
 
     def close(self) -> None:
         self.publisher.close()

@@ -5,13 +5,14 @@
 
 Every run is `sr1 run <preset> seed=<s> <the case's overrides> <extra overrides>` in `<out>/<case>-s<seed>/`, its
 output in `<out>/logs/`. A run whose `report.json` exists is not run again, so an interrupted sweep continues where it
-stopped (delete a run's directory to run it again). `scripts/compare_algorithms.py` and
+stopped (a run cut off before its report starts again from scratch; delete a run's directory to run it again). `scripts/compare_algorithms.py` and
 `scripts/compare_staleness.py` are sweeps; `read_run` is what they tabulate and plot.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,8 @@ def run_case(
     run_dir = out / f"{case.name}-s{seed}"
     if (run_dir / "report.json").is_file():
         return run_dir
+    if run_dir.exists():  # interrupted: its evaluations and metrics would mix with a new run's
+        shutil.rmtree(run_dir)
     log_path = out / "logs" / f"{case.name}-s{seed}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     overrides = [f"seed={seed}", *case.overrides, *extra]

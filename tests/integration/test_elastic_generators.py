@@ -220,3 +220,83 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
         f"killed at version {killed_at}, its last trained group at step {max(by_worker['first-0'])}; steps with "
         f"groups of first-0: {len(set(by_worker['first-0']))}, of late-0: {len(set(by_worker['late-0']))}"
     )
+
+
+def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluation(
+    tiny_model_dir, tmp_path, free_port
+):
+    """The generator is frozen (SIGSTOP) while the learner trains and publishes its last step: that publish fails
+    after `weight_sync.timeout_s`, and the learner asks for the evaluation of the final version that only this
+    engine can answer. Once the generator goes on, the learner must give it the final weights again (it is the
+    only one who can) and record the evaluation; before, it waited `eval.timeout_s` for an answer that could never
+    come (an engine evaluating with pinned weights during the last publish missed it the same way)."""
+    from sr1.launch.redis_server import LocalRedis
+    from sr1.launch.supervisor import http_ok
+    from tests.fakes.small_world import small_world_overrides
+
+    steps = 4
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    overrides = small_world_overrides(tmp_path / "world", tiny_model_dir) + [
+        f"run_dir={run_dir}", f"buffer.namespace={NAMESPACE}", f"retrieval.url=http://127.0.0.1:{free_port}/retrieve",
+        f"learner.total_steps={steps}", f"learner.checkpoint_every={steps}", "learner.max_staleness=2",
+        "learner.num_engines=1", f"eval.every_steps={steps}", "eval.timeout_s=300",
+        "buffer.lease_s=120", "buffer.heartbeat_ttl_s=120", "weight_sync.timeout_s=10",
+    ]  # fmt: skip
+    corpus = next(o.split("=", 1)[1] for o in overrides if o.startswith("retrieval.corpus_path="))
+    stack = Stack(logs)
+    server = LocalRedis(tmp_path / "redis").start()
+    watch = Watch(server.url)
+    try:
+        stack.start(
+            "retrieval",
+            "retrieval",
+            "serve",
+            "--method",
+            "bm25",
+            "--corpus",
+            corpus,
+            "--port",
+            str(free_port),
+        )
+        stack.start("gen", "generators", "--config", "tiny", "--redis-url", server.url, "--num-engines", "1",
+                    "--worker-prefix", "gen-", *overrides)  # fmt: skip
+        stack.start("learner", "learner", "--config", "tiny", "--redis-url", server.url, *overrides)
+        watch.until(
+            lambda: http_ok(f"http://127.0.0.1:{free_port}/health"), 300, "the retrieval server", stack
+        )
+        # the learner paused right after publishing the next-to-last version, with a batch for the last step queued
+        watch.until(lambda: watch.version() >= 1, 600, "version 1", stack)
+        rank = _process(stack.procs["learner"], "learner.main")
+        while watch.version() < steps - 1:
+            time.sleep(0.02)
+        rank.suspend()
+        assert watch.version() == steps - 1, "the learner went past the next-to-last version before its pause"
+        watch.until(lambda: _depth(watch) >= 4, 300, "a batch for the last step", stack)
+        generator = _process(stack.procs["gen"], "generators.main")
+        generator.suspend()
+        rank.resume()
+        watch.until(lambda: f"weight sync of version {steps} failed" in stack.log("learner", 100_000), 300,
+                    "the last publish to fail", stack)  # fmt: skip
+        generator.resume()
+        learner = stack.procs["learner"]
+        waited = watch.until(lambda: learner.poll() is not None, 600, "the learner to finish", stack)
+        assert learner.returncode == 0, stack.log("learner")
+    finally:
+        stack.stop_all()
+        watch.client.close()
+        server.stop()
+
+    from generators.evaluate import read_evals
+
+    evals = {e["step"]: e for e in read_evals(run_dir)}
+    assert steps in evals, f"the final evaluation was never answered:\n{stack.log('learner')}"
+    assert evals[steps]["eval/version"] == steps  # answered with the final weights, not the ones it held
+    print(f"\nthe final evaluation was answered {waited:.0f}s after the generator went on")
+
+
+def _depth(watch: Watch) -> int:
+    """Groups in the buffer that the learner has not taken yet."""
+    out = subprocess.run([sys.executable, "-m", "sr1", "buffer", "stats", "--json", "--url", watch.url,
+                          "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    return int(json.loads(out.stdout)["stats"]["buffer/depth"])

@@ -5,6 +5,8 @@ report and the checkpoint; then `sr1 eval` of that checkpoint agrees with the ru
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -22,9 +24,29 @@ def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "tiny-e2e"
     cmd = [sys.executable, "-m", "sr1", "run", "tiny", f"learner.total_steps={STEPS}", "learner.checkpoint_every=2",
            "eval.max_prompts=16", "eval.every_steps=2", "--run-dir", str(run_dir), "--no-live"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2100)
-    assert proc.returncode == 0, f"sr1 run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return run_dir, proc.stdout
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        stdout, _ = proc.communicate(timeout=1500)
+    except subprocess.TimeoutExpired:  # stop it as Ctrl-C would, then show where each part was
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            stdout, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, _ = proc.communicate()
+        pytest.fail(f"sr1 run did not finish in 1500 s:\n{stdout[-4000:]}\n{_log_tails(run_dir)}")
+    assert proc.returncode == 0, f"sr1 run failed:\n{stdout[-4000:]}\n{_log_tails(run_dir)}"
+    return run_dir, stdout
+
+
+def _log_tails(run_dir, lines: int = 25) -> str:
+    tails = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(tails)
 
 
 def test_report_is_complete_and_consistent(finished_run):

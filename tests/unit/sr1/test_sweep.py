@@ -42,6 +42,15 @@ def test_a_finished_run_is_not_run_again_and_a_failed_one_names_its_log(tmp_path
         run_case(Case("bad", "bad", ["no_such_section.x=1"]), 0, tmp_path)
 
 
+def test_a_run_cut_off_before_its_report_starts_again_from_scratch(tmp_path):
+    cut = tmp_path / "bad-s0"
+    cut.mkdir()
+    (cut / "evals.jsonl").write_text('{"step": 0, "eval/em": 0.3}\n')  # what an interrupted run leaves
+    with pytest.raises(RunFailed):
+        run_case(Case("bad", "bad", ["no_such_section.x=1"]), 0, tmp_path)
+    assert not (cut / "evals.jsonl").exists()
+
+
 def test_mean_std():
     assert mean_std([0.5]) == "0.50"
     assert mean_std([0.2, 0.4]) == "0.30 ± 0.14"
