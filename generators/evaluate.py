@@ -269,20 +269,36 @@ class Evaluations:
     def wait(self, eval_id: str, timeout_s: float, orphan_s: float = 60.0) -> dict[str, Any]:
         """Wait for one evaluation; give up (TimeoutError) after `timeout_s`, or once no generator worker has been
         alive for `orphan_s` (nobody is left to answer it)."""
-        deadline = time.monotonic() + timeout_s
-        last_seen = time.monotonic()
+        patience = Patience(self, timeout_s, orphan_s)
         while True:
             results = self.buffer.evaluation_results(eval_id)
             if results is not None:
                 return self._finish(eval_id, results)
-            now = time.monotonic()
-            if self.answerers():
-                last_seen = now
-            if now > deadline or now - last_seen > orphan_s:
+            if why := patience.exhausted():
                 step = self.pending.pop(eval_id)
-                why = "timed out" if now > deadline else f"no generator worker alive for {orphan_s:.0f} s"
                 raise TimeoutError(f"evaluation {eval_id} (step {step}) {why}")
             time.sleep(0.25)
+
+
+class Patience:
+    """How long whoever asked keeps waiting for evaluations: `timeout_s` from now, and no longer than `orphan_s` after
+    a generator worker (an answerer) was last seen alive."""
+
+    def __init__(self, evals: Evaluations, timeout_s: float, orphan_s: float = 60.0):
+        self.evals, self.orphan_s = evals, orphan_s
+        self.deadline = time.monotonic() + timeout_s
+        self.answerer_seen = time.monotonic()
+
+    def exhausted(self) -> str | None:
+        """Why to stop waiting ("timed out", "no generator worker alive for N s"), or None to go on."""
+        now = time.monotonic()
+        if self.evals.answerers():
+            self.answerer_seen = now
+        if now > self.deadline:
+            return "timed out"
+        if now - self.answerer_seen > self.orphan_s:
+            return f"no generator worker alive for {self.orphan_s:.0f} s"
+        return None
 
 
 def read_evals(run_dir: Any) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,6 +45,9 @@ from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
 from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire, gather_in_step
+
+if TYPE_CHECKING:
+    from generators.evaluate import Patience
 
 log = logging.getLogger(__name__)
 
@@ -325,9 +329,7 @@ class _Rank0:
         # evaluations during training, answered by the generators whoever launched the pools
         self.eval_cfg = job.eval
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
-        # after the last step (`settle`): until when evaluations are waited for; when a generator was last alive
-        self._settle_deadline: float | None = None
-        self._answerer_seen = 0.0
+        self._settle_patience: Patience | None = None  # after the last step: how long `settle` waits
 
     def heartbeat(self, version: int, status: str) -> None:
         now = time.monotonic()
@@ -409,17 +411,15 @@ class _Rank0:
         """What every rank does next after the last step (see `_settle`): "publish" the final weights again (an
         engine joined, came back or left), "wait", or "done" (every evaluation answered, `eval.timeout_s` passed,
         no generator worker alive for a minute, or asked to stop)."""
-        now = time.monotonic()
-        if self._settle_deadline is None:
-            self._settle_deadline, self._answerer_seen = now + self.eval_cfg.timeout_s, now
+        if self._settle_patience is None:
+            from generators.evaluate import Patience
+
+            self._settle_patience = Patience(self.evals, self.eval_cfg.timeout_s)
             for step in self.evals.pending.values():
                 log.info("waiting for the evaluation of version %d", step)
         if not self.evals.pending or stop.is_set():
             return "done"
-        if self.evals.answerers():
-            self._answerer_seen = now
-        if now > self._settle_deadline or now - self._answerer_seen > 60.0:
-            why = "timed out" if now > self._settle_deadline else "no generator worker alive for 60 s"
+        if why := self._settle_patience.exhausted():
             log.warning("evaluation of version(s) %s %s", sorted(self.evals.pending.values()), why)
             return "done"
         self.heartbeat(max(self.evals.pending.values()), "evaluating")

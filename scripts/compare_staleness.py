@@ -1,6 +1,6 @@
 """Tune staleness as a user would: the tiny world at several `learner.max_staleness` bounds and corrections, on seeds.
 
-    python scripts/compare_staleness.py                                     # 0/1/2/4 x none/tis/icepop x seeds 0,1,2
+    python scripts/compare_staleness.py                             # 0/1/2/4 x none/tis/icepop x seeds 0,101,102
     python scripts/compare_staleness.py --staleness 0,2 --corrections tis --seeds 0 --out runs/staleness-quick
     python scripts/compare_staleness.py --report-only --out runs/compare-staleness
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--staleness", default="0,1,2,4", help="comma-separated max_staleness bounds")
     parser.add_argument("--corrections", default="none,tis,icepop", help=f"comma-separated, of {CORRECTIONS}")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--seeds", default="0,101,102", help="comma-separated seeds")
     parser.add_argument("--eval-every", type=int, default=10, help="eval.every_steps of every run")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare-staleness")
     parser.add_argument(

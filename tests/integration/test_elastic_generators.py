@@ -69,11 +69,19 @@ class Watch:
     def version(self) -> int:
         return int(self.client.get(f"{NAMESPACE}:version") or 0)
 
-    def workers(self) -> dict[str, dict]:
-        """`sr1 buffer stats --json`'s workers, by id (the command users run, as a separate process)."""
+    def stats(self) -> dict:
+        """`sr1 buffer stats --json` (the command users run, as a separate process)."""
         out = subprocess.run([sys.executable, "-m", "sr1", "buffer", "stats", "--json", "--url", self.url,
                               "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
-        return {w["worker_id"]: w for w in json.loads(out.stdout)["workers"]}
+        return json.loads(out.stdout)
+
+    def workers(self) -> dict[str, dict]:
+        """The live workers, by id."""
+        return {w["worker_id"]: w for w in self.stats()["workers"]}
+
+    def depth(self) -> int:
+        """Groups in the buffer that the learner has not taken yet."""
+        return int(self.stats()["stats"]["buffer/depth"])
 
     def read_groups(self) -> None:
         from buffer.codec import decode_group
@@ -105,6 +113,27 @@ def _process(launcher: subprocess.Popen, module: str) -> psutil.Process:
     return next(p for p in children if module in " ".join(p.cmdline()))
 
 
+def run_overrides(tmp_path: Path, model_dir: Path, port: int, run_dir: Path, *extra: str) -> list[str]:
+    """The small world's overrides for both pools, with the run directory, the namespace and the retrieval URL."""
+    from tests.fakes.small_world import small_world_overrides
+
+    return small_world_overrides(tmp_path / "world", model_dir) + [
+        f"run_dir={run_dir}", f"buffer.namespace={NAMESPACE}", f"retrieval.url=http://127.0.0.1:{port}/retrieve",
+        *extra,
+    ]  # fmt: skip
+
+
+def serve_retrieval(stack: Stack, watch: Watch, overrides: list[str], port: int) -> None:
+    """`sr1 retrieval serve` (BM25) over the small world's corpus, once it answers."""
+    from sr1.launch.supervisor import http_ok
+
+    corpus = next(o.split("=", 1)[1] for o in overrides if o.startswith("retrieval.corpus_path="))
+    stack.start(
+        "retrieval", "retrieval", "serve", "--method", "bm25", "--corpus", corpus, "--port", str(port)
+    )
+    watch.until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 300, "the retrieval server", stack)
+
+
 def trained_steps(run_dir: Path) -> list[dict]:
     return [
         r
@@ -115,43 +144,26 @@ def trained_steps(run_dir: Path) -> list[dict]:
 
 def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_port):
     from sr1.launch.redis_server import LocalRedis
-    from sr1.launch.supervisor import http_ok
-    from tests.fakes.small_world import small_world_overrides
 
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    overrides = small_world_overrides(tmp_path / "world", tiny_model_dir) + [
-        f"run_dir={run_dir}", f"buffer.namespace={NAMESPACE}", f"retrieval.url=http://127.0.0.1:{free_port}/retrieve",
+    overrides = run_overrides(tmp_path, tiny_model_dir, free_port, run_dir,
         f"learner.total_steps={STEPS}", f"learner.checkpoint_every={STEPS}", f"learner.max_staleness={MAX_STALENESS}",
         "learner.num_engines=1",  # the first group waits for one engine; later ones take whoever is alive
         "buffer.lease_s=10", "buffer.heartbeat_ttl_s=8", "weight_sync.timeout_s=30",
-    ]  # fmt: skip
-    corpus = next(o.split("=", 1)[1] for o in overrides if o.startswith("retrieval.corpus_path="))
+    )  # fmt: skip
     stack = Stack(logs)
     server = LocalRedis(tmp_path / "redis").start()
     url = server.url
     watch = Watch(url)
     pool = ["--config", "tiny", "--redis-url", url, "--num-engines", "1"]
     try:
-        stack.start(
-            "retrieval",
-            "retrieval",
-            "serve",
-            "--method",
-            "bm25",
-            "--corpus",
-            corpus,
-            "--port",
-            str(free_port),
-        )
+        serve_retrieval(stack, watch, overrides, free_port)
         stack.start(
             "buffer-watch", "buffer", "watch", "--url", url, "--namespace", NAMESPACE, "--interval", "0.5"
         )
         stack.start("gen-first", "generators", *pool, "--worker-prefix", "first-", *overrides)
         stack.start("learner", "learner", "--config", "tiny", "--redis-url", url, *overrides)
-        watch.until(
-            lambda: http_ok(f"http://127.0.0.1:{free_port}/health"), 300, "the retrieval server", stack
-        )
         watch.until(lambda: watch.version() >= 2, 600, "version 2 (one engine)", stack)
 
         # 1. a second pool joins the live run (the learner paused right after a publish while its engine starts)
@@ -231,40 +243,23 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
     only one who can) and record the evaluation; before, it waited `eval.timeout_s` for an answer that could never
     come (an engine evaluating with pinned weights during the last publish missed it the same way)."""
     from sr1.launch.redis_server import LocalRedis
-    from sr1.launch.supervisor import http_ok
-    from tests.fakes.small_world import small_world_overrides
 
     steps = 4
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    overrides = small_world_overrides(tmp_path / "world", tiny_model_dir) + [
-        f"run_dir={run_dir}", f"buffer.namespace={NAMESPACE}", f"retrieval.url=http://127.0.0.1:{free_port}/retrieve",
+    overrides = run_overrides(tmp_path, tiny_model_dir, free_port, run_dir,
         f"learner.total_steps={steps}", f"learner.checkpoint_every={steps}", "learner.max_staleness=2",
         "learner.num_engines=1", f"eval.every_steps={steps}", "eval.timeout_s=300",
         "buffer.lease_s=120", "buffer.heartbeat_ttl_s=120", "weight_sync.timeout_s=10",
-    ]  # fmt: skip
-    corpus = next(o.split("=", 1)[1] for o in overrides if o.startswith("retrieval.corpus_path="))
+    )  # fmt: skip
     stack = Stack(logs)
     server = LocalRedis(tmp_path / "redis").start()
     watch = Watch(server.url)
     try:
-        stack.start(
-            "retrieval",
-            "retrieval",
-            "serve",
-            "--method",
-            "bm25",
-            "--corpus",
-            corpus,
-            "--port",
-            str(free_port),
-        )
+        serve_retrieval(stack, watch, overrides, free_port)
         stack.start("gen", "generators", "--config", "tiny", "--redis-url", server.url, "--num-engines", "1",
                     "--worker-prefix", "gen-", *overrides)  # fmt: skip
         stack.start("learner", "learner", "--config", "tiny", "--redis-url", server.url, *overrides)
-        watch.until(
-            lambda: http_ok(f"http://127.0.0.1:{free_port}/health"), 300, "the retrieval server", stack
-        )
         # the learner paused right after publishing the next-to-last version, with a batch for the last step queued
         watch.until(lambda: watch.version() >= 1, 600, "version 1", stack)
         rank = _process(stack.procs["learner"], "learner.main")
@@ -272,7 +267,7 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
             time.sleep(0.02)
         rank.suspend()
         assert watch.version() == steps - 1, "the learner went past the next-to-last version before its pause"
-        watch.until(lambda: _depth(watch) >= 4, 300, "a batch for the last step", stack)
+        watch.until(lambda: watch.depth() >= 4, 300, "a batch for the last step", stack)
         generator = _process(stack.procs["gen"], "generators.main")
         generator.suspend()
         rank.resume()
@@ -293,10 +288,3 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
     assert steps in evals, f"the final evaluation was never answered:\n{stack.log('learner')}"
     assert evals[steps]["eval/version"] == steps  # answered with the final weights, not the ones it held
     print(f"\nthe final evaluation was answered {waited:.0f}s after the generator went on")
-
-
-def _depth(watch: Watch) -> int:
-    """Groups in the buffer that the learner has not taken yet."""
-    out = subprocess.run([sys.executable, "-m", "sr1", "buffer", "stats", "--json", "--url", watch.url,
-                          "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
-    return int(json.loads(out.stdout)["stats"]["buffer/depth"])
