@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from sr1.launch.supervisor import Child, free_port
+from sr1.launch.supervisor import Child, free_port, tail
 
 
 def find_redis_server() -> str:
@@ -96,7 +96,7 @@ class LocalRedis:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.child.alive:
-                raise RuntimeError(self.child.failure() + "\n" + _tail(self.data_dir / "redis.log"))
+                raise RuntimeError(self.child.failure() + "\n" + tail(self.data_dir / "redis.log", 10))
             if redis_answers(self.port):
                 self.url_file.write_text(self.url + "\n")
                 return self
@@ -124,10 +124,3 @@ class LocalRedis:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _tail(path: Path) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-10:])
-    except OSError:
-        return ""

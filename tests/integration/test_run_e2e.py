@@ -42,11 +42,11 @@ def finished_run(tmp_path_factory):
 
 
 def _log_tails(run_dir, lines: int = 25) -> str:
-    tails = []
-    for log in sorted((run_dir / "logs").glob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        tails.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
-    return "\n".join(tails)
+    from sr1.launch.supervisor import tail
+
+    return "\n".join(
+        f"--- {log.name}\n{tail(log, lines)}" for log in sorted((run_dir / "logs").glob("*.log"))
+    )
 
 
 def test_report_is_complete_and_consistent(finished_run):
