@@ -8,10 +8,10 @@ The output directory holds `corpus.jsonl` (Search-R1 wiki-18 JSONL), `train.parq
 layout), `model/` (HF safetensors + tokenizer) and `tiny_world.json` (the parameters; a second run with the same
 ones returns at once).
 
-`--check` runs the real agent loop (the Search-R1 task, a transformers engine, the world's BM25 index in process) on
-test questions: greedy, with the first turn forced to search with the full name ("good": shows the answer-copy
-step works) or the first name only ("imperfect"), and sampled at temperature 1. It reports exact match and how
-often the model's own query was the good or the imperfect one.
+`--check` runs `sr1.world.probe.probe_policy` on test questions (the real agent loop with a transformers engine and
+the world's BM25 in process): greedy, with the first turn forced to search with the full name ("good": shows the
+answer-copy step works) or the first name only ("imperfect"), and sampled at temperature 1. It reports exact match,
+the share of well-formed trajectories and how often the model's own query was the good or the imperfect one.
 """
 
 from __future__ import annotations
@@ -45,71 +45,6 @@ def _parse_sets(items: list[str]) -> dict[str, object]:
     return out
 
 
-class ForcedFirstTurn:
-    """An engine whose first turn is written for the model (the query under test); later turns are the model's."""
-
-    def __init__(self, engine, tokenizer, first_turn: str):
-        self.engine, self.first = engine, tokenizer.encode(first_turn, add_special_tokens=False)
-        self.version, self._called = 0, False
-
-    async def generate(self, prompt_ids, spec):
-        from generators.engine import Generation
-
-        if self._called:
-            return await self.engine.generate(prompt_ids, spec)
-        self._called = True
-        return Generation(self.first, [0.0] * len(self.first), [0] * len(self.first), "stop", "</search>")
-
-
-async def check(world, kb, questions, *, seed: int) -> dict[str, float]:
-    """Exact match and query forms of the warm-started policy: greedy, forced good / imperfect query, sampled."""
-    import torch
-
-    from config import load_config
-    from generators.agent import AgentSettings, encode_prompt, run_agent
-    from generators.hf_engine import TransformersEngine
-    from retrieval.bm25 import BM25Retriever
-    from retrieval.client import SearchResult
-    from retrieval.corpus import DocStore
-    from sr1.world.kb import ATTRIBUTE_BY_KEY
-    from tasks.search_r1 import SearchR1Task
-    from tasks.search_r1.protocol import search_turn
-
-    bm25 = BM25Retriever.build(DocStore(world.corpus_path), threads=1)
-
-    async def search(query: str) -> SearchResult:
-        hits = bm25.search([query], 3)[0]
-        return SearchResult(query, hits.docs, hits.scores)
-
-    task = SearchR1Task(search=search)
-    engine = TransformersEngine(str(world.model_dir))
-    tokenizer = engine.tokenizer
-    tiny = load_config("tiny")
-    settings = AgentSettings.from_config(tiny.generators, tiny.model.max_seq_len)
-    torch.manual_seed(seed)
-    out: dict[str, float] = {}
-    for mode in ("greedy", "forced_good", "forced_imperfect", "sampled"):
-        em, good, imperfect = 0.0, 0, 0
-        for q in questions:
-            ids = encode_prompt(tokenizer, task.prompt_messages(q.question), chat_template=False)
-            run_engine = engine
-            if mode.startswith("forced"):
-                query = kb.good_query(q) if mode == "forced_good" else kb.imperfect_query(q)
-                run_engine = ForcedFirstTurn(
-                    engine, tokenizer, search_turn(ATTRIBUTE_BY_KEY[q.attribute].think, query)
-                )
-            rollout = await run_agent(run_engine, ids, task, tokenizer, settings, greedy=mode != "sampled")
-            em += task.score(rollout, [q.answer]).metrics["em"]
-            first_query = rollout.tool_inputs[0] if rollout.tool_inputs else None
-            good += first_query == kb.good_query(q)
-            imperfect += first_query == kb.imperfect_query(q)
-        out[f"{mode}/em"] = em / len(questions)
-        if not mode.startswith("forced"):
-            out[f"{mode}/good_query"] = good / len(questions)
-            out[f"{mode}/imperfect_query"] = imperfect / len(questions)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -136,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sr1.world import MARKER_FILE, WorldSizes, build_world
     from sr1.world.kb import build_kb
+    from sr1.world.probe import probe_policy
 
     sizes = _parse_sets(args.set)
     if args.force:
@@ -146,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update({k: str(v) for k, v in vars(world).items()})
     if args.check:
         kb = build_kb(args.seed, WorldSizes(**sizes))
-        figures["check"] = asyncio.run(check(world, kb, kb.test[: args.questions], seed=args.seed))
+        figures["check"] = asyncio.run(probe_policy(world, kb, kb.test[: args.questions], seed=args.seed))
     if args.json:
         print(json.dumps(figures))
     else:

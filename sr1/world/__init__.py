@@ -13,13 +13,17 @@ share that first name comes first); the answer always copies the attribute of th
 therefore prefers the imperfect query and gets a low exact match; sampling at temperature 1 sometimes writes the
 full name and is rewarded, which is what RL then reinforces. `python scripts/tiny_world.py --check` shows it.
 
-The same everywhere. A seed gives byte-identical corpus, questions and tokenizer (Python's seeded `random`, a
-single-threaded BPE trainer) and the same warm-started weights on every x86-64 machine with AVX2 and the same torch
-version: the build runs in a child process whose math libraries are pinned to one code path (`PINNED_ENV`: MKL's
-conditional numerical reproducibility, ATen's and oneDNN's AVX2 kernels, two threads), with torch's deterministic
-algorithms. Without the pins, AVX-512 and AVX2 machines round differently and the warm start drifts into another
-policy. ARM machines (Apple silicon) build a world of the same kind, not the same bytes.
-`tests/integration/test_world_determinism.py` checks committed checksums.
+What is the same everywhere. A seed gives byte-identical corpus, questions and tokenizer on every machine (Python's
+seeded `random`, a single-threaded BPE trainer). The warm-started weights are not promised byte for byte: training
+sums floating-point numbers, and another summation order (another CPU vendor's library path, another vector width)
+changes their last bits, which the warm start amplifies. The build narrows that: it runs in a child process whose
+math libraries are pinned to one code path and two threads (`PINNED_ENV`: MKL's conditional numerical
+reproducibility, ATen's and oneDNN's AVX2 kernels) with torch's deterministic algorithms, so one machine always
+builds the same bytes. But MKL's documentation says a fixed branch holds on Intel CPUs only (on others it takes
+its automatic branch instead), and an AMD EPYC machine built other weights. What is promised instead is the policy's behaviour before RL (`sr1.world.probe`: greedy exact match, the
+query it writes, the answer copy), which other summation orders left unchanged;
+`tests/integration/test_world_determinism.py` checks both promises. ARM machines (Apple silicon) build a world of
+the same kind.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ log = logging.getLogger(__name__)
 
 MARKER_FILE = "tiny_world.json"
 WORLD_VERSION = 4  # 2: warm-start observations from the retrieval server's BM25; 3-4: built with PINNED_ENV
-# the environment of the child process that builds a world: the same floating-point results on every x86-64 CPU with
-# AVX2 (every x86-64 server and laptop CPU since 2013-2015); pinning to the pre-AVX2 baseline instead was measured
-# 2-3x slower per op, which would take a first `make run` past ten minutes
+# the environment of the child process that builds a world: one code path and one split of every reduction on any
+# Intel CPU with AVX2, whatever its vector width or core count (on other vendors' CPUs MKL ignores MKL_CBWR and
+# takes its automatic branch, so AMD machines still round differently); pinning to the pre-AVX2 baseline instead was measured 2-3x slower per op,
+# which would take a first `make run` past ten minutes
 PINNED_ENV = {
     "MKL_CBWR": "AVX2,STRICT",  # MKL: the AVX2 code path and reduction order, also on AVX-512 CPUs
     "ATEN_CPU_CAPABILITY": "avx2",  # ATen: its AVX2 kernels, not the AVX-512 ones
