@@ -16,7 +16,7 @@ test: setup  ## the whole test suite, slow integration tests included
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-test-fast: setup  ## unit tests only
+test-fast: setup  ## every test not marked slow: the unit tests and the faster integration tests
 	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup

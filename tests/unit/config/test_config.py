@@ -112,13 +112,3 @@ def test_sr1_help_is_fast_and_lists_commands():
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert modules.stdout.strip() == "[]"
-
-
-def test_readme_documents_every_config_field():
-    from pathlib import Path
-
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    missing = [key for key, _, _, _ in reference_rows() if f"| `{key}` |" not in readme]
-    assert not missing, (
-        f"README's configuration reference lacks {missing}: run `python scripts/update_readme.py`"
-    )
