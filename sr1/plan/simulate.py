@@ -488,14 +488,18 @@ class _Simulation:
 def simulate(
     pipe: Pipeline, profile: Profile, *, steps: int = 12, warmup: int = 2, seed: int = 0
 ) -> SimResult:
-    """Simulate `steps` learner steps of `pipe` with `profile`'s figures; measure the ones after `warmup`."""
+    """Simulate learner steps of `pipe` with `profile`'s figures and measure the ones after `warmup`: at least
+    `steps - warmup` of them, rounded up to whole cycles of max_staleness + 1 steps (an asynchronous pipeline can
+    run in bursts of that period: the window must not start in one phase and end in another)."""
     if steps <= warmup:
         raise ValueError(f"steps ({steps}) must exceed warmup ({warmup})")
     if pipe.engines < 1 or pipe.ranks < 1:
         raise ValueError(
             f"a pipeline needs at least one engine and one rank, got {pipe.engines} and {pipe.ranks}"
         )
-    return _Simulation(pipe, profile, seed).run(steps, warmup)
+    cycle = pipe.max_staleness + 1
+    measured = -(-(steps - warmup) // cycle) * cycle
+    return _Simulation(pipe, profile, seed).run(warmup + measured, warmup)
 
 
 def synchronous(pipe: Pipeline) -> Pipeline:
