@@ -296,7 +296,6 @@ class _Simulation:
         self.version = 0
         self.step_log: list[tuple[float, float, float]] = []  # (end time, wait s, busy s) per step
         self.histogram: dict[int, int] = {}
-        self.warm_histogram_from: int | None = None
 
     # events
     def at(self, time: float, kind: str, payload: object = None) -> None:
