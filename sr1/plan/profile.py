@@ -134,6 +134,8 @@ class Profile(BaseModel):
     learner: LearnerProfile = Field(description="One learner rank.")
     workload: WorkloadProfile = Field(description="The trajectories: lengths, searches, latencies.")
     weight_sync_s: Figure = Field(description="Seconds one publish pauses the engines (and the learner).")
+    handoff_s: Figure = Field(description="Seconds from a prompt's release until its group runs in an engine, "
+                              "plus a finished group's way to the learner (claim, put, take), lumped together.")  # fmt: skip
     notes: list[str] = Field(
         default_factory=list, description="Assumptions and caveats, printed with the plan."
     )
@@ -224,8 +226,8 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     its `metrics.jsonl`, group size and engines from its `config.yaml`; engine throughput from the generator pool's
     heartbeat rows (`pool/tokens_per_s` while busy, at `pool/inflight_trajectories`).
 
-    Figures a run cannot measure (search latency, prefill cost, memory) come from `defaults` (a profile) when
-    given, else are named as missing."""
+    Figures a run cannot measure (search latency, prefill cost, hand-off, memory) come from `defaults` (a profile)
+    when given, else are named as missing."""
     from config import load_config
 
     run_dir = Path(run_dir)
@@ -338,7 +340,7 @@ def resolve_profile(
         )
     base = load_profile(profile) if profile is not None else None
     if from_run is not None:
-        # what a run cannot measure (search latency, prefill cost, memory) comes from the file, else from the
+        # what a run cannot measure (search latency, prefill cost, hand-off, memory) comes from the file, else from the
         # shipped CPU profile: each such figure keeps that profile's source, so the printed sources say so
         base = profile_from_run(from_run, base or load_profile(DEFAULT_RUN_PROFILE))
     data = json.loads(base.model_dump_json())

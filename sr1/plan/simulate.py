@@ -18,6 +18,8 @@ What is modelled:
   against an in-memory stand-in for the four buffer counters it reads (`_CountingBuffer`), and batches are chosen by
   `BatchAssembler._select` (see `_choose_batch`, the one thin adapter). Dynamic sampling drops a finished group with
   the profile's probability; the feeder then releases one more, as the real buffer's `dropped` counter makes it.
+- Hand-offs: a released prompt reaches a worker's engine `handoff_s` later (the claim, the worker's wait for the
+  published weights, and on the way back the group's put and the learner's take, lumped together).
 - The learner's step: model tokens x PPO epochs over (ranks x per-rank tokens/s x scaling efficiency), plus a fixed
   overhead; then the publish, during which every engine is paused (its sequences frozen) and after which their new
   tokens carry the new version; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
@@ -312,10 +314,19 @@ class _Simulation:
         self.buffer.current_version = self.version
         before = len(self.buffer.released)
         self.feeder.pump()
+        released = []
         for prompt in self.buffer.released[before:]:
             group = _Group(prompt.group_id, prompt.release_version, self.pipe.group_size)
             self.unconsumed[group.group_id] = group.release_version
-            self.pending.append(group)
+            released.append(group)
+        handoff = self.profile.handoff_s.value
+        if handoff > 0 and released:
+            self.at(self.now + handoff, "claimable", released)
+        else:
+            self.on_claimable(released)
+
+    def on_claimable(self, groups: list[_Group]) -> None:
+        self.pending.extend(groups)
         self.claim()
 
     def claim(self) -> None:
@@ -446,6 +457,7 @@ class _Simulation:
         handlers = {
             "turn_done": lambda p: self.on_turn_done(*p),
             "search_done": self.on_search_done,
+            "claimable": self.on_claimable,
             "publish": lambda p: self.on_publish(),
             "published": lambda p: self.on_published(),
             "step_done": lambda p: self.on_step_done(*p),

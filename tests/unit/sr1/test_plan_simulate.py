@@ -32,6 +32,7 @@ def fixed_profile(**figures: float) -> Profile:
         "workload.tokens_per_turn_cv": 0.0,
         "workload.searches_per_trajectory": 0.0,
         "weight_sync_s": SYNC_S,
+        "handoff_s": 0.0,
     }
     return with_figures(base, pinned | figures, source="test")
 
@@ -50,6 +51,12 @@ def test_synchronous_single_engine_matches_the_closed_form():
     assert result.steps_per_hour == pytest.approx(3600 / step, rel=1e-9)
     assert result.learner_busy == pytest.approx(1 - (n * TURN / T) / step, rel=1e-9)
     assert result.staleness_histogram == {0: 6 * n * TURN}  # 6 measured steps, every token on-policy
+
+
+def test_the_hand_off_delays_every_synchronous_step():
+    without = simulate(pipe(), fixed_profile(), steps=6, warmup=1)
+    with_handoff = simulate(pipe(), fixed_profile(handoff_s=0.3), steps=6, warmup=1)
+    assert with_handoff.step_s == pytest.approx(without.step_s + 0.3, rel=1e-9)
 
 
 def test_ppo_epochs_and_ranks_scale_the_training_time():
