@@ -50,7 +50,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated lengths and latencies")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--png", type=Path, default=None, help="write steps/hour per split to this PNG")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # dotted overrides may stand anywhere
 
 
 def _figures(items: list[str]) -> dict[str, float]:

@@ -126,3 +126,10 @@ def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
         calibrate.predict(c, profile, 6, 1, []) for c in calibrate.CASES if c.name in ("sync", "e2s0")
     )
     assert two["steps_per_min"] > 0 and one["steps_per_min"] > 0
+
+
+def test_overrides_may_follow_the_options(capsys):
+    common = ["tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny", "--bounds", "0"]
+    eight = plan_json(capsys, *common)
+    four = plan_json(capsys, *common, "learner.groups_per_step=4")
+    assert four["rows"][0]["step_s"] < eight["rows"][0]["step_s"]  # half the groups per step: shorter steps
