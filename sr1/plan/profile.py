@@ -140,6 +140,33 @@ class Profile(BaseModel):
         default_factory=list, description="Assumptions and caveats, printed with the plan."
     )
 
+    @model_validator(mode="after")
+    def _in_range(self) -> Profile:
+        for key, text, _ in profile_sources(self):
+            if key == "generator.tokens_per_s":
+                continue  # the curve checks itself
+            value = float(text)
+            if key in POSITIVE and value <= 0:
+                raise ValueError(f"{key} must be > 0, got {value:g}")
+            if value < 0:
+                raise ValueError(f"{key} must be >= 0, got {value:g}")
+        if self.workload.dropped_group_fraction.value >= 1:
+            raise ValueError(
+                f"workload.dropped_group_fraction must be < 1 (every group dropped never fills a batch), got "
+                f"{self.workload.dropped_group_fraction.value:g}"
+            )
+        return self
+
+
+# figures a simulation divides by, or that make no sense at zero
+POSITIVE = {
+    "params_billion",
+    "learner.tokens_per_s_per_rank",
+    "learner.scaling_efficiency",
+    "workload.tokens_per_turn",
+    "learner.bytes_per_param",
+}
+
 
 class GpuKind(BaseModel):
     memory_gib: float | None = Field(description="Memory per device; None: not checked (CPU cores).")
@@ -173,7 +200,8 @@ def _validate(data: dict[str, Any], origin: str) -> Profile:
             if e["type"] == "missing":
                 problems.append(f"missing number {where}")
             else:
-                problems.append(f"{where}: {e['msg']}")
+                message = e["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {message}" if where else message)
         raise ProfileError(f"profile {origin}: " + "; ".join(problems)) from None
 
 

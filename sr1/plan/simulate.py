@@ -120,7 +120,7 @@ class _Turn:
 
 
 def _lognormal(rng: np.random.Generator, mean: float, cv: float) -> float:
-    if cv <= 0:
+    if cv <= 0 or mean <= 0:
         return mean
     sigma2 = math.log1p(cv * cv)
     return float(rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2)))

@@ -156,3 +156,13 @@ def test_learner_bench_output_replaces_the_learner_figure(tmp_path):
         resolve_profile("cpu-tiny", learner_bench=bad)
     with pytest.raises(ProfileError, match="give a profile"):
         resolve_profile(learner_bench=bench)
+
+
+def test_figures_out_of_range_are_refused():
+    profile = load_profile("cpu-tiny")
+    with pytest.raises(ProfileError, match="learner.tokens_per_s_per_rank must be > 0, got 0"):
+        with_figures(profile, {"learner.tokens_per_s_per_rank": 0})
+    with pytest.raises(ProfileError, match="workload.search_latency_s must be >= 0, got -1"):
+        with_figures(profile, {"workload.search_latency_s": -1})
+    with pytest.raises(ProfileError, match="dropped_group_fraction must be < 1"):
+        with_figures(profile, {"workload.dropped_group_fraction": 1})
