@@ -265,6 +265,9 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     cfg = load_config(config_path)
     rows = _rows(run_dir)
     metrics = run_dir / "metrics.jsonl"
+    for key in ("batch/groups", "batch/loss_tokens", "perf/tokens_per_s", "perf/step_s", "perf/wait_s"):
+        if any(key not in r for r in rows):
+            raise ProfileError(f"{metrics}: a step row has no {key} (a run of an older sr1?)")
     where = f"measured from {run_dir}/metrics.jsonl ({len(rows)} steps after the first)"
     n = cfg.generators.group_size
     trajectories = [float(r["batch/groups"]) * n for r in rows]
@@ -329,6 +332,12 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
             "source": f"{where}: (batch/response_len_mean - loss tokens per trajectory) / searches",
         },
     )
+    last = rows[-1]
+    if cfg.learner.algorithm.dynamic_sampling and last.get("buffer/produced"):
+        workload["dropped_group_fraction"] = {
+            "value": float(last.get("buffer/dropped_groups", 0)) / float(last["buffer/produced"]),
+            "source": f"{where}: buffer/dropped_groups / buffer/produced at the last step",
+        }
     data["weight_sync_s"] = {"value": _mean(rows, "weight_sync/seconds", metrics),
                              "source": f"{where}: weight_sync/seconds"}  # fmt: skip
     return _validate(data, f"from run {run_dir} (give the missing figures with --profile)")

@@ -141,6 +141,27 @@ def test_run_directory_errors_name_the_problem(tmp_path):
     run_dir = write_run_dir(tmp_path / "one", steps=1)
     with pytest.raises(ProfileError, match="at least 2 step rows"):
         profile_from_run(run_dir)
+    run_dir = write_run_dir(tmp_path / "old")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "batch/groups"})
+                                                   + "\n" for r in rows))  # fmt: skip
+    with pytest.raises(ProfileError, match="a step row has no batch/groups"):
+        profile_from_run(run_dir)
+
+
+def test_a_run_with_dynamic_sampling_measures_the_dropped_share(tmp_path):
+    run_dir = write_run_dir(tmp_path / "run")
+    save_config(
+        load_config("tiny", [f"run_dir={run_dir}", "learner.algorithm.dynamic_sampling=true"]), run_dir
+    )
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "step" in r:
+            r |= {"buffer/produced": 10 * r["step"], "buffer/dropped_groups": 3 * r["step"]}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    profile = profile_from_run(run_dir, load_profile("cpu-tiny"))
+    assert profile.workload.dropped_group_fraction.value == pytest.approx(0.3)
+    assert "buffer/dropped_groups" in profile.workload.dropped_group_fraction.source
 
 
 def test_learner_bench_output_replaces_the_learner_figure(tmp_path):
