@@ -1,0 +1,183 @@
+"""Calibrate `sr1 plan` on this CPU: real runs and the planner's predictions side by side, steps/min within ±15 %.
+
+    python scripts/calibrate_plan.py --recorded            # no runs: the planner against bench_async's recorded runs
+    python scripts/calibrate_plan.py                       # run every case below, then predict them (~25 min)
+    python scripts/calibrate_plan.py --cases sync,async2 --steps 12 --out runs/calibrate-quick
+
+Each case is `sr1 run tiny` with the generator pool pinned to one core and the learner to another (as
+scripts/bench_async.py runs them: the planner models dedicated pools, not pools sharing cores):
+
+- bench_async's four: sync (max_staleness 0) and async at max_staleness 1, 2, 4, 8 groups x 8 per step;
+- three more `sr1 run` configurations: fewer groups per step (4, max_staleness 1), the default bound with 12 groups
+  per step, and two engines sharing the generator core (synchronous).
+
+Measured steps/min come from the learner's per-step wall times (the first `--warmup` steps left out), as
+bench_async.py computes them. Predicted ones come from `sr1 plan`'s simulator with a profile: `--profile`
+(default `cpu-tiny`, fitted to bench_async's recorded synchronous run) or, with `--fit-sync`, measured from this
+run's own synchronous case (`sr1 plan --from-run`), so that every other case is a prediction. Prints one table
+(markdown) and writes `<out>/calibration.json`. Exit status 1 when a case misses ±`--tolerance`.
+Quiet machine needed: the runs pin one core each, and a busy machine makes them slower than any model of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from config import load_config  # noqa: E402
+from sr1.plan.profile import Profile, load_profile, profile_from_run  # noqa: E402
+from sr1.plan.simulate import simulate  # noqa: E402
+from sr1.plan.splits import pipeline  # noqa: E402
+from sr1.sweep import ROOT, Case  # noqa: E402
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    name: str
+    label: str
+    overrides: list[str]
+
+
+CASES = [
+    CalibrationCase("sync", "bench_async: sync (max_staleness 0)", ["learner.max_staleness=0"]),
+    CalibrationCase("async1", "bench_async: max_staleness 1", ["learner.max_staleness=1"]),
+    CalibrationCase("async2", "bench_async: max_staleness 2", ["learner.max_staleness=2"]),
+    CalibrationCase("async4", "bench_async: max_staleness 4", ["learner.max_staleness=4"]),
+    CalibrationCase(
+        "g4s1",
+        "sr1 run: 4 groups/step, max_staleness 1",
+        ["learner.groups_per_step=4", "learner.max_staleness=1"],
+    ),
+    CalibrationCase(
+        "g12s2",
+        "sr1 run: 12 groups/step, max_staleness 2",
+        ["learner.groups_per_step=12", "learner.max_staleness=2"],
+    ),
+    CalibrationCase(
+        "e2s0",
+        "sr1 run: 2 engines on the generator core, sync",
+        ["generators.num_engines=2", "learner.max_staleness=0"],
+    ),
+]
+
+# bench_async.py's recorded runs (README, "What asynchrony buys": 2026-11-22, this project's 2-core VM, seed 0,
+# 16 steps of 64 trajectories, first 3 left out, generator pool on core 0, learner on core 1): run 1, run 2
+RECORDED = {
+    "sync": {"steps_per_min": (45.4, 50.7), "learner_busy": (0.60, 0.58), "generator_busy": (0.31, 0.32)},
+    "async1": {"steps_per_min": (78.9, 81.0), "learner_busy": (0.97, 0.98), "generator_busy": (0.44, 0.43)},
+    "async2": {"steps_per_min": (85.6, 79.8), "learner_busy": (0.99, 0.99), "generator_busy": (0.44, 0.46)},
+    "async4": {"steps_per_min": (86.0, 75.0), "learner_busy": (0.99, 0.99), "generator_busy": (0.52, 0.51)},
+}
+
+
+def predict(case: CalibrationCase, profile: Profile, steps: int, warmup: int, extra: list[str]) -> dict:
+    """The planner's figures for one case: its config's pipeline, one generator core and one learner core."""
+    cfg = load_config("tiny", [*extra, *case.overrides])
+    engines = cfg.generators.num_engines
+    if engines > 1:  # engines sharing one core: each gets its share of the core's throughput
+        curve = profile.generator.tokens_per_s
+        shared = curve.model_copy(update={"points": [(x, y / engines) for x, y in curve.points]})
+        profile = profile.model_copy(
+            update={"generator": profile.generator.model_copy(update={"tokens_per_s": shared})}
+        )
+    pipe = pipeline(
+        cfg, engines=engines, ranks=cfg.learner.num_ranks, max_staleness=cfg.learner.max_staleness
+    )
+    result = simulate(pipe, profile, steps=steps, warmup=warmup)
+    return {
+        "steps_per_min": result.steps_per_hour / 60,
+        "learner_busy": result.learner_busy,
+        "generator_busy": result.generator_busy,
+        "staleness_mean": result.staleness_mean,
+    }
+
+
+def measure(case: CalibrationCase, args, extra: list[str]) -> tuple[dict, Path]:
+    """Run the case for real (`sr1 run tiny`, pools pinned) and read its steps/min as bench_async.py does."""
+    from scripts.bench_async import phases
+    from sr1.sweep import run_case
+
+    run_dir = run_case(Case(case.name, case.label, case.overrides), args.seed, args.out, extra)
+    return phases(run_dir, args.warmup), run_dir
+
+
+def _shown(measured: dict, key: str, fmt: str) -> str:
+    """A measured figure, with each recorded run's value in brackets when there are several."""
+    value = "-" if measured.get(key) is None else format(measured[key], fmt)
+    runs = measured.get("runs", {})
+    return value + (f" ({' / '.join(format(r, fmt) for r in runs[key])})" if key in runs else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument(
+        "--recorded", action="store_true", help="compare with bench_async's recorded runs only"
+    )
+    parser.add_argument("--cases", default=",".join(c.name for c in CASES), help="comma-separated case names")
+    parser.add_argument("--steps", type=int, default=16, help="learner steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the means")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cores", default="0,1", help="generator core,learner core")
+    parser.add_argument("--profile", default="cpu-tiny", help="the planner's profile (name or file)")
+    parser.add_argument(
+        "--fit-sync", action="store_true", help="measure the profile from this run's sync case"
+    )
+    parser.add_argument("--tolerance", type=float, default=0.15, help="largest relative error that passes")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "calibrate-plan")
+    args = parser.parse_args(argv)
+    by_name = {c.name: c for c in CASES}
+    unknown = [n for n in args.cases.split(",") if n not in by_name]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {', '.join(by_name)}")
+    cases = [by_name[n] for n in args.cases.split(",")]
+    if args.recorded:
+        cases = [c for c in cases if c.name in RECORDED]
+    if args.fit_sync and (args.recorded or cases[0].name != "sync"):
+        parser.error("--fit-sync needs real runs with the sync case first")
+    gen_core, learner_core = (int(c) for c in args.cores.split(","))
+    # bench_async.py's balanced layout: no evaluations or checkpoints inside the timed steps
+    from scripts.bench_async import BALANCED
+
+    extra = [f"learner.total_steps={args.steps}", *BALANCED,
+             f"generators.cpu_cores=[{gen_core}]", f"learner.cpu_cores=[{learner_core}]"]  # fmt: skip
+    profile = load_profile(args.profile)
+    rows = []
+    for case in cases:
+        if args.recorded:
+            measured = {k: sum(runs) / len(runs) for k, runs in RECORDED[case.name].items()}
+            measured["runs"] = RECORDED[case.name]
+        else:
+            print(f"{case.label} ...", flush=True)
+            measured, run_dir = measure(case, args, extra)
+            if args.fit_sync and case.name == "sync":
+                profile = profile_from_run(run_dir, profile)
+        predicted = predict(case, profile, args.steps, args.warmup, extra)
+        error = predicted["steps_per_min"] / measured["steps_per_min"] - 1
+        rows.append({"case": case.name, "label": case.label, "measured": measured, "predicted": predicted,
+                     "error": error, "within": abs(error) <= args.tolerance})  # fmt: skip
+    print(f"\nprofile: {profile.name}")
+    print(f"| case | steps/min measured | predicted | error | within ±{args.tolerance:.0%} "
+          "| learner busy measured / predicted | generator busy measured / predicted |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        m, p = row["measured"], row["predicted"]
+
+        print(f"| {row['label']} | {_shown(m, 'steps_per_min', '.1f')} | {p['steps_per_min']:.1f} | {row['error']:+.0%} "
+              f"| {'yes' if row['within'] else 'NO'} | {_shown(m, 'learner_busy', '.2f')} / {p['learner_busy']:.2f} "
+              f"| {_shown(m, 'generator_busy', '.2f')} / {p['generator_busy']:.2f} |")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    conditions = {"recorded": args.recorded, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+                  "overrides": extra}  # fmt: skip
+    out = {"rows": rows, "profile": json.loads(profile.model_dump_json()), "conditions": conditions}
+    (args.out / "calibration.json").write_text(json.dumps(out, indent=2, default=str))
+    print(f"\nwrote {args.out}/calibration.json")
+    return 0 if all(r["within"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

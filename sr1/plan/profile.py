@@ -1,0 +1,465 @@
+"""What `sr1 plan` simulates with: the measured or given figures of one model on one kind of hardware.
+
+A `Profile` holds every number the simulation needs, each with the source it came from (`Figure`: a value and a
+`source` sentence), so a projection can always say where its inputs came from. Three ways to get one:
+
+    load_profile("qwen2.5-3b-h100")          # a profile file: a name in sr1/plan/profiles/ or a path (YAML/JSON)
+    profile_from_run(Path("runs/tiny-..."))  # measured from a finished run's metrics.jsonl and config.yaml
+    with_learner_bench(profile, Path("bench.json"))  # the learner's tokens/s from `bench_learner.py --json`
+
+A profile missing a number is a `ProfileError` naming the field (`generator.tokens_per_s`). `GPU_KINDS` lists the
+hardware `sr1 plan --gpu-kind` knows; `check_memory` says why a split cannot hold the model.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_RUN_PROFILE = (
+    "cpu-tiny"  # where `--from-run` takes what a run cannot measure, unless --profile is given
+)
+GIB = 1024**3
+
+
+class ProfileError(ValueError):
+    """A profile is missing a number, has a bad one, or cannot be read."""
+
+
+class Figure(BaseModel):
+    """One number and where it came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: float = Field(description="The number, in the unit its field names.")
+    source: str = Field(min_length=1, description="Where it came from: a measurement with its command and date, a "
+                        "published figure with its reference, or 'assumption: <why>'.")  # fmt: skip
+
+
+class Curve(BaseModel):
+    """An engine's aggregate decode tokens/s as a function of the sequences it batches at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    points: list[tuple[float, float]] = Field(
+        description="(concurrent sequences, aggregate tokens/s) pairs; linear in between, flat past the last."
+    )
+    source: str = Field(min_length=1, description="Where the points came from.")
+
+    @model_validator(mode="after")
+    def _increasing(self) -> Curve:
+        xs = [x for x, _ in self.points]
+        if not self.points or xs != sorted(xs) or len(set(xs)) != len(xs) or xs[0] <= 0:
+            raise ValueError(f"points need distinct, increasing concurrencies > 0, got {xs}")
+        if any(y <= 0 for _, y in self.points):
+            raise ValueError("tokens/s must be > 0 at every point")
+        return self
+
+    def tokens_per_s(self, concurrent: int) -> float:
+        """Aggregate tokens/s at `concurrent` sequences (through the origin below the first point)."""
+        if concurrent <= 0:
+            return 0.0
+        (x0, y0) = self.points[0]
+        if concurrent <= x0:
+            return y0 * concurrent / x0
+        for (xa, ya), (xb, yb) in zip(self.points, self.points[1:], strict=False):
+            if concurrent <= xb:
+                return ya + (yb - ya) * (concurrent - xa) / (xb - xa)
+        return self.points[-1][1]
+
+
+class GeneratorProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_per_s: Curve = Field(description="One engine (of the config's tensor-parallel size): aggregate sampled "
+                                "tokens/s against concurrent sequences.")  # fmt: skip
+    prefill_cost: Figure = Field(description="Engine time of one prefilled token (prompt, observation) as a fraction "
+                                 "of one decoded token's, per sequence.")  # fmt: skip
+    min_kv_cache_gib: Figure = Field(
+        description="KV-cache memory an engine needs beside its weights (GiB per GPU)."
+    )
+
+
+class LearnerProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_per_s_per_rank: Figure = Field(description="Model tokens (prompt + response, every PPO epoch) per second "
+                                          "of the optimisation step, per learner rank.")  # fmt: skip
+    scaling_efficiency: Figure = Field(description="Per-rank throughput with several ranks as a fraction of one "
+                                       "rank's (FSDP2 all-gathers and reduce-scatters).")  # fmt: skip
+    step_overhead_s: Figure = Field(description="Seconds per step beside the token work (batch forwarding, "
+                                    "optimizer, bookkeeping).")  # fmt: skip
+    bytes_per_param: Figure = Field(description="Sharded training state per parameter (fp32 master, gradient, "
+                                    "two AdamW moments: 16).")  # fmt: skip
+    activation_gib: Figure = Field(description="Peak memory per rank beside the sharded state (GiB).")
+    checkpoint_s: Figure = Field(
+        description="Seconds to save one checkpoint (every `learner.checkpoint_every` steps)."
+    )
+
+
+class WorkloadProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: Figure = Field(description="Mean prompt tokens of a trajectory.")
+    tokens_per_turn: Figure = Field(description="Mean tokens the model samples in one turn.")
+    tokens_per_turn_cv: Figure = Field(description="Coefficient of variation of tokens per turn (lognormal; 0: "
+                                       "every turn the same length).")  # fmt: skip
+    searches_per_trajectory: Figure = Field(
+        description="Mean searches per trajectory (binomial over max_turns)."
+    )
+    obs_tokens_per_search: Figure = Field(description="Mean observation tokens one search appends.")
+    search_latency_s: Figure = Field(description="Mean seconds of one search round trip (retrieval server).")
+    search_latency_cv: Figure = Field(
+        description="Coefficient of variation of the search latency (lognormal)."
+    )
+    dropped_group_fraction: Figure = Field(description="Share of groups dynamic sampling drops (all rewards "
+                                           "equal); used only when the config enables it.")  # fmt: skip
+
+
+class Profile(BaseModel):
+    """Every figure `sr1 plan` simulates with, each with its source."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="What this profile describes (model, hardware, where measured).")
+    gpu_kind: str = Field(description="The hardware the figures are for (a key of GPU_KINDS).")
+    params_billion: Figure = Field(description="Model parameters, in billions.")
+    generator: GeneratorProfile = Field(description="One generator engine.")
+    learner: LearnerProfile = Field(description="One learner rank.")
+    workload: WorkloadProfile = Field(description="The trajectories: lengths, searches, latencies.")
+    weight_sync_s: Figure = Field(description="Seconds one publish pauses the engines (and the learner).")
+    handoff_s: Figure = Field(description="Seconds from a prompt's release until its group runs in an engine, "
+                              "plus a finished group's way to the learner (claim, put, take), lumped together.")  # fmt: skip
+    notes: list[str] = Field(
+        default_factory=list, description="Assumptions and caveats, printed with the plan."
+    )
+
+    @model_validator(mode="after")
+    def _in_range(self) -> Profile:
+        for key, text, _ in profile_sources(self):
+            if key == "generator.tokens_per_s":
+                continue  # the curve checks itself
+            value = float(text)
+            if key in POSITIVE and value <= 0:
+                raise ValueError(f"{key} must be > 0, got {value:g}")
+            if value < 0:
+                raise ValueError(f"{key} must be >= 0, got {value:g}")
+        if self.workload.dropped_group_fraction.value >= 1:
+            raise ValueError(
+                f"workload.dropped_group_fraction must be < 1 (every group dropped never fills a batch), got "
+                f"{self.workload.dropped_group_fraction.value:g}"
+            )
+        return self
+
+
+# figures a simulation divides by, or that make no sense at zero
+POSITIVE = {
+    "params_billion",
+    "learner.tokens_per_s_per_rank",
+    "learner.scaling_efficiency",
+    "workload.tokens_per_turn",
+    "learner.bytes_per_param",
+}
+
+
+class GpuKind(BaseModel):
+    memory_gib: float | None = Field(description="Memory per device; None: not checked (CPU cores).")
+    description: str = Field(description="What it is.")
+
+
+GPU_KINDS: dict[str, GpuKind] = {
+    "h100": GpuKind(memory_gib=80.0, description="NVIDIA H100 80GB"),
+    "h200": GpuKind(memory_gib=141.0, description="NVIDIA H200 141GB"),
+    "a100-80gb": GpuKind(memory_gib=80.0, description="NVIDIA A100 80GB"),
+    "a100-40gb": GpuKind(memory_gib=40.0, description="NVIDIA A100 40GB"),
+    "l40s": GpuKind(memory_gib=48.0, description="NVIDIA L40S 48GB"),
+    "cpu": GpuKind(memory_gib=None, description="CPU cores pinned one per pool member (memory not checked)"),
+}
+
+
+def gpu_kind(name: str) -> GpuKind:
+    """The known GPU kind `name`, or a ProfileError listing the known ones."""
+    if name not in GPU_KINDS:
+        raise ProfileError(f"unknown GPU kind {name!r}; known: {', '.join(GPU_KINDS)}")
+    return GPU_KINDS[name]
+
+
+def _validate(data: dict[str, Any], origin: str) -> Profile:
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"])
+            if e["type"] == "missing":
+                problems.append(f"missing number {where}")
+            else:
+                message = e["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {message}" if where else message)
+        raise ProfileError(f"profile {origin}: " + "; ".join(problems)) from None
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped in sr1/plan/profiles/."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A profile from a file (YAML or JSON), or by name from sr1/plan/profiles/."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ProfileError(
+            f"no profile file {name_or_path!r}; shipped profiles: {', '.join(list_profiles())}"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ProfileError(f"profile {path}: not YAML/JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile {path}: expected a mapping at the top level")
+    return _validate(data, str(path))
+
+
+# -- measured: a finished run ----------------------------------------------------------------------------------------
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise ProfileError(f"{run_dir}: no metrics.jsonl (is it a run directory of `sr1 run`?)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "step" in r and "perf/train_s" in r]
+    if len(steps) < 2:
+        raise ProfileError(f"{path}: needs at least 2 step rows to measure from, found {len(steps)}")
+    return steps[1:]  # the first step waited for a cold system
+
+
+def _mean(rows: list[dict], key: str, path: Path) -> float:
+    values = [float(r[key]) for r in rows if r.get(key) is not None]
+    if not values:
+        raise ProfileError(f"{path}: no {key} in its step rows (a run of an older sr1?)")
+    return statistics.fmean(values)
+
+
+def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
+    """Measure a profile from a finished run directory: trajectory shapes, learner tokens/s and publish time from
+    its `metrics.jsonl`, group size and engines from its `config.yaml`; engine throughput from the generator pool's
+    heartbeat rows (`pool/tokens_per_s` while busy, at `pool/inflight_trajectories`).
+
+    Figures a run cannot measure (search latency, prefill cost, hand-off, memory) come from `defaults` (a profile)
+    when given, else are named as missing."""
+    from config import load_config
+
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.exists():
+        raise ProfileError(f"{run_dir}: no config.yaml (is it a run directory of `sr1 run`?)")
+    cfg = load_config(config_path)
+    rows = _rows(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    for key in ("batch/groups", "batch/loss_tokens", "perf/tokens_per_s", "perf/step_s", "perf/wait_s"):
+        if any(key not in r for r in rows):
+            raise ProfileError(f"{metrics}: a step row has no {key} (a run of an older sr1?)")
+    where = f"measured from {run_dir}/metrics.jsonl ({len(rows)} steps after the first)"
+    n = cfg.generators.group_size
+    trajectories = [float(r["batch/groups"]) * n for r in rows]
+    loss_tokens = statistics.fmean(
+        float(r["batch/loss_tokens"]) / t for r, t in zip(rows, trajectories, strict=True)
+    )
+    searches = _mean(rows, "batch/tool_calls_per_traj", metrics)
+    response = _mean(rows, "batch/response_len_mean", metrics)
+    turns = searches + 1.0
+    # model tokens per step = trajectories x (prompt + response) x epochs: the prompt follows from tokens/s x time
+    model_tokens = statistics.fmean(
+        float(r["perf/tokens_per_s"]) * float(r["perf/train_s"]) / (t * cfg.learner.ppo_epochs)
+        for r, t in zip(rows, trajectories, strict=True)
+    )
+    prompt = max(model_tokens - response, 1.0)
+    ranks = cfg.learner.num_ranks
+    engines = cfg.generators.num_engines
+    idle = _mean(rows, "pool/idle_fraction", metrics)
+    busy_tokens_per_s = _mean(rows, "pool/tokens_per_s", metrics) / max(1.0 - idle, 0.05) / engines
+    concurrency = max(_mean(rows, "pool/inflight_trajectories", metrics) / engines, 1.0)
+    data: dict[str, Any] = json.loads(defaults.model_dump_json()) if defaults else {}
+    data.update(
+        name=f"measured from {run_dir}",
+        gpu_kind=data.get("gpu_kind", "cpu"),
+    )
+    data.setdefault("generator", {})["tokens_per_s"] = {
+        "points": [[concurrency, busy_tokens_per_s]],
+        "source": f"{where}: pool/tokens_per_s / (1 - pool/idle_fraction) per engine at the mean "
+        "pool/inflight_trajectories; flat beyond (one point measured)",
+    }
+    learner = data.setdefault("learner", {})
+    learner["tokens_per_s_per_rank"] = {
+        "value": _mean(rows, "perf/tokens_per_s", metrics) / ranks,
+        "source": f"{where}: perf/tokens_per_s / {ranks} rank(s)",
+    }
+    learner.setdefault(
+        "scaling_efficiency", {"value": 1.0, "source": f"the run had {ranks} rank(s): assumption"}
+    )
+    overhead = statistics.fmean(
+        float(r["perf/step_s"]) - float(r["perf/wait_s"]) - float(r["perf/train_s"])
+        - float(r.get("weight_sync/seconds", 0.0)) - float(r.get("perf/checkpoint_s", 0.0))
+        for r in rows
+    )  # fmt: skip
+    learner["step_overhead_s"] = {"value": max(overhead, 0.0), "source": f"{where}: perf/step_s - wait - train - "
+                                  "publish - checkpoint"}  # fmt: skip
+    checkpoints = [float(r["perf/checkpoint_s"]) for r in rows if "perf/checkpoint_s" in r]
+    if checkpoints:
+        learner["checkpoint_s"] = {
+            "value": statistics.fmean(checkpoints),
+            "source": f"{where}: perf/checkpoint_s",
+        }
+    workload = data.setdefault("workload", {})
+    workload.update(
+        prompt_tokens={"value": prompt, "source": f"{where}: model tokens per trajectory minus the response"},
+        tokens_per_turn={
+            "value": loss_tokens / turns,
+            "source": f"{where}: batch/loss_tokens per trajectory / (batch/tool_calls_per_traj + 1)",
+        },  # fmt: skip
+        searches_per_trajectory={"value": searches, "source": f"{where}: batch/tool_calls_per_traj"},
+        obs_tokens_per_search={
+            "value": max(response - loss_tokens, 0.0) / searches if searches > 0 else 0.0,
+            "source": f"{where}: (batch/response_len_mean - loss tokens per trajectory) / searches",
+        },
+    )
+    last = rows[-1]
+    if cfg.learner.algorithm.dynamic_sampling and last.get("buffer/produced"):
+        workload["dropped_group_fraction"] = {
+            "value": float(last.get("buffer/dropped_groups", 0)) / float(last["buffer/produced"]),
+            "source": f"{where}: buffer/dropped_groups / buffer/produced at the last step",
+        }
+    data["weight_sync_s"] = {"value": _mean(rows, "weight_sync/seconds", metrics),
+                             "source": f"{where}: weight_sync/seconds"}  # fmt: skip
+    return _validate(data, f"from run {run_dir} (give the missing figures with --profile)")
+
+
+def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
+    """`profile_data` with the learner's per-rank tokens/s taken from a `bench_learner.py --json` output file."""
+    bench_path = Path(bench_path)
+    try:
+        bench = json.loads(bench_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ProfileError(f"{bench_path}: not a bench_learner.py --json output: {err}") from None
+    if "packed/tokens_per_s" not in bench:
+        raise ProfileError(
+            f"{bench_path}: no 'packed/tokens_per_s' (run `python scripts/bench_learner.py --json`)"
+        )
+    data = dict(profile_data)
+    learner = dict(data.get("learner", {}))
+    learner["tokens_per_s_per_rank"] = {
+        "value": float(bench["packed/tokens_per_s"]),
+        "source": f"bench_learner.py --json in {bench_path} (device {bench.get('device', '?')}, packed, budget "
+        f"{bench.get('micro_batch_tokens', '?')} tokens, mean sequence {bench.get('mean_seq_len', 0):.0f} tokens)",
+    }
+    data["learner"] = learner
+    return data
+
+
+def resolve_profile(
+    profile: str | Path | None = None, from_run: Path | None = None, learner_bench: Path | None = None
+) -> Profile:
+    """The profile `sr1 plan` uses: a file, a run's measurements (over the file's figures when both are given),
+    and the learner's tokens/s from a bench output on top."""
+    if profile is None and from_run is None:
+        raise ProfileError(
+            "give a profile: --profile NAME_OR_FILE, --from-run RUN_DIR (with --learner-bench FILE to replace the "
+            f"learner's figure); shipped profiles: {', '.join(list_profiles())}"
+        )
+    base = load_profile(profile) if profile is not None else None
+    if from_run is not None:
+        # what a run cannot measure (search latency, prefill cost, hand-off, memory) comes from the file, else from the
+        # shipped CPU profile: each such figure keeps that profile's source, so the printed sources say so
+        base = profile_from_run(from_run, base or load_profile(DEFAULT_RUN_PROFILE))
+    data = json.loads(base.model_dump_json())
+    if learner_bench is not None:
+        data = with_learner_bench(data, learner_bench)
+    return _validate(data, str(profile or from_run))
+
+
+def with_figures(
+    profile: Profile, figures: dict[str, float], source: str = "given on the command line"
+) -> Profile:
+    """`profile` with some figures replaced, by dotted name (`learner.tokens_per_s_per_rank`), each with `source`."""
+    data = json.loads(profile.model_dump_json())
+    for key, value in figures.items():
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or not isinstance(node.get(last), dict) or "value" not in node[last]:
+            known = ", ".join(k for k, _, _ in profile_sources(profile) if k != "generator.tokens_per_s")
+            raise ProfileError(f"no figure {key!r} in the profile; figures: {known}")
+        node[last] = {"value": float(value), "source": source}
+    return _validate(data, f"{profile.name} with {', '.join(figures)}")
+
+
+def profile_sources(profile: Profile) -> list[tuple[str, str, str]]:
+    """(dotted field, value as text, source) for every figure and curve of the profile."""
+    out: list[tuple[str, str, str]] = []
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name in type(model).model_fields:
+            value, key = getattr(model, name), prefix + name
+            if isinstance(value, Figure):
+                out.append((key, f"{value.value:g}", value.source))
+            elif isinstance(value, Curve):
+                out.append((key, ", ".join(f"{x:g}:{y:,.0f}" for x, y in value.points), value.source))
+            elif isinstance(value, BaseModel):
+                walk(value, key + ".")
+
+    walk(profile, "")
+    return out
+
+
+def learner_memory_gib(profile: Profile, ranks: int, *, reference: bool, critic: bool) -> float:
+    """Peak GiB per learner rank: the sharded training state (and a bf16 reference, a critic's state) plus
+    activations."""
+    params = profile.params_billion.value * 1e9
+    state = params * profile.learner.bytes_per_param.value * (2 if critic else 1)
+    if reference:
+        state += params * 2  # bf16 frozen reference, sharded
+    return state / ranks / GIB + profile.learner.activation_gib.value
+
+
+def engine_memory_gib(profile: Profile, tensor_parallel: int) -> float:
+    """GiB per GPU an engine needs: its bf16 weights' shard and the least KV cache it should run with."""
+    return (
+        profile.params_billion.value * 1e9 * 2 / tensor_parallel / GIB
+        + profile.generator.min_kv_cache_gib.value
+    )
+
+
+def check_memory(
+    profile: Profile,
+    kind: GpuKind,
+    *,
+    ranks: int,
+    tensor_parallel: int,
+    gpu_memory_utilization: float,
+    reference: bool,
+    critic: bool,
+) -> str | None:
+    """Why this split cannot hold the model (learner or engine memory), or None when it fits."""
+    if kind.memory_gib is None:
+        return None
+    learner = learner_memory_gib(profile, ranks, reference=reference, critic=critic)
+    if learner > kind.memory_gib:
+        return f"learner needs {learner:.1f} GiB per rank on {ranks} rank(s), more than {kind.memory_gib:.0f} GiB"
+    engine = engine_memory_gib(profile, tensor_parallel)
+    budget = kind.memory_gib * gpu_memory_utilization
+    if engine > budget:
+        return (
+            f"engine needs {engine:.1f} GiB per GPU at TP {tensor_parallel}, more than {budget:.1f} GiB "
+            f"({gpu_memory_utilization:.2f} of {kind.memory_gib:.0f} GiB)"
+        )
+    return None

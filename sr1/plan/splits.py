@@ -1,0 +1,151 @@
+"""Every way to split N GPUs between the generator pool and the learner pool, each at a range of staleness bounds,
+simulated; and the recommendation.
+
+    plan = make_plan(cfg, profile, gpus=8, kind="h100", bounds=[0, 1, 2, 4])
+    plan.recommended   # the fastest split and bound (the smaller bound among near-ties)
+
+A split gives `g` GPUs to engines (`g / tensor_parallel_size` engines) and the other `N - g` to learner ranks. A
+split is excluded, with its reason, when the config could not run it (`groups_per_step` not divisible by the ranks)
+or a pool's memory would not hold the model. The baseline is Search-R1's synchronous layout: every GPU generates,
+then every GPU trains (colocated), on-policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sr1.plan.profile import Profile, check_memory, engine_memory_gib, gpu_kind, learner_memory_gib
+from sr1.plan.simulate import Pipeline, SimResult, simulate
+
+# Rows within this share of the best steps/hour count as ties; the smaller bound (fresher data) is recommended.
+TIE = 0.02
+
+
+@dataclass
+class PlanRow:
+    """One split at one bound: its simulated result, or why it was excluded."""
+
+    generator_gpus: int
+    learner_gpus: int
+    max_staleness: int
+    result: SimResult | None = None
+    excluded: str | None = None
+    speedup_vs_sync_split: float | None = None  # over the same split at max_staleness 0
+    speedup_vs_colocated: float | None = None  # over Search-R1's synchronous layout on all GPUs
+
+    @property
+    def label(self) -> str:
+        return f"{self.generator_gpus} gen / {self.learner_gpus} learn"
+
+
+@dataclass
+class Plan:
+    """The sweep's rows, the colocated synchronous baseline and the recommendation."""
+
+    gpus: int
+    gpu_kind: str
+    profile: Profile
+    preset: str
+    rows: list[PlanRow] = field(default_factory=list)
+    colocated: SimResult | None = None
+    colocated_excluded: str | None = None
+    recommended: PlanRow | None = None
+
+
+def pipeline(cfg, *, engines: int, ranks: int, max_staleness: int) -> Pipeline:
+    """The pipeline a root config describes, with another split and bound."""
+    gen, learner = cfg.generators, cfg.learner
+    return Pipeline(
+        engines=engines,
+        ranks=ranks,
+        groups_per_step=learner.groups_per_step,
+        group_size=gen.group_size,
+        max_staleness=max_staleness,
+        max_turns=gen.max_turns,
+        max_tokens_per_turn=gen.max_tokens_per_turn,
+        max_obs_tokens=gen.max_obs_tokens,
+        max_response_tokens=gen.max_response_tokens,
+        max_inflight_groups=gen.max_inflight_groups,
+        max_num_seqs=gen.engine.max_num_seqs,
+        ppo_epochs=learner.ppo_epochs,
+        checkpoint_every=learner.checkpoint_every,
+        dynamic_sampling=learner.algorithm.dynamic_sampling,
+    )
+
+
+def _memory_flags(cfg) -> dict[str, bool]:
+    algorithm = cfg.learner.algorithm
+    return {"reference": algorithm.kl_coef > 0, "critic": algorithm.type == "ppo"}
+
+
+def make_plan(
+    cfg,
+    profile: Profile,
+    *,
+    gpus: int,
+    kind: str,
+    bounds: list[int],
+    steps: int = 12,
+    warmup: int = 2,
+    seed: int = 0,
+    preset: str = "",
+) -> Plan:
+    """Simulate every split of `gpus` devices of `kind` at every bound in `bounds` (0 is always included)."""
+    hardware = gpu_kind(kind)
+    if gpus < 2:
+        raise ValueError(f"--gpus must be at least 2 (one per pool), got {gpus}")
+    if any(b < 0 for b in bounds):
+        raise ValueError(f"bounds must be >= 0, got {bounds}")
+    bounds = sorted(set(bounds) | {0})
+    tp = cfg.generators.engine.tensor_parallel_size
+    utilization = cfg.generators.engine.gpu_memory_utilization
+    flags = _memory_flags(cfg)
+    plan = Plan(gpus=gpus, gpu_kind=kind, profile=profile, preset=preset)
+    for generator_gpus in range(tp, gpus, tp):
+        ranks = gpus - generator_gpus
+        why = None
+        if cfg.learner.groups_per_step % ranks:
+            why = f"groups_per_step ({cfg.learner.groups_per_step}) must be divisible by learner ranks ({ranks})"
+        why = why or check_memory(
+            profile, hardware, ranks=ranks, tensor_parallel=tp, gpu_memory_utilization=utilization, **flags
+        )
+        sync_result = None
+        for bound in bounds:
+            row = PlanRow(generator_gpus, ranks, bound, excluded=why)
+            if why is None:
+                pipe = pipeline(cfg, engines=generator_gpus // tp, ranks=ranks, max_staleness=bound)
+                row.result = simulate(pipe, profile, steps=steps, warmup=warmup, seed=seed)
+                sync_result = sync_result or row.result
+                row.speedup_vs_sync_split = row.result.steps_per_hour / sync_result.steps_per_hour
+            plan.rows.append(row)
+    _colocated(plan, cfg, hardware, tp, flags, steps, warmup, seed)
+    _recommend(plan)
+    return plan
+
+
+def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warmup: int, seed: int) -> None:
+    """Search-R1's layout: all GPUs generate, then all train; both models must fit on every GPU."""
+    profile, gpus = plan.profile, plan.gpus
+    if hardware.memory_gib is not None:
+        need = learner_memory_gib(profile, gpus, **flags) + engine_memory_gib(profile, tp)
+        if need > hardware.memory_gib:
+            plan.colocated_excluded = f"learner and engine together need {need:.1f} GiB per GPU, more than {hardware.memory_gib:.0f} GiB"
+    if cfg.learner.groups_per_step % gpus:
+        plan.colocated_excluded = (
+            f"groups_per_step ({cfg.learner.groups_per_step}) must be divisible by learner ranks ({gpus})"
+        )
+    if plan.colocated_excluded is None:
+        pipe = pipeline(cfg, engines=gpus // tp, ranks=gpus, max_staleness=0)
+        plan.colocated = simulate(pipe, profile, steps=steps, warmup=warmup, seed=seed)
+        for row in plan.rows:
+            if row.result is not None:
+                row.speedup_vs_colocated = row.result.steps_per_hour / plan.colocated.steps_per_hour
+
+
+def _recommend(plan: Plan) -> None:
+    ran = [r for r in plan.rows if r.result is not None]
+    if not ran:
+        return
+    best = max(r.result.steps_per_hour for r in ran)
+    near = [r for r in ran if r.result.steps_per_hour >= (1 - TIE) * best]
+    plan.recommended = min(near, key=lambda r: (r.max_staleness, -r.result.steps_per_hour))

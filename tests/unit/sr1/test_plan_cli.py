@@ -1,0 +1,135 @@
+"""`sr1 plan` end to end: on a preset with a shipped profile, on a finished run's directory, and on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from sr1.cli import main as sr1_main
+from sr1.plan.profile import PROFILES_DIR
+from tests.unit.sr1.test_plan_profile import write_run_dir
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICK = ["--steps", "4", "--warmup", "1"]
+# the 8xH100 preset shrunk so that a unit test simulates it in seconds (same shapes per trajectory)
+SMALL_QWEN = [
+    "learner.groups_per_step=16",
+    "learner.ppo_mini_batch_size=40",
+    "generators.max_inflight_groups=8",
+]
+
+
+def plan_json(capsys, *argv: str) -> dict:
+    assert sr1_main(["plan", *argv, "--json", *QUICK]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_on_the_tiny_preset(capsys, tmp_path):
+    png = tmp_path / "plan.png"
+    out = plan_json(
+        capsys, "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny", "--png", str(png)
+    )
+    assert [r["max_staleness"] for r in out["rows"]] == [0, 1, 2, 4]
+    assert all(r["generator_gpus"] == 1 and r["learner_gpus"] == 1 for r in out["rows"])
+    for row in out["rows"]:
+        assert max(int(k) for k in row["staleness_histogram"]) <= row["max_staleness"]
+        assert 0 < row["generator_busy"] <= 1 and 0 < row["learner_busy"] <= 1
+    assert out["rows"][0]["speedup_vs_sync_split"] == 1.0
+    assert out["recommended"]["steps_per_hour"] >= 0.98 * max(r["steps_per_hour"] for r in out["rows"])
+    assert png.stat().st_size > 0
+
+
+def test_plan_on_the_8xh100_preset_excludes_splits_with_their_reasons(capsys):
+    out = plan_json(capsys, "qwen2.5-3b-8xh100", *SMALL_QWEN, "--gpus", "8", "--gpu-kind", "h100",
+                    "--profile", "qwen2.5-3b-h100", "--figure", "params_billion=7", "--bounds", "0,2")  # fmt: skip
+    by_split = {(r["generator_gpus"], r["max_staleness"]): r for r in out["rows"]}
+    assert len(by_split) == 7 * 2
+    assert by_split[(5, 0)]["excluded"] == "groups_per_step (16) must be divisible by learner ranks (3)"
+    assert by_split[(7, 2)]["excluded"].startswith("learner needs")  # 7B on one rank
+    assert by_split[(4, 2)]["excluded"] is None and by_split[(4, 2)]["steps_per_hour"] > 0
+    assert out["colocated_sync"]["steps_per_hour"] > 0
+    assert out["profile"]["params_billion"]["source"] == "given on the command line"
+
+
+def test_plan_on_a_run_directory(capsys, tmp_path):
+    run_dir = write_run_dir(tmp_path / "run")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": "cpu", "packed/tokens_per_s": 9000.0}))
+    out = plan_json(capsys, "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--from-run", str(run_dir))
+    assert str(run_dir) in out["profile"]["learner"]["tokens_per_s_per_rank"]["source"]
+    assert out["recommended"] is not None
+    out = plan_json(capsys, "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--from-run", str(run_dir),
+                    "--learner-bench", str(bench))  # fmt: skip
+    assert out["profile"]["learner"]["tokens_per_s_per_rank"]["value"] == 9000.0
+
+
+def test_plan_prints_a_table_with_sources(capsys):
+    assert (
+        sr1_main(["plan", "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny", *QUICK]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "recommended: 1 generator GPU(s), 1 learner GPU(s)" in out
+    assert "learner.tokens_per_s_per_rank = 20000" in out
+
+
+def test_bad_input_is_refused_with_the_reason(capsys, tmp_path):
+    def refused(*argv: str) -> str:
+        assert sr1_main(["plan", *argv, *QUICK]) == 2
+        return capsys.readouterr().err
+
+    assert "unknown GPU kind 'tpu'; known: h100, h200, a100-80gb" in refused("tiny", "--gpus", "2", "--gpu-kind",
+                                                                            "tpu", "--profile", "cpu-tiny")  # fmt: skip
+    assert "give a profile" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu")
+    data = yaml.safe_load((PROFILES_DIR / "cpu-tiny.yaml").read_text())
+    del data["learner"]["tokens_per_s_per_rank"]
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(yaml.safe_dump(data))
+    assert "missing number learner.tokens_per_s_per_rank" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu",
+                                                                    "--profile", str(partial))  # fmt: skip
+    assert "no figure 'learner.speed'" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile",
+                                                  "cpu-tiny", "--figure", "learner.speed=3")  # fmt: skip
+    assert "expected KEY=NUMBER" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny",
+                                            "--figure", "weight_sync_s")  # fmt: skip
+    assert "--gpus must be at least 2" in refused("tiny", "--gpus", "1", "--gpu-kind", "cpu", "--profile",
+                                                  "cpu-tiny")  # fmt: skip
+    assert "learner.nope" in refused("tiny", "learner.nope=1", "--gpus", "2", "--gpu-kind", "cpu", "--profile",
+                                     "cpu-tiny")  # fmt: skip
+    assert "no config.yaml" in refused(
+        "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--from-run", str(tmp_path)
+    )
+
+
+def test_no_split_fits_exits_1_with_the_reasons(capsys):
+    argv = ["plan", "qwen2.5-3b-8xh100", *SMALL_QWEN, "--gpus", "2", "--gpu-kind", "a100-40gb", "--profile",
+            "qwen2.5-3b-h100", *QUICK]  # fmt: skip
+    assert sr1_main(argv) == 1
+    out = capsys.readouterr().out
+    assert "excluded: learner needs" in out and "no split can run this config" in out
+
+
+def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("calibrate_plan", ROOT / "scripts" / "calibrate_plan.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "calibrate_plan", calibrate)  # its dataclasses look their module up
+    spec.loader.exec_module(calibrate)
+    assert calibrate.main(["--recorded", "--out", str(tmp_path), "--steps", "8"]) in (0, 1)
+    rows = json.loads((tmp_path / "calibration.json").read_text())["rows"]
+    assert [r["case"] for r in rows] == ["sync", "async1", "async2", "async4"]
+    assert "| bench_async: sync (max_staleness 0) | 48.0 (45.4 / 50.7)" in capsys.readouterr().out
+    profile = calibrate.load_profile("cpu-tiny")
+    one, two = (
+        calibrate.predict(c, profile, 6, 1, []) for c in calibrate.CASES if c.name in ("sync", "e2s0")
+    )
+    assert two["steps_per_min"] > 0 and one["steps_per_min"] > 0
+
+
+def test_overrides_may_follow_the_options(capsys):
+    common = ["tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny", "--bounds", "0"]
+    eight = plan_json(capsys, *common)
+    four = plan_json(capsys, *common, "learner.groups_per_step=4")
+    assert four["rows"][0]["step_s"] < eight["rows"][0]["step_s"]  # half the groups per step: shorter steps

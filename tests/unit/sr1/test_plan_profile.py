@@ -1,0 +1,189 @@
+"""Profiles of `sr1 plan`: files, a finished run's measurements, a learner benchmark, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config import load_config, save_config
+from sr1.plan.profile import (
+    GPU_KINDS,
+    ProfileError,
+    check_memory,
+    gpu_kind,
+    list_profiles,
+    load_profile,
+    profile_from_run,
+    resolve_profile,
+    with_figures,
+)
+
+# one step row as learner/loop.py writes it to metrics.jsonl (the keys the profile reads, and a few others)
+STEP = {
+    "loss/pg": 0.01,
+    "batch/groups": 8,
+    "batch/loss_tokens": 1600,
+    "batch/tool_calls_per_traj": 1.0,
+    "batch/response_len_mean": 82.0,
+    "batch/reward_mean": 0.5,
+    "perf/train_s": 0.74,
+    "perf/tokens_per_s": 20000.0,
+    "perf/step_s": 1.30,
+    "perf/wait_s": 0.50,
+    "weight_sync/seconds": 0.02,
+    "learner/version": 1,
+    "pool/generators": 1,
+    "pool/tokens_per_s": 3000.0,
+    "pool/idle_fraction": 0.5,
+    "pool/inflight_trajectories": 64,
+}
+
+
+def write_run_dir(run_dir: Path, steps: int = 5) -> Path:
+    """A finished tiny run's directory in the layout `sr1 run` writes: config.yaml, metrics.jsonl (a segment marker,
+    step rows, an evaluation row), learner_groups.jsonl."""
+    save_config(load_config("tiny", [f"run_dir={run_dir}"]), run_dir)
+    lines = [{"segment": {"start": 0, "resumed_from": None, "weights": 0, "time": 1000.0}}]
+    lines.append({"eval_step": 0, "time": 1000.5, "eval/em": 0.3})
+    groups = [{"start": 0, "resumed_from": None, "weights": 0, "recalled": []}]
+    for step in range(1, steps + 1):
+        first_wait = 3.0 if step == 1 else 0.0  # the first step waits for a cold system: left out
+        row = STEP | {"learner/version": step, "perf/wait_s": STEP["perf/wait_s"] + first_wait,
+                      "perf/step_s": STEP["perf/step_s"] + first_wait}  # fmt: skip
+        if step % 4 == 0:  # a checkpoint's time is part of its step's
+            row |= {"perf/checkpoint_s": 0.1, "perf/step_s": row["perf/step_s"] + 0.1}
+        lines.append({"step": step, "time": 1000.0 + 1.3 * step} | row)
+        groups.append({"version": step, "group_ids": [f"tinykb/train/{step * 8 + i}/e0" for i in range(8)]})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run_dir / "learner_groups.jsonl").write_text("".join(json.dumps(x) + "\n" for x in groups))
+    return run_dir
+
+
+def test_shipped_profiles_load_and_name_every_source():
+    assert {"cpu-tiny", "qwen2.5-3b-h100"} <= set(list_profiles())
+    for name in list_profiles():
+        profile = load_profile(name)
+        assert profile.gpu_kind in GPU_KINDS
+        assert profile.generator.tokens_per_s.source and profile.learner.tokens_per_s_per_rank.source
+
+
+def test_the_projection_says_what_is_measured_and_what_is_assumed():
+    profile = load_profile("qwen2.5-3b-h100")
+    assert "NOT yet measured with the new learner" in profile.learner.tokens_per_s_per_rank.source
+    assert profile.generator.tokens_per_s.source.startswith("assumption")
+    assert profile.weight_sync_s.source.startswith("assumption")
+
+
+def test_a_profile_missing_a_number_names_it(tmp_path):
+    data = yaml.safe_load(Path(load_profile.__globals__["PROFILES_DIR"], "cpu-tiny.yaml").read_text())
+    del data["generator"]["prefill_cost"]
+    del data["workload"]["search_latency_s"]["source"]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert "missing number generator.prefill_cost" in str(err.value)
+    assert "workload.search_latency_s.source" in str(err.value)
+
+
+def test_unknown_profile_and_gpu_kind_list_the_known_ones():
+    with pytest.raises(ProfileError, match="shipped profiles: cpu-tiny"):
+        load_profile("no-such-profile")
+    with pytest.raises(ProfileError, match="known: h100, h200"):
+        gpu_kind("h1000")
+
+
+def test_a_split_that_cannot_hold_the_model_says_why():
+    profile = with_figures(load_profile("qwen2.5-3b-h100"), {"params_billion": 7.0})
+    h100 = gpu_kind("h100")
+    flags = {"tensor_parallel": 1, "gpu_memory_utilization": 0.85, "reference": True, "critic": False}
+    assert "learner needs 121.0 GiB per rank on 1 rank(s), more than 80 GiB" in check_memory(
+        profile, h100, ranks=1, **flags
+    )
+    assert check_memory(profile, h100, ranks=2, **flags) is None
+    big = with_figures(profile, {"params_billion": 30.0})
+    assert "engine needs" in check_memory(big, h100, ranks=16, **flags)
+    assert check_memory(big, gpu_kind("cpu"), ranks=1, **flags) is None  # memory is not checked on CPU cores
+
+
+def test_with_figures_replaces_a_figure_and_refuses_unknown_names():
+    profile = with_figures(load_profile("cpu-tiny"), {"learner.tokens_per_s_per_rank": 123.0}, source="me")
+    assert profile.learner.tokens_per_s_per_rank.value == 123.0
+    assert profile.learner.tokens_per_s_per_rank.source == "me"
+    with pytest.raises(ProfileError, match="no figure 'learner.nope'"):
+        with_figures(profile, {"learner.nope": 1.0})
+
+
+def test_profile_from_a_run_directory(tmp_path):
+    run_dir = write_run_dir(tmp_path / "run")
+    profile = profile_from_run(run_dir, load_profile("cpu-tiny"))
+    w = profile.workload
+    assert w.searches_per_trajectory.value == pytest.approx(1.0)
+    assert w.tokens_per_turn.value == pytest.approx(1600 / 64 / 2)
+    assert w.obs_tokens_per_search.value == pytest.approx(82 - 25)
+    assert w.prompt_tokens.value == pytest.approx(20000 * 0.74 / 64 - 82)
+    assert profile.learner.tokens_per_s_per_rank.value == pytest.approx(20000)
+    assert profile.learner.step_overhead_s.value == pytest.approx(1.30 - 0.50 - 0.74 - 0.02)
+    assert profile.learner.checkpoint_s.value == pytest.approx(0.1)
+    assert profile.weight_sync_s.value == pytest.approx(0.02)
+    assert profile.generator.tokens_per_s.points == [(64.0, 6000.0)]
+    assert "metrics.jsonl" in profile.generator.tokens_per_s.source
+    # what a run cannot measure keeps the file's figure and its source
+    assert profile.workload.search_latency_s == load_profile("cpu-tiny").workload.search_latency_s
+
+
+def test_run_directory_errors_name_the_problem(tmp_path):
+    with pytest.raises(ProfileError, match="no config.yaml"):
+        profile_from_run(tmp_path)
+    run_dir = write_run_dir(tmp_path / "one", steps=1)
+    with pytest.raises(ProfileError, match="at least 2 step rows"):
+        profile_from_run(run_dir)
+    run_dir = write_run_dir(tmp_path / "old")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "batch/groups"})
+                                                   + "\n" for r in rows))  # fmt: skip
+    with pytest.raises(ProfileError, match="a step row has no batch/groups"):
+        profile_from_run(run_dir)
+
+
+def test_a_run_with_dynamic_sampling_measures_the_dropped_share(tmp_path):
+    run_dir = write_run_dir(tmp_path / "run")
+    save_config(
+        load_config("tiny", [f"run_dir={run_dir}", "learner.algorithm.dynamic_sampling=true"]), run_dir
+    )
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "step" in r:
+            r |= {"buffer/produced": 10 * r["step"], "buffer/dropped_groups": 3 * r["step"]}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    profile = profile_from_run(run_dir, load_profile("cpu-tiny"))
+    assert profile.workload.dropped_group_fraction.value == pytest.approx(0.3)
+    assert "buffer/dropped_groups" in profile.workload.dropped_group_fraction.source
+
+
+def test_learner_bench_output_replaces_the_learner_figure(tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": "cuda", "micro_batch_tokens": 16384, "mean_seq_len": 700.0,
+                                 "packed/tokens_per_s": 5730.0, "padded/tokens_per_s": 4000.0}))  # fmt: skip
+    profile = resolve_profile("cpu-tiny", learner_bench=bench)
+    assert profile.learner.tokens_per_s_per_rank.value == 5730.0
+    assert "bench_learner.py --json" in profile.learner.tokens_per_s_per_rank.source
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"device": "cpu"}))
+    with pytest.raises(ProfileError, match="packed/tokens_per_s"):
+        resolve_profile("cpu-tiny", learner_bench=bad)
+    with pytest.raises(ProfileError, match="give a profile"):
+        resolve_profile(learner_bench=bench)
+
+
+def test_figures_out_of_range_are_refused():
+    profile = load_profile("cpu-tiny")
+    with pytest.raises(ProfileError, match="learner.tokens_per_s_per_rank must be > 0, got 0"):
+        with_figures(profile, {"learner.tokens_per_s_per_rank": 0})
+    with pytest.raises(ProfileError, match="workload.search_latency_s must be >= 0, got -1"):
+        with_figures(profile, {"workload.search_latency_s": -1})
+    with pytest.raises(ProfileError, match="dropped_group_fraction must be < 1"):
+        with_figures(profile, {"workload.dropped_group_fraction": 1})

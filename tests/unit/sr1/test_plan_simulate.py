@@ -1,0 +1,157 @@
+"""The simulator of `sr1 plan` against cases with a closed form, and the staleness bound under any workload."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import buffer.admission
+from sr1.plan.profile import Profile, load_profile, with_figures
+from sr1.plan.simulate import Pipeline, simulate
+
+# one engine producing T tokens/s whatever its batch (linear below 1 sequence only), no prefill, fixed lengths
+T = 1000.0
+LEARNER = 4000.0
+PROMPT, TURN = 100, 50
+SYNC_S, OVERHEAD_S = 0.2, 0.1
+
+
+def fixed_profile(**figures: float) -> Profile:
+    """The shipped CPU profile with every figure the closed forms need pinned (no variance, no search)."""
+    base = load_profile("cpu-tiny").model_copy(deep=True)
+    base.generator.tokens_per_s.points = [(1.0, T)]
+    pinned = {
+        "generator.prefill_cost": 0.0,
+        "learner.tokens_per_s_per_rank": LEARNER,
+        "learner.scaling_efficiency": 1.0,
+        "learner.step_overhead_s": OVERHEAD_S,
+        "learner.checkpoint_s": 0.0,
+        "workload.prompt_tokens": PROMPT,
+        "workload.tokens_per_turn": TURN,
+        "workload.tokens_per_turn_cv": 0.0,
+        "workload.searches_per_trajectory": 0.0,
+        "weight_sync_s": SYNC_S,
+        "handoff_s": 0.0,
+    }
+    return with_figures(base, pinned | figures, source="test")
+
+
+def pipe(**kw) -> Pipeline:
+    shape = dict(engines=1, ranks=1, groups_per_step=4, group_size=4, max_staleness=0, max_turns=2)
+    return Pipeline(**(shape | kw))
+
+
+def test_synchronous_single_engine_matches_the_closed_form():
+    # 16 trajectories of 50 tokens share T tokens/s: generation takes 16*50/T; training 16*(100+50)/LEARNER
+    result = simulate(pipe(), fixed_profile(), steps=8, warmup=2)
+    n = 16
+    step = n * TURN / T + n * (PROMPT + TURN) / LEARNER + OVERHEAD_S + SYNC_S
+    assert result.step_s == pytest.approx(step, rel=1e-9)
+    assert result.steps_per_hour == pytest.approx(3600 / step, rel=1e-9)
+    assert result.learner_busy == pytest.approx(1 - (n * TURN / T) / step, rel=1e-9)
+    assert result.staleness_histogram == {0: 6 * n * TURN}  # 6 measured steps, every token on-policy
+
+
+def test_the_hand_off_delays_every_synchronous_step():
+    without = simulate(pipe(), fixed_profile(), steps=6, warmup=1)
+    with_handoff = simulate(pipe(), fixed_profile(handoff_s=0.3), steps=6, warmup=1)
+    assert with_handoff.step_s == pytest.approx(without.step_s + 0.3, rel=1e-9)
+
+
+def test_ppo_epochs_and_ranks_scale_the_training_time():
+    result = simulate(pipe(ranks=2, ppo_epochs=3), fixed_profile(), steps=6, warmup=1)
+    n = 16
+    step = n * TURN / T + 3 * n * (PROMPT + TURN) / (2 * LEARNER) + OVERHEAD_S + SYNC_S
+    assert result.step_s == pytest.approx(step, rel=1e-9)
+
+
+def test_asynchronous_learner_bound_limit_is_the_training_time():
+    # generation (16*50/1000 = 0.8 s) is quicker than training + publish (16*150/1000 + 0.3 = 2.7 s)
+    profile = fixed_profile(**{"learner.tokens_per_s_per_rank": 1000.0})
+    result = simulate(pipe(max_staleness=2), profile, steps=10, warmup=3)
+    assert result.step_s == pytest.approx(16 * 150 / 1000 + OVERHEAD_S + SYNC_S, rel=1e-6)
+    assert result.learner_busy == pytest.approx(1.0)
+
+
+def test_asynchronous_generator_bound_limit_is_the_generation_time():
+    # a learner 100x faster: a step costs one batch of generation plus the publish's pause of the engine
+    profile = fixed_profile(**{"learner.tokens_per_s_per_rank": 400_000.0, "learner.step_overhead_s": 0.0})
+    result = simulate(pipe(max_staleness=3), profile, steps=13, warmup=4)  # 12 measured: 3 cycles of 4
+    assert result.step_s == pytest.approx(16 * TURN / T + SYNC_S, rel=0.02)
+    assert result.generator_busy > 0.95
+
+
+def test_asynchrony_buys_at_most_the_decoupling_limit():
+    profile = fixed_profile()
+    sync = simulate(pipe(), profile, steps=10, warmup=3)
+    gen = 16 * TURN / T
+    train = sync.step_s - gen
+    limit = (gen + train) / max(gen, train)
+    for bound in (1, 2, 4):
+        speedup = simulate(pipe(max_staleness=bound), profile, steps=10, warmup=3).steps_per_hour
+        speedup /= sync.steps_per_hour
+        assert 1.0 < speedup <= limit + 1e-9
+
+
+def test_the_admission_and_assembly_are_sr1s_own_code(monkeypatch):
+    calls = {"limit": 0, "select": 0}
+    real_limit, real_select = buffer.admission.admission_limit, buffer.admission.BatchAssembler._select
+
+    def limit(*args, **kwargs):
+        calls["limit"] += 1
+        return real_limit(*args, **kwargs)
+
+    def select(self, *args):
+        calls["select"] += 1
+        return real_select(self, *args)
+
+    monkeypatch.setattr(buffer.admission, "admission_limit", limit)
+    monkeypatch.setattr(buffer.admission.BatchAssembler, "_select", select)
+    simulate(pipe(max_staleness=1), fixed_profile(), steps=4, warmup=1)
+    assert calls["limit"] > 0 and calls["select"] >= 4
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="steps"):
+        simulate(pipe(), fixed_profile(), steps=2, warmup=2)
+    with pytest.raises(ValueError, match="at least one engine"):
+        simulate(pipe(engines=0), fixed_profile())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    max_staleness=st.integers(0, 3),
+    groups_per_step=st.integers(1, 4),
+    group_size=st.integers(1, 3),
+    engines=st.integers(1, 3),
+    searches=st.floats(0.0, 2.0),
+    turn_cv=st.floats(0.0, 1.5),
+    latency=st.floats(0.001, 2.0),
+    learner_rate=st.floats(100.0, 100_000.0),
+    dynamic_sampling=st.booleans(),
+    seed=st.integers(0, 1_000),
+)
+def test_staleness_never_exceeds_the_bound(
+    max_staleness, groups_per_step, group_size, engines, searches, turn_cv, latency, learner_rate,
+    dynamic_sampling, seed,
+):  # fmt: skip
+    profile = fixed_profile(**{
+        "workload.searches_per_trajectory": searches,
+        "workload.tokens_per_turn_cv": turn_cv,
+        "workload.search_latency_s": latency,
+        "learner.tokens_per_s_per_rank": learner_rate,
+        "workload.dropped_group_fraction": 0.3,
+    })  # fmt: skip
+    shape = pipe(
+        engines=engines,
+        groups_per_step=groups_per_step,
+        group_size=group_size,
+        max_staleness=max_staleness,
+        max_inflight_groups=2,
+        dynamic_sampling=dynamic_sampling,
+    )
+    result = simulate(shape, profile, steps=7, warmup=1, seed=seed)
+    assert result.staleness_histogram, "no token was trained"
+    assert max(result.staleness_histogram) <= max_staleness
+    assert min(result.staleness_histogram) >= 0
