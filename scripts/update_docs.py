@@ -11,6 +11,7 @@ checks both blocks.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import subprocess
 import sys
@@ -125,7 +126,9 @@ def updated(page: str, text: str, block: str) -> str:
 
 def main(argv: list[str]) -> int:
     """Rewrite every generated block (or, with --check, report the stale pages and return 1)."""
-    check = "--check" in argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale page")
+    check = parser.parse_args(argv).check
     stale = []
     for page, make_block in GENERATED.items():
         path = ROOT / page
