@@ -23,7 +23,7 @@ class TransformersEngine:
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = (
-            AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device).eval()
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
         )
         self.device = device
         self.version = 0
