@@ -76,6 +76,7 @@ class Critic:
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
         cpu_offload: bool = False,
+        attention: str = "auto",
     ):
         self.cfg = cfg
         self.world = world
@@ -87,6 +88,7 @@ class Critic:
             gradient_checkpointing=gradient_checkpointing,
             cpu_offload=cpu_offload,
             value_head=True,
+            attention=attention,
         )
         head = value_head(self.model)
         with torch.no_grad():  # every value starts at 0 (the shards of a DTensor are zeroed in place)

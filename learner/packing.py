@@ -200,7 +200,7 @@ def attention_kwargs(model: torch.nn.Module, mb: MicroBatch) -> dict:
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
+def lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
     """The LM head's weight as the forward just used it (FSDP2's root unit keeps it unsharded until backward)."""
     from torch.distributed.tensor import DTensor
 
@@ -224,6 +224,22 @@ def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
     return head.weight
 
 
+def final_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
+    """The decoder's final hidden states ([B, T, H]) from the model's own forward, its LM head run on no position
+    (`logits_to_keep` empty): the log-probs come from the chunked head. Taken with a forward hook on
+    `get_decoder()`, so under FSDP2 the forward still runs inside the root unit's hooks."""
+    captured: list[torch.Tensor] = []
+    hook = model.get_decoder().register_forward_hook(
+        lambda _module, _args, output: captured.append(output[0])
+    )
+    try:
+        no_position = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        model(**inputs, logits_to_keep=no_position, use_cache=False)
+    finally:
+        hook.remove()
+    return captured[-1]
+
+
 def token_logprobs(
     model: torch.nn.Module,
     mb: MicroBatch,
@@ -235,30 +251,20 @@ def token_logprobs(
 
     The model body runs once over the packed row; its final hidden states at the `keep` positions then go through
     the LM head, log-softmax and gather `chunk_tokens` at a time (learner/chunked_logprobs.py), so no
-    [tokens x vocab] logits tensor exists in the forward or the backward. The model's own head is called on zero
-    positions (`logits_to_keep` empty); the hidden states are taken from its decoder (`get_decoder()`) with a
-    forward hook. Under FSDP2 this still runs inside the root unit's forward/backward hooks, which all-gather the
-    head with the embeddings and reduce-scatter its gradient after the backward.
+    [tokens x vocab] logits tensor exists in the forward or the backward (`final_hidden_states`). Under FSDP2 this
+    still runs inside the root unit's forward/backward hooks, which all-gather the head with the embeddings and
+    reduce-scatter its gradient after the backward.
     `with_entropy=False` computes no entropy; with it, the entropy's gradient is computed only if it reaches the loss.
     """
-    captured: list[torch.Tensor] = []
-    hook = model.get_decoder().register_forward_hook(
-        lambda _module, _args, output: captured.append(output[0])
-    )
-    try:
-        model(
-            input_ids=mb.input_ids,
-            position_ids=mb.position_ids,
-            logits_to_keep=mb.keep[:0],  # the head on no position: log-probs come from the chunked head below
-            use_cache=False,
-            **attention_kwargs(model, mb),
-        )
-    finally:
-        hook.remove()
-    hidden = captured[-1][0, mb.keep]
+    hidden = final_hidden_states(
+        model,
+        input_ids=mb.input_ids,
+        position_ids=mb.position_ids,
+        **attention_kwargs(model, mb),
+    )[0, mb.keep]
     return chunked_logprobs(
         hidden,
-        _lm_head_weight(model),
+        lm_head_weight(model),
         mb.target_ids[mb.keep],
         temperature=temperature,
         chunk_tokens=chunk_tokens,

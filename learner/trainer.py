@@ -114,11 +114,19 @@ class Learner:
             dtype=model_dtype,
             gradient_checkpointing=cfg.gradient_checkpointing,
             cpu_offload=cfg.cpu_offload,
+            attention=cfg.attention,
         )
         self.model.train()
         self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
         self.reference = (
-            load_policy(model_path, world, dtype=model_dtype, trainable=False, cpu_offload=cfg.cpu_offload)
+            load_policy(
+                model_path,
+                world,
+                dtype=model_dtype,
+                trainable=False,
+                cpu_offload=cfg.cpu_offload,
+                attention=cfg.attention,
+            )
             if self.algorithm.needs_reference
             else None
         )
@@ -131,6 +139,7 @@ class Learner:
                 dtype=model_dtype,
                 gradient_checkpointing=cfg.gradient_checkpointing,
                 cpu_offload=cfg.cpu_offload,
+                attention=cfg.attention,
             )
             if self.algorithm.needs_values
             else None

@@ -23,7 +23,8 @@ from learner.packing import attention_kwargs, pack, sequences_from_groups, token
 LENGTHS = [(5, 9), (3, 17), (8, 4), (2, 12)]  # (prompt, response) per packed sequence
 
 
-def _sequences(seed: int = 0, lengths=LENGTHS):
+def packed_sequences(seed: int = 0, lengths=LENGTHS):
+    """Sequences of the given (prompt, response) lengths, every response token a loss token."""
     rng = np.random.default_rng(seed)
     trajectories = [
         Trajectory(
@@ -68,7 +69,7 @@ def _padded_logprobs(model, sequences, temperature: float) -> torch.Tensor:
 def test_the_loop_packed_and_padded_agree_in_logprobs_and_gradients(tiny_model_dir):
     """The per-sequence SDPA loop on a packed row (the CPU path), SDPA with a T x T block-causal mask on the same row
     and a padded batch: the same log-probs and the same parameter gradients."""
-    sequences = _sequences()
+    sequences = packed_sequences()
     mb = pack(sequences)
     weights = torch.linspace(-1, 1, int(mb.keep.numel()))
     results = {}
@@ -92,7 +93,7 @@ def test_the_loop_packed_and_padded_agree_in_logprobs_and_gradients(tiny_model_d
 def test_flex_document_mask_gives_the_loops_logprobs(tiny_model_dir):
     """FlexAttention with the document-causal BlockMask (forward only here: FlexAttention has no CPU backward; its
     gradients are compared on CUDA by tests/gpu) and a row longer than one 128-token block."""
-    sequences = _sequences(1, [(7, 150), (3, 20), (40, 90)])
+    sequences = packed_sequences(1, [(7, 150), (3, 20), (40, 90)])
     mb = pack(sequences)
     with torch.no_grad():
         loop, loop_entropy = token_logprobs(_model(tiny_model_dir, VARLEN_SDPA).eval(), mb, 0.7)
@@ -105,7 +106,7 @@ def test_flex_document_mask_gives_the_loops_logprobs(tiny_model_dir):
 
 
 def test_each_path_gets_its_boundaries_in_its_own_form(tiny_model_dir):
-    mb = pack(_sequences())
+    mb = pack(packed_sequences())
     bounds = np.cumsum([0, *mb.seq_lens]).tolist()
     model = _model(tiny_model_dir, VARLEN_SDPA)
     loop = attention_kwargs(model, mb)

@@ -12,10 +12,11 @@ from learner.model import build_optimizer, clip_and_step, load_policy
 SETTINGS = SimpleNamespace(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01, warmup_steps=0)
 
 
-def _fake_gradients(model: torch.nn.Module, seed: int) -> None:
+def fake_gradients(model: torch.nn.Module, seed: int) -> None:
+    """Seeded random gradients, the same global values on any world size (sharded like each parameter)."""
     generator = torch.Generator().manual_seed(seed)
     for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=generator).to(p.dtype)
+        p.grad = torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
         if hasattr(p, "full_tensor"):  # an FSDP2 shard: the same values, distributed like the parameter
             from torch.distributed.tensor import distribute_tensor
 
@@ -33,7 +34,7 @@ def test_fused_adamw_on_dtensor_shards_matches_the_per_parameter_loop(world, tin
                 model.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01, foreach=False
             )
         for step in range(3):
-            _fake_gradients(model, step)
+            fake_gradients(model, step)
             grad_norm, skipped = clip_and_step(model, optimizer, max_norm=1.0)
             assert not skipped and grad_norm.ndim == 0 and float(grad_norm) > 1.0
         weights.append({k: v.full_tensor().clone() for k, v in model.state_dict().items()})
