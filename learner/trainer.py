@@ -31,8 +31,9 @@ from learner.algorithms.settings import NoCorrection
 from learner.algorithms.shaping import shaped_rewards, truncated
 from learner.critic import Critic
 from learner.distributed import World, all_reduce
+from learner.memory import StepShape, check_micro_batch_fits, step_memory
 from learner.minibatches import MiniBatch, PackedPart, plan_updates
-from learner.model import build_optimizer, clip_and_step, load_policy
+from learner.model import DTYPES, build_optimizer, clip_and_step, load_policy
 from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
 from learner.settings import LearnerConfig
 
@@ -146,6 +147,29 @@ class Learner:
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg)
         self.version = 0
+        if world.device.type == "cuda":
+            self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Fail now, naming the budget that fits, when micro_batch_tokens cannot fit on the GPU (learner/memory.py)."""
+        cfg = self.cfg
+        shape = StepShape.of(self.model.config, sum(p.numel() for p in self.model.parameters()))
+        if shape is None:  # a config the estimate does not know: the first step will tell
+            return
+        memory = step_memory(
+            shape,
+            world_size=self.world.world_size,
+            compute_bytes=DTYPES[self.model_dtype].itemsize,
+            checkpointing=cfg.gradient_checkpointing,
+            cpu_offload=cfg.cpu_offload,
+            chunk_tokens=cfg.logprob_chunk_tokens,
+            reference=self.reference is not None,
+            critic=self.critic is not None,
+        )
+        device = torch.cuda.get_device_properties(self.world.device)
+        check_micro_batch_fits(
+            memory, cfg.micro_batch_tokens, device.total_memory, device.name, cfg.gradient_checkpointing
+        )
 
     # -- the step ---------------------------------------------------------------------------------------------
     def train_step(self, groups: list[Group]) -> dict[str, float]:

@@ -62,6 +62,14 @@ def test_the_learner_picks_a_varlen_path_on_cuda(cuda_world, tiny_model_dir):
     assert learner.optimizer.defaults["fused"] is True
 
 
+def test_a_micro_batch_budget_that_cannot_fit_fails_before_the_first_step(cuda_world, tiny_model_dir):
+    from learner.trainer import Learner
+
+    cfg = LearnerConfig(groups_per_step=2, micro_batch_tokens=50_000_000)
+    with pytest.raises(ValueError, match=r"micro_batch_tokens \(50000000\) does not fit on .*<= \d+"):
+        Learner(cfg, tiny_model_dir, cuda_world)
+
+
 @pytest.mark.parametrize("attention", [*GPU_PATHS, VARLEN_SDPA])
 def test_bf16_mixed_precision_step_trains(cuda_world, tiny_model_dir, attention):
     from learner.trainer import Learner
