@@ -401,7 +401,10 @@ class Learner:
                 totals.critic += torch.stack(
                     [
                         value_loss.detach().double(),
-                        *(stats[k][mask].double().sum() for k in ("value_clipped", "value", "return")),
+                        *(
+                            torch.where(mask, stats[k].double(), 0.0).sum()
+                            for k in ("value_clipped", "value", "return")
+                        ),
                     ]
                 )
         totals.tokens += mini.loss_tokens
