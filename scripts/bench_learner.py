@@ -9,11 +9,10 @@ prompts, heavy-tailed responses), each timed from the host with the device synch
 - packed: `Learner.train_step` itself (learner/trainer.py): the model in train mode (gradient checkpointing as
   configured), GRPO + `tis`, first-fit-decreasing packed micro-batches of `--budget` tokens, the attention the
   learner picks (learner/attention.py), the chunked log-prob head, foreach clipping, fused AdamW.
-- padded: the same learner's model, optimizer, clipping (`clip_and_step`) and loss on padded micro-batches: sequences
-  in arrival order, each micro-batch padded to its longest sequence (rows x longest <= budget), a 2-D padding mask.
-- plain (`--reference`, on by default on CUDA): a plain PyTorch step on the same weights and about the same tokens
-  per optimizer step (scripts/plain_step.py: no FSDP, autocast bf16, SDPA causal on dense rows). It runs first and
-  frees its memory before the learner is built, so both fit on one GPU.
+- padded: the same learner's model, optimizer, clipping and loss on padded micro-batches (rows x longest <= budget).
+- plain (`--reference`, default on CUDA): a plain PyTorch step on the same weights, about the same tokens per update
+  (no FSDP, autocast bf16, SDPA causal on dense rows); it runs first and frees its memory before the learner loads.
+The padded and plain steps: scripts/learner_baselines.py.
 Throughput counts real tokens only. MFU = 6 x parameters x tokens/s / `--peak-flops` (989e12, H100 SXM dense bf16,
 by default on CUDA; recomputation not counted). Peak GiB is torch's allocator high-water mark per step (CUDA).
 Without --model or --shape a small random Qwen2 (hidden 256, 4 layers) is built in a temporary directory;
@@ -43,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from plain_step import CHECKPOINTED_SHAPES, QWEN_VOCAB, SHAPES  # noqa: E402
+from learner_baselines import CHECKPOINTED_SHAPES, QWEN_VOCAB, SHAPES, padded_micro_batches, padded_step  # noqa: E402
 
 H100_BF16_FLOPS = 989e12
 
@@ -74,83 +73,10 @@ def _groups(rng, n_groups: int, group_size: int, max_len: int, vocab: int):
     return groups
 
 
-def _padded_micro_batches(sequences, budget: int):
-    """Arrival order, rows x longest <= budget (the usual padded data loader)."""
-    batches, current = [], []
-    for s in sequences:
-        longest = max([len(x) for x in current] + [len(s)])
-        if current and (len(current) + 1) * longest > budget:
-            batches.append(current)
-            current = []
-        current.append(s)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def _padded_loss(learner, seqs, device):
-    """The trainer's loss over one padded micro-batch: the same targets, chunked head and algorithm as the packed
-    path, the hidden states taken at every row's target positions."""
-    import torch
-
-    from learner.chunked_logprobs import chunked_logprobs
-    from learner.packing import final_hidden_states, lm_head_weight
-
-    longest = max(len(s) for s in seqs)
-    n = len(seqs)
-    ids = torch.zeros(n, longest, dtype=torch.long)
-    mask = torch.zeros(n, longest, dtype=torch.long)
-    target = torch.zeros(n, longest, dtype=torch.long)
-    has_target = torch.zeros(n, longest, dtype=torch.bool)
-    loss_mask = torch.zeros(n, longest)
-    behavior = torch.zeros(n, longest)
-    adv = torch.zeros(n, longest)
-    for i, s in enumerate(seqs):
-        L, p = len(s), s.prompt_len
-        ids[i, :L] = torch.from_numpy(s.token_ids)
-        mask[i, :L] = 1
-        target[i, p - 1 : L - 1] = torch.from_numpy(s.token_ids[p:])
-        has_target[i, p - 1 : L - 1] = True
-        loss_mask[i, p - 1 : L - 1] = torch.from_numpy(s.loss_mask.astype("float32"))
-        behavior[i, p - 1 : L - 1] = torch.from_numpy(s.behavior_logprobs)
-        adv[i, p - 1 : L - 1] = s.advantage
-    model = learner.model
-    hidden = final_hidden_states(model, input_ids=ids.to(device), attention_mask=mask.to(device))
-    sel = has_target.to(device)
-    logprobs, entropy = chunked_logprobs(
-        hidden[sel], lm_head_weight(model), target.to(device)[sel], temperature=learner.temperature,
-        chunk_tokens=learner.cfg.logprob_chunk_tokens, with_entropy=True,
-    )  # fmt: skip
-    lm = loss_mask.to(device)[sel]
-    per_token, _ = learner.algorithm.loss(
-        logprobs,
-        behavior.to(device)[sel],
-        adv.to(device)[sel],
-        lm,
-        torch.zeros_like(lm),
-        entropy=entropy.detach(),
-    )
-    return per_token.sum()
-
-
-def _padded_step(learner, groups, budget: int) -> None:
-    """The learner's model, optimizer, clipping and loss over padded micro-batches; gradient sync on the last."""
-    from learner.model import clip_and_step
-    from learner.packing import sequences_from_groups
-
-    seqs = sequences_from_groups(groups, learner.algorithm.advantages(groups).advantages)
-    total = max(sum(int(s.loss_mask.sum()) for s in seqs), 1)
-    micro = _padded_micro_batches(seqs, budget)
-    for i, batch in enumerate(micro):
-        learner.model.set_requires_gradient_sync(i == len(micro) - 1)
-        (_padded_loss(learner, batch, learner.world.device) / total).backward()
-    clip_and_step(learner.model, learner.optimizer, learner.cfg.grad_clip)
-
-
 def _bench_model(args, out_dir: Path, device) -> Path:
     """The model the bench trains: a Qwen2.5 shape (`--shape`) or the small random Qwen2."""
     if args.shape:
-        from plain_step import write_shape_model
+        from learner_baselines import write_shape_model
 
         return write_shape_model(args.shape, out_dir, device=device.type)
     from sr1.world.model import build_model, train_tokenizer
@@ -205,8 +131,8 @@ def _versions(device) -> dict:
 
 
 def _plain_step(args, model_dir, device, step_tokens: float) -> tuple[dict, int]:
-    """The plain PyTorch step (scripts/plain_step.py), alone on the device; freed before the learner is built."""
-    from plain_step import PlainStep
+    """The plain PyTorch step (scripts/learner_baselines.py), alone on the device; freed before the learner is built."""
+    from learner_baselines import PlainStep
 
     plain = PlainStep(
         model_dir, device, checkpointing=args.checkpointing, bf16=args.dtype == "bfloat16",
@@ -264,7 +190,7 @@ def run(args) -> dict:
     parameters = sum(p.numel() for p in learner.model.parameters())
     steps = {
         "packed": lambda groups: learner.train_step(groups),
-        "padded": lambda groups: _padded_step(learner, groups, args.budget),
+        "padded": lambda groups: padded_step(learner, groups, args.budget),
     }
     # Interleave the two modes step by step (alternating which goes first) so that load from other processes on a
     # shared machine hits both alike; each mode warms up once first.
@@ -282,7 +208,7 @@ def run(args) -> dict:
     from learner.packing import sequences_from_groups
 
     sequences = sequences_from_groups(batches[1], [np.zeros(len(g.trajectories)) for g in batches[1]])
-    computed = sum(len(b) * max(len(s) for s in b) for b in _padded_micro_batches(sequences, args.budget))
+    computed = sum(len(b) * max(len(s) for s in b) for b in padded_micro_batches(sequences, args.budget))
     result |= {
         "parameters": parameters,
         "dtype": args.dtype,

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import bench_learner  # noqa: E402
-from plain_step import QWEN_VOCAB, SHAPES  # noqa: E402
+from learner_baselines import QWEN_VOCAB, SHAPES  # noqa: E402
 
 
 @pytest.mark.timeout(600)

@@ -1,8 +1,13 @@
-"""The yardsticks of scripts/bench_learner.py: Qwen2.5 model shapes built from a config, and a plain PyTorch step.
+"""The yardsticks of scripts/bench_learner.py: Qwen2.5 model shapes built from a config, the padded step and a plain
+PyTorch step.
 
     model_dir = write_shape_model("qwen2.5-1.5b", out_dir)     # random init, real vocabulary, no download
+    padded_step(learner, groups, budget=16384)                 # the learner's model, optimizer and loss, padded
     plain = PlainStep(model_dir, torch.device("cuda"), checkpointing=True)
     seconds, tokens = plain.step(rows=8, row_len=2048, micro_batches=2)
+
+The padded step is the usual padded data loader on the learner's own model, optimizer, clipping and loss: sequences in
+arrival order, each micro-batch padded to its longest sequence (rows x longest <= budget), a 2-D padding mask.
 
 The plain step is what a careful single-GPU PyTorch loop reaches with stock kernels, the bar the learner's MFU is
 held to: no FSDP, fp32 master weights, autocast to bf16, SDPA causal attention on dense rows (every row one
@@ -52,6 +57,77 @@ def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
     model.save_pretrained(out_dir)
     del model
     return out_dir
+
+
+def padded_micro_batches(sequences, budget: int):
+    """Arrival order, rows x longest <= budget (the usual padded data loader)."""
+    batches, current = [], []
+    for s in sequences:
+        longest = max([len(x) for x in current] + [len(s)])
+        if current and (len(current) + 1) * longest > budget:
+            batches.append(current)
+            current = []
+        current.append(s)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _padded_loss(learner, seqs, device):
+    """The trainer's loss over one padded micro-batch: the same targets, chunked head and algorithm as the packed
+    path, the hidden states taken at every row's target positions."""
+    from learner.chunked_logprobs import chunked_logprobs
+    from learner.packing import final_hidden_states, lm_head_weight
+
+    longest = max(len(s) for s in seqs)
+    n = len(seqs)
+    ids = torch.zeros(n, longest, dtype=torch.long)
+    mask = torch.zeros(n, longest, dtype=torch.long)
+    target = torch.zeros(n, longest, dtype=torch.long)
+    has_target = torch.zeros(n, longest, dtype=torch.bool)
+    loss_mask = torch.zeros(n, longest)
+    behavior = torch.zeros(n, longest)
+    adv = torch.zeros(n, longest)
+    for i, s in enumerate(seqs):
+        L, p = len(s), s.prompt_len
+        ids[i, :L] = torch.from_numpy(s.token_ids)
+        mask[i, :L] = 1
+        target[i, p - 1 : L - 1] = torch.from_numpy(s.token_ids[p:])
+        has_target[i, p - 1 : L - 1] = True
+        loss_mask[i, p - 1 : L - 1] = torch.from_numpy(s.loss_mask.astype("float32"))
+        behavior[i, p - 1 : L - 1] = torch.from_numpy(s.behavior_logprobs)
+        adv[i, p - 1 : L - 1] = s.advantage
+    model = learner.model
+    hidden = final_hidden_states(model, input_ids=ids.to(device), attention_mask=mask.to(device))
+    sel = has_target.to(device)
+    logprobs, entropy = chunked_logprobs(
+        hidden[sel], lm_head_weight(model), target.to(device)[sel], temperature=learner.temperature,
+        chunk_tokens=learner.cfg.logprob_chunk_tokens, with_entropy=True,
+    )  # fmt: skip
+    lm = loss_mask.to(device)[sel]
+    per_token, _ = learner.algorithm.loss(
+        logprobs,
+        behavior.to(device)[sel],
+        adv.to(device)[sel],
+        lm,
+        torch.zeros_like(lm),
+        entropy=entropy.detach(),
+    )
+    return per_token.sum()
+
+
+def padded_step(learner, groups, budget: int) -> None:
+    """The learner's model, optimizer, clipping and loss over padded micro-batches; gradient sync on the last."""
+    from learner.model import clip_and_step
+    from learner.packing import sequences_from_groups
+
+    seqs = sequences_from_groups(groups, learner.algorithm.advantages(groups).advantages)
+    total = max(sum(int(s.loss_mask.sum()) for s in seqs), 1)
+    micro = padded_micro_batches(seqs, budget)
+    for i, batch in enumerate(micro):
+        learner.model.set_requires_gradient_sync(i == len(micro) - 1)
+        (_padded_loss(learner, batch, learner.world.device) / total).backward()
+    clip_and_step(learner.model, learner.optimizer, learner.cfg.grad_clip)
 
 
 class PlainStep:
