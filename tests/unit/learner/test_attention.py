@@ -105,6 +105,20 @@ def test_flex_document_mask_gives_the_loops_logprobs(tiny_model_dir):
     torch.testing.assert_close(flex_entropy, loop_entropy, atol=1e-5, rtol=1e-5)
 
 
+def test_the_block_mask_passes_through_fsdp2(world, tiny_model_dir):
+    """Under FSDP2 (its root unit's pre-forward hook walks the forward's inputs) the BlockMask reaches every layer
+    unchanged: the sharded model's log-probs equal the loop's."""
+    from learner.model import load_policy
+
+    mb = pack(packed_sequences(2, [(7, 150), (3, 20), (40, 90)]))
+    with torch.no_grad():
+        loop, _ = token_logprobs(load_policy(tiny_model_dir, world, trainable=False), mb, 1.0)
+        flex_model = load_policy(tiny_model_dir, world, trainable=False, attention=FLEX_DOCUMENT)
+        assert flex_model.config._attn_implementation == FLEX_DOCUMENT
+        flex, _ = token_logprobs(flex_model, mb, 1.0)
+    torch.testing.assert_close(flex, loop, atol=1e-5, rtol=1e-5)
+
+
 def test_each_path_gets_its_boundaries_in_its_own_form(tiny_model_dir):
     mb = pack(packed_sequences())
     bounds = np.cumsum([0, *mb.seq_lens]).tolist()
