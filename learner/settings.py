@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from learner.algorithms.settings import (
@@ -73,12 +71,6 @@ class LearnerConfig(BaseModel):
         8192, ge=16, description="Token budget of one packed micro-batch (sequence packing without padding)."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
-    attention: Literal["auto", "flash_attention_2", "sr1_flex_document", "sr1_varlen_sdpa"] = Field(
-        "auto",
-        description="How packed sequences are kept apart (learner/attention.py): auto picks flash-attention's varlen "
-        "kernel on CUDA when flash-attn is installed, else FlexAttention with a document-causal block mask "
-        "(sr1_flex_document) on CUDA, and the per-sequence SDPA loop (sr1_varlen_sdpa) on CPU.",
-    )
     logprob_chunk_tokens: int = Field(
         1024,
         ge=1,

@@ -99,7 +99,10 @@ class Learner:
         temperature: float = 1.0,
         seed: int = 0,
         max_response_tokens: int | None = None,
+        attention: str = "auto",
     ):
+        """`attention`: how packed sequences are kept apart (learner/attention.py); auto picks by device, the
+        benchmark and the GPU tests name one to compare them."""
         torch.manual_seed(seed)
         self.cfg = cfg
         self.world = world
@@ -115,7 +118,7 @@ class Learner:
             dtype=model_dtype,
             gradient_checkpointing=cfg.gradient_checkpointing,
             cpu_offload=cfg.cpu_offload,
-            attention=cfg.attention,
+            attention=attention,
         )
         self.model.train()
         self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
@@ -126,7 +129,7 @@ class Learner:
                 dtype=model_dtype,
                 trainable=False,
                 cpu_offload=cfg.cpu_offload,
-                attention=cfg.attention,
+                attention=attention,
             )
             if self.algorithm.needs_reference
             else None
@@ -140,7 +143,7 @@ class Learner:
                 dtype=model_dtype,
                 gradient_checkpointing=cfg.gradient_checkpointing,
                 cpu_offload=cfg.cpu_offload,
-                attention=cfg.attention,
+                attention=attention,
             )
             if self.algorithm.needs_values
             else None

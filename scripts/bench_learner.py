@@ -44,6 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from learner_baselines import CHECKPOINTED_SHAPES, QWEN_VOCAB, SHAPES, padded_micro_batches, padded_step  # noqa: E402
 
+from learner.attention import IMPLEMENTATIONS  # noqa: E402
+
 H100_BF16_FLOPS = 989e12
 
 
@@ -182,10 +184,10 @@ def run(args) -> dict:
     # 2. the learner: its own step on packed micro-batches, and its model, optimizer and loss on padded ones
     cfg = LearnerConfig(
         groups_per_step=args.groups, micro_batch_tokens=args.budget, lr=1e-5, max_staleness=10**9,
-        gradient_checkpointing=args.checkpointing, cpu_offload=args.cpu_offload, attention=args.attention,
+        gradient_checkpointing=args.checkpointing, cpu_offload=args.cpu_offload,
         logprob_chunk_tokens=args.chunk_tokens,
     )  # fmt: skip
-    learner = Learner(cfg, model_dir, world, model_dtype=args.dtype)
+    learner = Learner(cfg, model_dir, world, model_dtype=args.dtype, attention=args.attention)
     assert learner.model.training, "the learner trains in train mode (checkpointing is off in eval mode)"
     parameters = sum(p.numel() for p in learner.model.parameters())
     steps = {
@@ -519,8 +521,8 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
     parser.add_argument(
         "--attention",
         default="auto",
-        choices=["auto", "flash_attention_2", "sr1_flex_document", "sr1_varlen_sdpa"],
-        help="learner.attention",
+        choices=["auto", *IMPLEMENTATIONS],
+        help="the learner's attention for packed rows (learner/attention.py; auto: by device)",
     )
     parser.add_argument(
         "--checkpointing",

@@ -74,8 +74,8 @@ def test_a_micro_batch_budget_that_cannot_fit_fails_before_the_first_step(cuda_w
 def test_bf16_mixed_precision_step_trains(cuda_world, tiny_model_dir, attention):
     from learner.trainer import Learner
 
-    cfg = LearnerConfig(groups_per_step=2, lr=1e-3, micro_batch_tokens=256, attention=attention)
-    learner = Learner(cfg, tiny_model_dir, cuda_world, model_dtype="bfloat16")
+    cfg = LearnerConfig(groups_per_step=2, lr=1e-3, micro_batch_tokens=256)
+    learner = Learner(cfg, tiny_model_dir, cuda_world, model_dtype="bfloat16", attention=attention)
     assert all(p.dtype == torch.float32 for p in learner.model.parameters())  # fp32 master weights
     weight = "model.layers.0.self_attn.q_proj.weight"
     before = learner.model.state_dict()[weight].full_tensor().clone()

@@ -151,15 +151,3 @@ def test_the_attention_is_chosen_by_device():
     if not flash_attn_installed():
         with pytest.raises(ValueError, match="needs the flash-attn package"):
             attention_implementation(torch.device("cuda"), FLASH_VARLEN)
-
-
-def test_the_config_offers_exactly_the_implementations():
-    """`learner.attention` lists its choices without importing torch (config loads fast); they must stay in step."""
-    from typing import get_args
-
-    from learner.attention import IMPLEMENTATIONS
-    from learner.settings import LearnerConfig
-
-    assert set(get_args(LearnerConfig.model_fields["attention"].annotation)) == {"auto", *IMPLEMENTATIONS}
-    with pytest.raises(ValueError, match="attention"):
-        LearnerConfig(attention="flash")
