@@ -8,7 +8,8 @@ share of each packed into micro-batches (learner/minibatches.py) -> before any u
 weights: the reference's and the policy's log-probs and the critic's values where the algorithm needs them -> the
 algorithm's advantages (learner/algorithms/) -> `ppo_epochs` times over the mini-batches: per micro-batch log-probs,
 the algorithm's loss (global token mean over the mini-batch on all ranks) and backward, then clip and one AdamW step
-(the critic's value loss and step beside, learner/critic.py) -> warmup schedules, the KL controller -> version + 1.
+(the critic's value loss and step beside, learner/critic.py; an update whose loss or gradient norm is not finite is
+skipped with its gradients cleared: `loss/nonfinite_skipped`) -> warmup schedules, the KL controller -> version + 1.
 The version counts batches, not optimizer updates: one publish per batch. All ranks run the same number of
 forward/backward passes (FSDP2 collectives must line up), so a rank with fewer micro-batches runs an empty one with
 zero weight.
