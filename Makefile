@@ -4,7 +4,7 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench
+.PHONY: setup run test test-fast test-gpu lint bench
 
 setup:
 	@bash scripts/setup_env.sh
@@ -17,7 +17,10 @@ test: setup  ## the whole test suite, slow integration tests included
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup  ## every test not marked slow: the unit tests and the faster integration tests
-	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-gpu: setup  ## the GPU tier (tests/gpu, marked gpu): needs a CUDA GPU, skipped with the reason without one
+	$(VENV)/bin/python -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,25 +1,70 @@
-"""Exact attention for packed rows without flash-attention: SDPA run sequence by sequence ("varlen" by a loop).
+"""Attention for packed rows: each sequence of a packed row attends only to itself, causally, with no T x T mask.
 
-A packed row of T tokens holding sequences of lengths L_1..L_n needs block-diagonal causal attention. A T x T
-masked SDPA is exact but spends O(T^2) on blocks that are masked out (and CPU SDPA takes its slow math path with an
-explicit mask); running causal SDPA on each sequence's slice costs sum(L_i^2) and uses the fused kernels. This is
-what flash-attention's varlen kernel does on GPU; this module gives the same on any device through transformers'
-attention-function registry:
+A packed row of T tokens holding sequences of lengths L_1..L_n needs block-diagonal ("document") causal attention.
+The learner picks one of three implementations when it loads a model (`attention_implementation`):
 
-    register()                           # once, before from_pretrained(..., attn_implementation=VARLEN_SDPA)
-    model(input_ids, position_ids=..., cu_seq_lens_q=[0, L1, L1+L2, ...])
+- `flash_attention_2` (CUDA, when flash-attn is installed: the `gpu` extra): flash-attention's varlen kernel gets
+  the sequence boundaries (`cu_seq_lens_q/k`, int32 on the device) and the longest length (`max_length_q/k`, an
+  int), one kernel call per layer for the whole row; GQA is native.
+- `sr1_flex_document` (CUDA without flash-attn): FlexAttention (compiled) with a document-causal BlockMask built once
+  per micro-batch (`document_causal_block_mask`) and handed to every layer as its `attention_mask`; GQA through
+  `enable_gqa` (K/V are not copied per query head). Blocks outside every sequence are skipped, so the cost follows
+  sum(L_i^2), not T^2.
+- `sr1_varlen_sdpa` (CPU, and the reference the others are tested against): causal SDPA on each sequence's slice, a
+  Python loop over sequences. On CPU this is the fastest exact path: SDPA's fused CPU kernel on each slice, where a
+  T x T masked SDPA takes the slow math path and FlexAttention has no CPU backward. Its boundaries arrive as a
+  Python list, so no layer reads them back from the device; GQA through SDPA's `enable_gqa`.
 
-The `cu_seq_lens_q` keyword is the one transformers forwards to flash-attention's varlen path, so the same call
-works there too. For packed rows the registered mask function returns None (no T x T mask is built); batches
-with a padding mask and no boundaries fall back to plain SDPA.
+All three are registered with transformers' attention-function registry (`register()`), so the model's own forward
+calls them:
+
+    register()
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention_implementation(device))
+    model(input_ids, position_ids=..., **packing.attention_kwargs(model, mb))   # boundaries or the block mask
+
+Batches with a 2-D padding mask and no boundaries (the padded benchmark) take transformers' own masks: plain SDPA
+for the loop's name, transformers' FlexAttention BlockMask for the flex name.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 
 VARLEN_SDPA = "sr1_varlen_sdpa"
+FLEX_DOCUMENT = "sr1_flex_document"
+FLASH_VARLEN = "flash_attention_2"
+IMPLEMENTATIONS = (FLASH_VARLEN, FLEX_DOCUMENT, VARLEN_SDPA)
+
+
+def flash_attn_installed() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def attention_implementation(device: torch.device, requested: str = "auto") -> str:
+    """The attention a model on `device` uses for packed rows: `requested` if given, else flash-attention's varlen
+    kernel on CUDA when installed, FlexAttention on CUDA otherwise, the per-sequence SDPA loop on CPU."""
+    if requested != "auto":
+        if requested not in IMPLEMENTATIONS:
+            raise ValueError(f"attention {requested!r} is not one of auto, {', '.join(IMPLEMENTATIONS)}")
+        if requested == FLASH_VARLEN and not flash_attn_installed():
+            raise ValueError("attention flash_attention_2 needs the flash-attn package (the `gpu` extra)")
+    elif device.type == "cuda":
+        requested = FLASH_VARLEN if flash_attn_installed() else FLEX_DOCUMENT
+    else:
+        requested = VARLEN_SDPA
+    if requested != FLASH_VARLEN:
+        register()
+    return requested
+
+
+# -- the per-sequence SDPA loop (CPU) -------------------------------------------------------------------------------
 
 
 def varlen_sdpa_forward(
@@ -37,12 +82,14 @@ def varlen_sdpa_forward(
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if isinstance(boundaries, torch.Tensor):
-        boundaries = boundaries.tolist()
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: share each KV head with its query heads
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
+    if not isinstance(boundaries, list | tuple):
+        raise TypeError(
+            f"{VARLEN_SDPA} takes the sequence boundaries as a list of ints (got {type(boundaries).__name__}): a "
+            "device tensor would be read back to the host in every layer; see learner.packing.attention_kwargs"
+        )
+    gqa = (
+        query.shape[1] != key.shape[1]
+    )  # grouped-query attention: each KV head serves a group of query heads
     dropout = dropout if module.training else 0.0
     parts = [
         F.scaled_dot_product_attention(
@@ -52,6 +99,7 @@ def varlen_sdpa_forward(
             dropout_p=dropout,
             is_causal=True,
             scale=scaling,
+            enable_gqa=gqa,
         )
         for s, e in zip(boundaries[:-1], boundaries[1:], strict=True)
     ]
@@ -59,7 +107,7 @@ def varlen_sdpa_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+def _sdpa_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
     """No mask for packed rows (boundaries do the work); the usual SDPA mask when a padding mask is given."""
     if attention_mask is None:
         return None
@@ -68,11 +116,79 @@ def _mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def register() -> str:
-    """Register the attention function and its (empty) mask builder with transformers; returns the name."""
+# -- FlexAttention with a document-causal block mask (CUDA) ---------------------------------------------------------
+
+
+def document_causal_block_mask(seq_lens: list[int], device: torch.device):
+    """The BlockMask of a packed row: query i sees key j when both lie in the same sequence and j <= i. Built once
+    per micro-batch; every layer reuses it (it reaches them as the model's `attention_mask`)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    lengths = torch.tensor(seq_lens, device=device)
+    document = torch.repeat_interleave(torch.arange(len(seq_lens), device=device), lengths)
+
+    def same_document_causal(_batch, _head, q_index, kv_index):
+        return (document[q_index] == document[kv_index]) & (q_index >= kv_index)
+
+    total = int(sum(seq_lens))
+    # compiling the mask builder avoids materialising T x T on the GPU; on CPU (forward only) it is not needed
+    return create_block_mask(
+        same_document_causal, None, None, total, total, device=device, _compile=device.type == "cuda"
+    )
+
+
+@functools.cache
+def _flex_attention(device_type: str):
+    """flex_attention compiled into a fused Triton kernel on CUDA (shapes may vary between micro-batches: the
+    compiler marks them dynamic after the first change); the eager reference on CPU (forward only)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention) if device_type == "cuda" else flex_attention
+
+
+def flex_document_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (B, Hq, T, D)
+    key: torch.Tensor,  # (B, Hkv, T, D)
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if not isinstance(attention_mask, BlockMask):
+        raise TypeError(
+            f"{FLEX_DOCUMENT} needs a BlockMask as attention_mask (learner.packing.attention_kwargs builds one per "
+            f"micro-batch), got {type(attention_mask).__name__}"
+        )
+    if dropout and module.training:
+        raise ValueError(f"{FLEX_DOCUMENT} does not implement attention dropout ({dropout})")
+    out = _flex_attention(query.device.type)(
+        query,
+        key,
+        value,
+        block_mask=attention_mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _flex_mask(*args, **kwargs):
+    """transformers' own FlexAttention mask for padded batches (packed rows pass their BlockMask directly)."""
+    from transformers.masking_utils import flex_attention_mask
+
+    return flex_attention_mask(*args, **kwargs)
+
+
+def register() -> None:
+    """Register the loop and the FlexAttention path (and their mask builders) with transformers."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_forward)
-    AttentionMaskInterface.register(VARLEN_SDPA, _mask)
-    return VARLEN_SDPA
+    AttentionMaskInterface.register(VARLEN_SDPA, _sdpa_mask)
+    AttentionInterface.register(FLEX_DOCUMENT, flex_document_forward)
+    AttentionMaskInterface.register(FLEX_DOCUMENT, _flex_mask)

@@ -3,7 +3,7 @@
     critic = Critic(cfg.learner.algorithm.critic, policy_path, world, betas=cfg.learner.betas)
     old_values = critic.values(mb)                            # no grad, before the step (keep-aligned, fp32)
     loss, stats = critic.loss(mb, old_values, returns, loss_mask)   # per token; backward like the policy's
-    grad_norm = critic.step()                                 # clip, AdamW; critic.scheduler steps once per batch
+    grad_norm, skipped = critic.step()                        # clip, AdamW; critic.scheduler steps once per batch
 
 The model is transformers' token-classification class over the critic's checkpoint (`critic.model_path`, default the
 policy's): the body's weights are the LM's, the LM head is dropped and a scalar head, zero-initialised (every value
@@ -28,7 +28,7 @@ import torch
 
 from learner.algorithms.settings import CriticConfig
 from learner.distributed import World
-from learner.model import build_optimizer, load_policy
+from learner.model import build_optimizer, clip_and_step, load_policy
 from learner.packing import MicroBatch, attention_kwargs
 
 
@@ -76,6 +76,7 @@ class Critic:
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
         cpu_offload: bool = False,
+        attention: str = "auto",
     ):
         self.cfg = cfg
         self.world = world
@@ -87,6 +88,7 @@ class Critic:
             gradient_checkpointing=gradient_checkpointing,
             cpu_offload=cpu_offload,
             value_head=True,
+            attention=attention,
         )
         head = value_head(self.model)
         with torch.no_grad():  # every value starts at 0 (the shards of a DTensor are zeroed in place)
@@ -126,11 +128,7 @@ class Critic:
         )
         return per_token.sum(), stats
 
-    def step(self) -> float:
-        """Clip the gradient, take an AdamW step; returns the gradient norm before clipping."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=False)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+    def step(self, loss_nonfinite: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """Clip the gradient and take an AdamW step, skipped when the value loss or the gradient norm is not finite
+        (learner.model.clip_and_step); returns the norm before clipping (a device tensor) and whether it skipped."""
+        return clip_and_step(self.model, self.optimizer, self.cfg.grad_clip, loss_nonfinite)

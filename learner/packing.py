@@ -4,10 +4,11 @@ A trajectory is prompt + response in one row; the log-prob of response token j c
 position before it. Each packed micro-batch concatenates whole sequences (first-fit decreasing under
 `micro_batch_tokens`) and carries, per position t, the target token t + 1 and the loss inputs of that target.
 
-Sequences in a packed row must not attend to each other. flash_attention_2 (GPU) and the learner's own
-`sr1_varlen_sdpa` (learner/attention.py, any device) get the sequence boundaries (`cu_seq_lens_q`) and attend within
-each sequence; plain sdpa/eager models get an explicit block-diagonal causal mask (`block_causal_mask`). Both give
-the same log-probs as running each sequence alone (tested).
+Sequences in a packed row must not attend to each other (learner/attention.py): flash_attention_2 (GPU) and the
+per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries (`cu_seq_lens_q`) and attend within each
+sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
+models get an explicit block-diagonal causal mask (`block_causal_mask`). All give the same log-probs as running each
+sequence alone (tested).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from buffer.records import Group
-from learner.attention import VARLEN_SDPA
+from learner.attention import FLASH_VARLEN, FLEX_DOCUMENT, VARLEN_SDPA, document_causal_block_mask
 from learner.chunked_logprobs import chunked_logprobs
 
 
@@ -172,25 +173,26 @@ def block_causal_mask(seq_lens: list[int], device: torch.device | None = None) -
 
 
 def attention_kwargs(model: torch.nn.Module, mb: MicroBatch) -> dict:
-    """How the model keeps the packed sequences apart: varlen boundaries, or a block-causal mask."""
+    """How the model keeps the packed sequences apart, built once per micro-batch for all layers: varlen boundaries
+    (a host list for the SDPA loop, an int32 device tensor for flash-attention), a document-causal BlockMask
+    (FlexAttention), or a (1, 1, T, T) block-causal mask (any other attention)."""
     attn = getattr(model.config, "_attn_implementation", "sdpa")
-    if attn not in ("flash_attention_2", VARLEN_SDPA):
-        return {"attention_mask": block_causal_mask(mb.seq_lens, mb.input_ids.device)}
-    # varlen kernels: sequence boundaries, no T x T mask
+    device = mb.input_ids.device
+    if attn == FLEX_DOCUMENT:
+        return {"attention_mask": document_causal_block_mask(mb.seq_lens, device)}
+    if attn not in (FLASH_VARLEN, VARLEN_SDPA):
+        return {"attention_mask": block_causal_mask(mb.seq_lens, device)}
+    # varlen kernels: sequence boundaries, no T x T mask (flash-attention takes a 2-D mask as padding: none here)
     bounds = np.cumsum([0, *mb.seq_lens]).tolist()
     longest = max(mb.seq_lens)
-    kwargs = {
+    if attn == FLASH_VARLEN:
+        bounds = torch.tensor(bounds, dtype=torch.int32, device=device)
+    return {
         "cu_seq_lens_q": bounds,
         "cu_seq_lens_k": bounds,
         "max_length_q": longest,
         "max_length_k": longest,
     }
-    if attn == "flash_attention_2":
-        device = mb.input_ids.device
-        kwargs["cu_seq_lens_q"] = kwargs["cu_seq_lens_k"] = torch.tensor(
-            bounds, dtype=torch.int32, device=device
-        )
-    return kwargs
 
 
 # config attributes of models whose forward changes the logits after the LM head (Gemma 2/3 soft-capping, Cohere,
@@ -198,7 +200,7 @@ def attention_kwargs(model: torch.nn.Module, mb: MicroBatch) -> dict:
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
+def lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
     """The LM head's weight as the forward just used it (FSDP2's root unit keeps it unsharded until backward)."""
     from torch.distributed.tensor import DTensor
 
@@ -222,6 +224,22 @@ def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
     return head.weight
 
 
+def final_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
+    """The decoder's final hidden states ([B, T, H]) from the model's own forward, its LM head run on no position
+    (`logits_to_keep` empty): the log-probs come from the chunked head. Taken with a forward hook on
+    `get_decoder()`, so under FSDP2 the forward still runs inside the root unit's hooks."""
+    captured: list[torch.Tensor] = []
+    hook = model.get_decoder().register_forward_hook(
+        lambda _module, _args, output: captured.append(output[0])
+    )
+    try:
+        no_position = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        model(**inputs, logits_to_keep=no_position, use_cache=False)
+    finally:
+        hook.remove()
+    return captured[-1]
+
+
 def token_logprobs(
     model: torch.nn.Module,
     mb: MicroBatch,
@@ -233,30 +251,20 @@ def token_logprobs(
 
     The model body runs once over the packed row; its final hidden states at the `keep` positions then go through
     the LM head, log-softmax and gather `chunk_tokens` at a time (learner/chunked_logprobs.py), so no
-    [tokens x vocab] logits tensor exists in the forward or the backward. The model's own head is called on zero
-    positions (`logits_to_keep` empty); the hidden states are taken from its decoder (`get_decoder()`) with a
-    forward hook. Under FSDP2 this still runs inside the root unit's forward/backward hooks, which all-gather the
-    head with the embeddings and reduce-scatter its gradient after the backward.
+    [tokens x vocab] logits tensor exists in the forward or the backward (`final_hidden_states`). Under FSDP2 this
+    still runs inside the root unit's forward/backward hooks, which all-gather the head with the embeddings and
+    reduce-scatter its gradient after the backward.
     `with_entropy=False` computes no entropy; with it, the entropy's gradient is computed only if it reaches the loss.
     """
-    captured: list[torch.Tensor] = []
-    hook = model.get_decoder().register_forward_hook(
-        lambda _module, _args, output: captured.append(output[0])
-    )
-    try:
-        model(
-            input_ids=mb.input_ids,
-            position_ids=mb.position_ids,
-            logits_to_keep=mb.keep[:0],  # the head on no position: log-probs come from the chunked head below
-            use_cache=False,
-            **attention_kwargs(model, mb),
-        )
-    finally:
-        hook.remove()
-    hidden = captured[-1][0, mb.keep]
+    hidden = final_hidden_states(
+        model,
+        input_ids=mb.input_ids,
+        position_ids=mb.position_ids,
+        **attention_kwargs(model, mb),
+    )[0, mb.keep]
     return chunked_logprobs(
         hidden,
-        _lm_head_weight(model),
+        lm_head_weight(model),
         mb.target_ids[mb.keep],
         temperature=temperature,
         chunk_tokens=chunk_tokens,

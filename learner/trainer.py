@@ -8,7 +8,8 @@ share of each packed into micro-batches (learner/minibatches.py) -> before any u
 weights: the reference's and the policy's log-probs and the critic's values where the algorithm needs them -> the
 algorithm's advantages (learner/algorithms/) -> `ppo_epochs` times over the mini-batches: per micro-batch log-probs,
 the algorithm's loss (global token mean over the mini-batch on all ranks) and backward, then clip and one AdamW step
-(the critic's value loss and step beside, learner/critic.py) -> warmup schedules, the KL controller -> version + 1.
+(the critic's value loss and step beside, learner/critic.py; an update whose loss or gradient norm is not finite is
+skipped with its gradients cleared: `loss/nonfinite_skipped`) -> warmup schedules, the KL controller -> version + 1.
 The version counts batches, not optimizer updates: one publish per batch. All ranks run the same number of
 forward/backward passes (FSDP2 collectives must line up), so a rank with fewer micro-batches runs an empty one with
 zero weight.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +32,9 @@ from learner.algorithms.settings import NoCorrection
 from learner.algorithms.shaping import shaped_rewards, truncated
 from learner.critic import Critic
 from learner.distributed import World, all_reduce
+from learner.memory import StepShape, check_micro_batch_fits, step_memory
 from learner.minibatches import MiniBatch, PackedPart, plan_updates
-from learner.model import build_optimizer, load_policy
+from learner.model import DTYPES, build_optimizer, clip_and_step, load_policy
 from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
 from learner.settings import LearnerConfig
 
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 _SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness"]
 _MAX_KEYS = ["is_weight", "staleness", "ratio"]
 _CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
+
+
+def _mean(values: list[torch.Tensor]) -> float:
+    """The mean of 0-d device tensors, read back once (0 when there are none)."""
+    return float(torch.stack(values).double().mean()) if values else 0.0
 
 
 class StalenessError(RuntimeError):
@@ -76,8 +84,9 @@ class _Totals:
     critic: torch.Tensor
     tokens: float = 0.0  # loss tokens over all updates and ranks (the denominator of `sums`)
     model_tokens: int = 0  # tokens through the policy on this rank
-    grad_norms: list[float] = dataclasses.field(default_factory=list)
-    critic_grad_norms: list[float] = dataclasses.field(default_factory=list)
+    grad_norms: list[torch.Tensor] = dataclasses.field(default_factory=list)  # 0-d, on the device
+    critic_grad_norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    skipped_updates: int = 0  # policy updates skipped for a non-finite loss or gradient norm
 
 
 class Learner:
@@ -91,7 +100,10 @@ class Learner:
         temperature: float = 1.0,
         seed: int = 0,
         max_response_tokens: int | None = None,
+        attention: str = "auto",
     ):
+        """`attention`: how packed sequences are kept apart (learner/attention.py); auto picks by device, the
+        benchmark and the GPU tests name one to compare them."""
         torch.manual_seed(seed)
         self.cfg = cfg
         self.world = world
@@ -107,11 +119,19 @@ class Learner:
             dtype=model_dtype,
             gradient_checkpointing=cfg.gradient_checkpointing,
             cpu_offload=cfg.cpu_offload,
+            attention=attention,
         )
         self.model.train()
         self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
         self.reference = (
-            load_policy(model_path, world, dtype=model_dtype, trainable=False, cpu_offload=cfg.cpu_offload)
+            load_policy(
+                model_path,
+                world,
+                dtype=model_dtype,
+                trainable=False,
+                cpu_offload=cfg.cpu_offload,
+                attention=attention,
+            )
             if self.algorithm.needs_reference
             else None
         )
@@ -124,12 +144,36 @@ class Learner:
                 dtype=model_dtype,
                 gradient_checkpointing=cfg.gradient_checkpointing,
                 cpu_offload=cfg.cpu_offload,
+                attention=attention,
             )
             if self.algorithm.needs_values
             else None
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg)
         self.version = 0
+        if world.device.type == "cuda":
+            self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Fail now, naming the budget that fits, when micro_batch_tokens cannot fit on the GPU (learner/memory.py)."""
+        cfg = self.cfg
+        shape = StepShape.of(self.model.config, sum(p.numel() for p in self.model.parameters()))
+        if shape is None:  # a config the estimate does not know: the first step will tell
+            return
+        memory = step_memory(
+            shape,
+            world_size=self.world.world_size,
+            compute_bytes=DTYPES[self.model_dtype].itemsize,
+            checkpointing=cfg.gradient_checkpointing,
+            cpu_offload=cfg.cpu_offload,
+            chunk_tokens=cfg.logprob_chunk_tokens,
+            reference=self.reference is not None,
+            critic=self.critic is not None,
+        )
+        device = torch.cuda.get_device_properties(self.world.device)
+        check_micro_batch_fits(
+            memory, cfg.micro_batch_tokens, device.total_memory, device.name, cfg.gradient_checkpointing
+        )
 
     # -- the step ---------------------------------------------------------------------------------------------
     def train_step(self, groups: list[Group]) -> dict[str, float]:
@@ -164,7 +208,9 @@ class Learner:
         # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
         if train_policy:
-            self.scheduler.step()
+            with warnings.catch_warnings():  # the schedule counts batches, also one whose update was skipped
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+                self.scheduler.step()
         critic_lr = None
         if self.critic is not None:
             critic_lr = self.critic.scheduler.get_last_lr()[0]
@@ -196,7 +242,8 @@ class Learner:
             "loss/ratio_max": peak["ratio"],
             "is/weight_mean": mean["is_weight"],
             "is/weight_max": peak["is_weight"],
-            "loss/grad_norm": float(np.mean(totals.grad_norms)) if totals.grad_norms else 0.0,
+            "loss/grad_norm": _mean(totals.grad_norms),
+            "loss/nonfinite_skipped": 1.0 if totals.skipped_updates else 0.0,
             "loss/lr": lr,
             "kl/coef": algorithm.kl_controller.value,
             "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
@@ -336,6 +383,8 @@ class Learner:
         world = self.world
         # FSDP2 averages gradients over ranks; scaling by world_size makes the result the global token mean.
         scale = world.world_size / mini.loss_tokens
+        # a non-finite loss on any rank skips the update on every rank (read once, at the step below)
+        nonfinite = torch.zeros(2, device=world.device)  # policy, critic
         for i, part in enumerate(mini.micro_batches):
             last = i == len(mini.micro_batches) - 1
             mb = part.mb.to(world.device)
@@ -343,6 +392,7 @@ class Learner:
                 self.model.set_requires_gradient_sync(last)
                 loss, stats = self._micro_batch_loss(mb, version, part)
                 (loss * scale).backward()
+                nonfinite[0] += (~torch.isfinite(loss.detach())).float()
                 totals.model_tokens += mb.num_tokens
                 self._accumulate(totals.sums, totals.maxes, stats)
             if self.critic is not None:
@@ -350,25 +400,33 @@ class Learner:
                 loss_mask = mb.loss_mask[mb.keep]
                 value_loss, stats = self.critic.loss(mb, part.old_values, part.returns, loss_mask)
                 (value_loss * scale).backward()
+                nonfinite[1] += (~torch.isfinite(value_loss.detach())).float()
                 mask = loss_mask > 0
                 totals.critic += torch.stack(
                     [
                         value_loss.detach().double(),
-                        *(stats[k][mask].double().sum() for k in ("value_clipped", "value", "return")),
+                        *(
+                            torch.where(mask, stats[k].double(), 0.0).sum()
+                            for k in ("value_clipped", "value", "return")
+                        ),
                     ]
                 )
         totals.tokens += mini.loss_tokens
+        all_reduce(nonfinite, world, "sum")
+        nonfinite = nonfinite > 0
         if train_policy:
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.cfg.grad_clip, foreach=False
-            )
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            totals.grad_norms.append(float(grad_norm))
+            grad_norm, skipped = clip_and_step(self.model, self.optimizer, self.cfg.grad_clip, nonfinite[0])
+            totals.grad_norms.append(grad_norm)
+            if skipped:
+                totals.skipped_updates += 1
+                log.warning("version %d: non-finite policy loss or gradient norm; update skipped", version)
         if self.critic is not None:
-            totals.critic_grad_norms.append(self.critic.step())
+            grad_norm, skipped = self.critic.step(nonfinite[1])
+            totals.critic_grad_norms.append(grad_norm)
+            if skipped:
+                log.warning(
+                    "version %d: non-finite value loss or critic gradient norm; update skipped", version
+                )
 
     def _critic_metrics(
         self, totals: _Totals, lr: float | None, updates: list[MiniBatch], denominator: float
@@ -397,7 +455,7 @@ class Learner:
             "critic/value_mean": mean["value"],
             "critic/return_mean": mean["return"],
             "critic/explained_var": explained,
-            "critic/grad_norm": float(np.mean(totals.critic_grad_norms)) if totals.critic_grad_norms else 0.0,
+            "critic/grad_norm": _mean(totals.critic_grad_norms),
             "critic/lr": lr,
         }
 
@@ -434,13 +492,14 @@ class Learner:
 
     @staticmethod
     def _accumulate(sums: torch.Tensor, maxes: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        """Add a micro-batch's statistics over its loss tokens, on the device (no value is read back here)."""
         mask = stats["loss_mask"] > 0
-        if not bool(mask.any()):
+        if mask.numel() == 0:
             return
         for i, key in enumerate(_SUM_KEYS):
-            sums[i] += stats[key][mask].double().sum()
+            sums[i] += torch.where(mask, stats[key].double(), 0.0).sum()
         for i, key in enumerate(_MAX_KEYS):
-            maxes[i] = torch.maximum(maxes[i], stats[key][mask].double().max())
+            maxes[i] = torch.maximum(maxes[i], torch.where(mask, stats[key].double(), -torch.inf).max())
 
     # -- state a checkpoint keeps beside the weights ----------------------------------------------------------
     def resume_extra(self) -> dict:

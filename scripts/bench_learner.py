@@ -1,13 +1,23 @@
-"""Learner throughput: sequence packing against padding on variable-length groups, measured in one run.
+"""Learner throughput, measured as the trainer runs it: packing against padding, and against a plain PyTorch step.
 
     python scripts/bench_learner.py [--quick] [--json] [--device cpu|cuda] [--model DIR]
+    python scripts/bench_learner.py --device cuda --shape qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-3b [--budget 16384]
     python scripts/bench_learner.py --logprob-memory [--tokens 2048,4096,16384] [--chunk-tokens 1024] [--json]
 
-Both paths run the same FSDP2 policy (world size 1), the same loss (GRPO + `tis`) and the same token budget per
-micro-batch. Packing: first-fit-decreasing rows with a block-causal mask (flash-attention varlen on GPU when
-installed). Padding: sequences in arrival order, each micro-batch padded to its longest sequence (rows x longest
-<= budget), a 2-D padding mask. Throughput counts real tokens only; the ratio is packed / padded tokens per second.
-Without --model a small random Qwen2 (hidden 256, 4 layers) is built in a temporary directory.
+One process, world size 1, three steps on the same variable-length batches (search-trajectory lengths: short
+prompts, heavy-tailed responses), each timed from the host with the device synchronised:
+- packed: `Learner.train_step` itself (learner/trainer.py): the model in train mode (gradient checkpointing as
+  configured), GRPO + `tis`, first-fit-decreasing packed micro-batches of `--budget` tokens, the attention the
+  learner picks (learner/attention.py), the chunked log-prob head, foreach clipping, fused AdamW.
+- padded: the same learner's model, optimizer, clipping and loss on padded micro-batches (rows x longest <= budget).
+- plain (`--reference`, default on CUDA): a plain PyTorch step on the same weights, about the same tokens per update
+  (no FSDP, autocast bf16, SDPA causal on dense rows); it runs first and frees its memory before the learner loads.
+The padded and plain steps: scripts/learner_baselines.py.
+Throughput counts real tokens only. MFU = 6 x parameters x tokens/s / `--peak-flops` (989e12, H100 SXM dense bf16,
+by default on CUDA; recomputation not counted). Peak GiB is torch's allocator high-water mark per step (CUDA).
+Without --model or --shape a small random Qwen2 (hidden 256, 4 layers) is built in a temporary directory;
+`--shape` builds a random-init Qwen2.5 of that shape (real 151,936-token vocabulary, no download).
+`--profile N` prints the top N ops of a torch.profiler trace of one packed step.
 
 --logprob-memory: the log-prob step (forward, policy loss, backward of one packed micro-batch; no optimizer step) at
 Qwen's 151,936-token vocabulary on a tiny Qwen2 body, so the LM head dominates. The chunked head
@@ -29,7 +39,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from learner_baselines import CHECKPOINTED_SHAPES, QWEN_VOCAB, SHAPES, padded_micro_batches, padded_step  # noqa: E402
+
+from learner.attention import IMPLEMENTATIONS  # noqa: E402
+
+H100_BF16_FLOPS = 989e12
 
 
 def _lengths(rng, n: int, max_len: int) -> list[tuple[int, int]]:
@@ -58,165 +75,178 @@ def _groups(rng, n_groups: int, group_size: int, max_len: int, vocab: int):
     return groups
 
 
-def _padded_micro_batches(sequences, budget: int):
-    """Arrival order, rows x longest <= budget (the usual padded data loader)."""
-    batches, current = [], []
-    for s in sequences:
-        longest = max([len(x) for x in current] + [len(s)])
-        if current and (len(current) + 1) * longest > budget:
-            batches.append(current)
-            current = []
-        current.append(s)
-    if current:
-        batches.append(current)
-    return batches
+def _bench_model(args, out_dir: Path, device) -> Path:
+    """The model the bench trains: a Qwen2.5 shape (`--shape`) or the small random Qwen2."""
+    if args.shape:
+        from learner_baselines import write_shape_model
+
+        return write_shape_model(args.shape, out_dir, device=device.type)
+    from sr1.world.model import build_model, train_tokenizer
+
+    texts = [f"alpha bravo {i} charlie delta echo {i * 7}" for i in range(300)]
+    train_tokenizer(texts, out_dir, vocab_size=1024)
+    return build_model(
+        out_dir, out_dir, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+        intermediate_size=768, max_positions=args.max_len + 8,
+    )  # fmt: skip
 
 
-def _padded_loss(model, seqs, algorithm, temperature: float, device):
-    """Loss over a padded micro-batch: the same targets and loss as the packed path."""
+class _Timer:
+    """Seconds, real tokens and the allocator's peak of each timed step of one mode."""
+
+    def __init__(self, device):
+        self.device, self.seconds, self.tokens, self.peak = device, 0.0, 0, 0
+
+    def __call__(self, run, tokens: int) -> None:
+        import torch
+
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device))
+        self.seconds += time.perf_counter() - start
+        self.tokens += tokens
+
+    def figures(self, name: str, parameters: int, peak_flops: float | None) -> dict:
+        tokens_per_s = self.tokens / self.seconds
+        out = {f"{name}/tokens_per_s": tokens_per_s}
+        if peak_flops:
+            out[f"{name}/mfu"] = 6 * parameters * tokens_per_s / peak_flops
+        if self.device.type == "cuda":
+            out[f"{name}/peak_gib"] = self.peak / 2**30
+        return out
+
+
+def _versions(device) -> dict:
     import torch
+    import transformers
 
-    longest = max(len(s) for s in seqs)
-    n = len(seqs)
-    ids = torch.zeros(n, longest, dtype=torch.long)
-    mask = torch.zeros(n, longest, dtype=torch.long)
-    target = torch.zeros(n, longest, dtype=torch.long)
-    has_target = torch.zeros(n, longest, dtype=torch.bool)
-    loss_mask = torch.zeros(n, longest)
-    behavior = torch.zeros(n, longest)
-    adv = torch.zeros(n, longest)
-    for i, s in enumerate(seqs):
-        L, p = len(s), s.prompt_len
-        ids[i, :L] = torch.from_numpy(s.token_ids)
-        mask[i, :L] = 1
-        target[i, p - 1 : L - 1] = torch.from_numpy(s.token_ids[p:])
-        has_target[i, p - 1 : L - 1] = True
-        loss_mask[i, p - 1 : L - 1] = torch.from_numpy(s.loss_mask.astype("float32"))
-        behavior[i, p - 1 : L - 1] = torch.from_numpy(s.behavior_logprobs)
-        adv[i, p - 1 : L - 1] = s.advantage
-    ids, mask = ids.to(device), mask.to(device)
-    # the LM head only where some row has a target (the packed path does the same with its `keep` positions)
-    columns = has_target.any(0).nonzero()[:, 0]
-    out = model(input_ids=ids, attention_mask=mask, logits_to_keep=columns.to(device), use_cache=False)
-    sel = has_target[:, columns].to(device)
-    logits = out.logits[sel].float() / temperature
-    tgt = target[:, columns].to(device)[sel]
-    logprobs = logits.gather(-1, tgt[:, None])[:, 0] - torch.logsumexp(logits, -1)
-    target, loss_mask, behavior, adv = (x[:, columns] for x in (target, loss_mask, behavior, adv))
-    lm = loss_mask.to(device)[sel]
-    per_token, _ = algorithm.loss(
-        logprobs, behavior.to(device)[sel], adv.to(device)[sel], lm, torch.zeros_like(lm)
-    )
-    return per_token.sum(), int(sum(len(s) for s in seqs)), n * longest
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
 
 
-def _packed_loss(model, mb, algorithm, temperature: float):
-    import torch
+def _plain_step(args, model_dir, device, step_tokens: float) -> tuple[dict, int]:
+    """The plain PyTorch step (scripts/learner_baselines.py), alone on the device; freed before the learner is built."""
+    from learner_baselines import PlainStep
 
-    from learner.packing import token_logprobs
-
-    logprobs, _ = token_logprobs(model, mb, temperature, with_entropy=False)
-    keep = mb.keep
-    lm = mb.loss_mask[keep]
-    per_token, _ = algorithm.loss(
-        logprobs, mb.behavior_logprobs[keep], mb.advantages[keep], lm, torch.zeros_like(lm)
-    )
-    return per_token.sum(), mb.num_tokens, mb.num_tokens
+    plain = PlainStep(
+        model_dir, device, checkpointing=args.checkpointing, bf16=args.dtype == "bfloat16",
+        chunk_tokens=args.chunk_tokens,
+    )  # fmt: skip
+    row_len = min(args.reference_row, args.budget)
+    rows = max(1, args.budget // row_len)
+    micro_batches = max(1, round(step_tokens / (rows * row_len)))  # about the learner's tokens per update
+    plain.step(rows, row_len, micro_batches)  # warm-up
+    timer = _Timer(device)
+    for i in range(args.steps):
+        timer(
+            lambda i=i: plain.step(rows, row_len, micro_batches, seed=i + 1), rows * row_len * micro_batches
+        )
+    parameters = plain.parameters
+    plain.close()
+    figures = timer.figures("plain", parameters, args.peak_flops)
+    figures["plain/shape"] = f"{micro_batches} x {rows} rows x {row_len} tokens per step"
+    return figures, parameters
 
 
 def run(args) -> dict:
     import numpy as np
-    import torch
+    from transformers import AutoConfig
 
-    from learner.algorithms import build_algorithm
     from learner.distributed import init_distributed, shutdown_distributed
-    from learner.model import build_optimizer, load_policy
-    from learner.packing import pack_micro_batches, sequences_from_groups
     from learner.settings import LearnerConfig
+    from learner.trainer import Learner
 
     world = init_distributed(args.device)
     device = world.device
-    tmp = None
-    model_dir = args.model
-    if model_dir is None:
-        from sr1.world.model import build_model, train_tokenizer
-
-        tmp = tempfile.TemporaryDirectory()
-        texts = [f"alpha bravo {i} charlie delta echo {i * 7}" for i in range(300)]
-        train_tokenizer(texts, Path(tmp.name), vocab_size=1024)
-        model_dir = build_model(
-            Path(tmp.name), Path(tmp.name), hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-            intermediate_size=768, max_positions=args.max_len + 8,
-        )  # fmt: skip
-    cfg = LearnerConfig(groups_per_step=args.groups, micro_batch_tokens=args.budget, lr=1e-5)
-    model = load_policy(model_dir, world, dtype=args.dtype)
-    optimizer, _ = build_optimizer(model, cfg)
-    algorithm = build_algorithm(cfg.algorithm, cfg.correction)  # GRPO with tis, the defaults
-    vocab = model.config.vocab_size
+    tmp = tempfile.TemporaryDirectory()
+    model_dir = args.model or _bench_model(args, Path(tmp.name), device)
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     rng = np.random.default_rng(0)
     batches = [_groups(rng, args.groups, args.group_size, args.max_len, vocab) for _ in range(args.steps + 1)]
+    tokens = [
+        sum(len(t.prompt_ids) + len(t.response_ids) for g in b for t in g.trajectories) for b in batches
+    ]
+    result = {"device": str(device), **_versions(device), "shape": args.shape or args.model or "small Qwen2"}
 
-    def step(groups, mode: str) -> tuple[int, int, float]:
-        adv = algorithm.advantages(groups).advantages
-        seqs = sequences_from_groups(groups, adv)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        if mode == "packed":
-            micro = [mb.to(device) for mb in pack_micro_batches(seqs, args.budget)]
-        else:
-            micro = _padded_micro_batches(seqs, args.budget)
-        total = sum(int(s.loss_mask.sum()) for s in seqs)
-        real = computed = 0
-        for mb in micro:
-            if mode == "packed":
-                loss, r, c = _packed_loss(model, mb, algorithm, 1.0)
-            else:
-                loss, r, c = _padded_loss(model, mb, algorithm, 1.0, device)
-            (loss / max(total, 1)).backward()
-            real, computed = real + r, computed + c
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return real, computed, time.perf_counter() - start
+    # 1. the plain PyTorch step, alone on the device
+    plain = {}
+    if args.reference:
+        plain, _ = _plain_step(args, model_dir, device, float(np.mean(tokens[1:])))
 
+    # 2. the learner: its own step on packed micro-batches, and its model, optimizer and loss on padded ones
+    cfg = LearnerConfig(
+        groups_per_step=args.groups, micro_batch_tokens=args.budget, lr=1e-5, max_staleness=10**9,
+        gradient_checkpointing=args.checkpointing, cpu_offload=args.cpu_offload,
+        logprob_chunk_tokens=args.chunk_tokens,
+    )  # fmt: skip
+    learner = Learner(cfg, model_dir, world, model_dtype=args.dtype, attention=args.attention)
+    assert learner.model.training, "the learner trains in train mode (checkpointing is off in eval mode)"
+    parameters = sum(p.numel() for p in learner.model.parameters())
+    steps = {
+        "packed": lambda groups: learner.train_step(groups),
+        "padded": lambda groups: padded_step(learner, groups, args.budget),
+    }
     # Interleave the two modes step by step (alternating which goes first) so that load from other processes on a
     # shared machine hits both alike; each mode warms up once first.
-    step(batches[0], "padded")
-    step(batches[0], "packed")
-    results = {mode: {"seconds": 0.0, "real_tokens": 0, "computed": 0} for mode in ("padded", "packed")}
+    for mode in ("padded", "packed"):
+        steps[mode](batches[0])
+    timers = {mode: _Timer(device) for mode in steps}
     for i, groups in enumerate(batches[1:]):
         for mode in ("padded", "packed") if i % 2 == 0 else ("packed", "padded"):
-            r, c, sec = step(groups, mode)
-            results[mode]["seconds"] += sec
-            results[mode]["real_tokens"] += r
-            results[mode]["computed"] += c
-    for mode in results:
-        results[mode]["tokens_per_s"] = results[mode]["real_tokens"] / results[mode]["seconds"]
+            timers[mode](lambda mode=mode, groups=groups: steps[mode](groups), tokens[i + 1])
+    if args.profile:
+        _profile(lambda: learner.train_step(batches[1]), device, args.profile)
     shutdown_distributed()
-    if tmp is not None:
-        tmp.cleanup()
-    seqs_total = sum(len(t.prompt_ids) + len(t.response_ids) for g in batches[1] for t in g.trajectories)
-    return {
-        "device": str(device),
+    tmp.cleanup()
+
+    from learner.packing import sequences_from_groups
+
+    sequences = sequences_from_groups(batches[1], [np.zeros(len(g.trajectories)) for g in batches[1]])
+    computed = sum(len(b) * max(len(s) for s in b) for b in padded_micro_batches(sequences, args.budget))
+    result |= {
+        "parameters": parameters,
+        "dtype": args.dtype,
+        "attention": learner.model.config._attn_implementation,
+        "gradient_checkpointing": args.checkpointing,
+        "cpu_offload": args.cpu_offload,
         "steps": args.steps,
         "groups_per_step": args.groups,
         "group_size": args.group_size,
         "micro_batch_tokens": args.budget,
         "max_len": args.max_len,
-        "mean_seq_len": seqs_total / (args.groups * args.group_size),
-        "padded/tokens_per_s": results["padded"]["tokens_per_s"],
-        "padded/pad_fraction": 1 - results["padded"]["real_tokens"] / results["padded"]["computed"],
-        "packed/tokens_per_s": results["packed"]["tokens_per_s"],
-        "ratio_packed_over_padded": results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"],
+        "mean_seq_len": tokens[1] / (args.groups * args.group_size),
+        "padded/pad_fraction": 1 - tokens[1] / computed,
+        **timers["packed"].figures("packed", parameters, args.peak_flops),
+        **timers["padded"].figures("padded", parameters, args.peak_flops),
+        **plain,
     }
+    result["ratio_packed_over_padded"] = result["packed/tokens_per_s"] / result["padded/tokens_per_s"]
+    if plain:
+        result["ratio_packed_over_plain"] = result["packed/tokens_per_s"] / result["plain/tokens_per_s"]
+    return result
+
+
+def _profile(step, device, rows: int) -> None:
+    """One step under torch.profiler; its top ops by device (or CPU) time to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as trace:
+        step()
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(trace.key_averages().table(sort_by=sort, row_limit=rows), file=sys.stderr)
 
 
 # -- the log-prob step's peak memory (--logprob-memory) ------------------------------------------------------------
 
-QWEN_VOCAB = 151_936
 # fp32 [tokens x vocab] copies the unchunked step holds at its peak (logits, logits / T, probs, their product, the
 # backward's gradient; 5.2 measured here): a size runs only when these and HEADROOM_GIB fit in the available memory
 UNCHUNKED_COPIES = 5.5
@@ -482,6 +512,42 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--budget", type=int, default=None, help="micro_batch_tokens")
     parser.add_argument("--max-len", type=int, default=1024, help="longest prompt + response")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        choices=list(SHAPES),
+        help="a random-init Qwen2.5 of this shape (default --budget 16384, --groups 8)",
+    )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", *IMPLEMENTATIONS],
+        help="the learner's attention for packed rows (learner/attention.py; auto: by device)",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="gradient checkpointing (default: on for the 1.5B and 3B shapes)",
+    )
+    parser.add_argument("--cpu-offload", action="store_true", help="learner.cpu_offload")
+    parser.add_argument(
+        "--reference",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="run the plain PyTorch step too (default: on CUDA)",
+    )
+    parser.add_argument(
+        "--reference-row", type=int, default=2048, help="tokens per dense row of the plain step"
+    )
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help=f"peak FLOP/s for MFU (default on CUDA: {H100_BF16_FLOPS:.0e}, H100 SXM dense bf16)",
+    )
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the top N ops of one profiled packed step (stderr)")  # fmt: skip
     memory = parser.add_argument_group(
         "--logprob-memory: the log-prob step's peak memory at a large vocabulary"
     )
@@ -489,7 +555,9 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
     memory.add_argument(
         "--tokens", default="2048,4096,16384", help="micro-batch sizes in tokens, comma-separated"
     )
-    memory.add_argument("--chunk-tokens", type=int, default=1024, help="learner.logprob_chunk_tokens")
+    memory.add_argument(
+        "--chunk-tokens", type=int, default=1024, help="learner.logprob_chunk_tokens (both modes)"
+    )
     memory.add_argument("--vocab", type=int, default=QWEN_VOCAB, help="vocabulary size (Qwen2.5: 151,936)")
     memory.add_argument("--hidden", type=int, default=128, help="hidden size of the tiny body")
     memory.add_argument("--layers", type=int, default=2, help="decoder layers of the tiny body")
@@ -510,10 +578,17 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
         return logprob_memory(args), args.json
 
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
+    args.device = "cuda" if cuda else "cpu"
     args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
     args.steps = args.steps or (2 if args.quick else 5)
-    args.groups = args.groups or (2 if args.quick else 4)
-    args.budget = args.budget or 4096
+    args.groups = args.groups or (2 if args.quick else 8 if args.shape else 4)
+    args.budget = args.budget or (16384 if args.shape else 4096)
+    if args.checkpointing is None:
+        args.checkpointing = args.shape in CHECKPOINTED_SHAPES
+    if args.reference is None:
+        args.reference = cuda
+    if args.peak_flops is None and cuda:
+        args.peak_flops = H100_BF16_FLOPS
     if args.budget < args.max_len:
         parser.error(f"--budget ({args.budget}) must be >= --max-len ({args.max_len})")
     return run(args), args.json

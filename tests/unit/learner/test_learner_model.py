@@ -57,3 +57,15 @@ def test_memory_settings_are_validated():
         LearnerConfig(cpu_offload="sometimes")
     with pytest.raises(ValidationError, match="cpu_ofload"):  # a typo fails loudly
         LearnerConfig(cpu_ofload=True)
+
+
+def test_gpu_presets_checkpoint_activations():
+    """The 8xH100 presets train with gradient checkpointing: it is what keeps a 16k-token micro-batch of the 3B
+    policy within an 80 GB GPU (learner/memory.py)."""
+    from config import list_presets, load_config
+
+    gpu_presets = [name for name in list_presets() if "8xh100" in name]
+    assert gpu_presets
+    for name in gpu_presets:
+        cfg = load_config(name)
+        assert cfg.learner.gradient_checkpointing and cfg.model.dtype == "bfloat16", name

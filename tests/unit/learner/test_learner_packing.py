@@ -96,9 +96,10 @@ def test_packed_logprobs_equal_per_sequence_logprobs(tiny_model_dir, attn):
 def test_varlen_attention_falls_back_to_sdpa_on_padded_batches(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from learner.attention import register
+    from learner.attention import VARLEN_SDPA, register
 
-    varlen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=register()).eval()
+    register()
+    varlen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=VARLEN_SDPA).eval()
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
     ids = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])

@@ -102,3 +102,29 @@ def test_gradient_checkpointing_gives_the_same_step(world, tiny_model_dir):
         results.append(learner.train_step(groups))
     for key in ("loss/pg", "loss/grad_norm"):
         assert results[0][key] == pytest.approx(results[1][key], rel=1e-5), key
+
+
+def test_a_nonfinite_loss_skips_the_update_and_the_next_step_trains(world, tiny_model_dir, monkeypatch):
+    learner = Learner(_cfg(), tiny_model_dir, world)
+    groups = random_groups(np.random.default_rng(7), n_groups=2, group_size=2, version=0)
+    before = {k: v.full_tensor().clone() for k, v in learner.model.state_dict().items()}
+    healthy = learner._micro_batch_loss
+
+    def poisoned(*args, **kwargs):
+        loss, stats = healthy(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(learner, "_micro_batch_loss", poisoned)
+    metrics = learner.train_step(groups)
+    assert metrics["loss/nonfinite_skipped"] == 1.0 and learner.version == 1
+    for name, tensor in learner.model.state_dict().items():
+        assert torch.equal(tensor.full_tensor(), before[name]), name
+    assert not learner.optimizer.state  # AdamW never stepped: no moment holds a NaN
+    assert all(p.grad is None for p in learner.model.parameters())
+
+    monkeypatch.setattr(learner, "_micro_batch_loss", healthy)
+    groups = random_groups(np.random.default_rng(8), n_groups=2, group_size=2, version=1)
+    metrics = learner.train_step(groups)
+    assert metrics["loss/nonfinite_skipped"] == 0.0 and np.isfinite(metrics["loss/grad_norm"])
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(learner.model.state_dict()[weight].full_tensor(), before[weight])
