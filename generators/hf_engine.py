@@ -22,9 +22,7 @@ class TransformersEngine:
 
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-        )
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
         self.device = device
         self.version = 0
 
