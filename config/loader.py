@@ -21,8 +21,10 @@ from pydantic import BaseModel, ValidationError
 
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
+from config.strict import boolean_numbers, non_finite_numbers
 
 PRESETS_DIR = Path(__file__).parent / "presets"
+JobT = typing.TypeVar("JobT", bound=BaseModel)
 _LOCK = threading.Lock()
 
 
@@ -188,6 +190,24 @@ def _format_validation_error(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+def _refuse(problems: list[str]) -> None:
+    """One ConfigError listing every problem, one line each (the shape of a validation error's message)."""
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _strictly(build: typing.Callable[[], JobT], *raw: tuple[dict[str, Any], type[BaseModel], str]) -> JobT:
+    """`build()`, refusing booleans given for numbers in the raw values (each with its model and where it came
+    from) before, and non-finite numbers after (config/strict.py)."""
+    _refuse([f"{origin}: {p}" for values, model, origin in raw for p in boolean_numbers(values, model)])
+    try:
+        built = build()
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+    _refuse(non_finite_numbers(built))
+    return built
+
+
 def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None = None) -> Config:
     """The resolved config: defaults < preset YAML < SR1_* environment < dotted overrides."""
     preset_values: dict[str, Any] = {}
@@ -201,9 +221,11 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
     with _LOCK:  # the preset reaches the settings source through a module-level holder
         _PRESET_VALUES.set(preset_values)
         try:
-            return Config(**cli_values)
-        except ValidationError as err:
-            raise ConfigError(_format_validation_error(err)) from None
+            return _strictly(
+                lambda: Config(**cli_values),
+                (preset_values, Config, str(preset)),
+                (cli_values, Config, "override"),
+            )
         finally:
             _PRESET_VALUES.set({})
 
@@ -221,8 +243,6 @@ def save_config(cfg: Config, run_dir: Path) -> Path:
 
 
 # -- each process's own config (config/jobs.py) --------------------------------------------------------------------
-
-JobT = typing.TypeVar("JobT", bound=BaseModel)
 
 
 def save_job(job: BaseModel, path: Path) -> Path:
@@ -255,10 +275,7 @@ def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | Non
     update = parse_overrides(overrides or [], job_cls)
     _fill_variant_types(update, values, job_cls)
     merged = _deep_merge(values, update)
-    try:
-        return job_cls(**merged)
-    except ValidationError as err:
-        raise ConfigError(_format_validation_error(err)) from None
+    return _strictly(lambda: job_cls(**merged), (values, job_cls, str(path)), (update, job_cls, "override"))
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
