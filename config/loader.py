@@ -32,6 +32,11 @@ class ConfigError(ValueError):
     """A config that cannot be built: unknown key, bad value, broken invariant, missing preset."""
 
 
+EXIT_BAD_INPUT = 78
+"""The exit status of a process stopped by a configuration or data error (sysexits' EX_CONFIG). Running it again
+gives the same error, so supervisors never restart a process that exits with it (sr1/launch/supervisor.py)."""
+
+
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 

@@ -146,6 +146,7 @@ class ClusterOrchestrator(Orchestrator):
     def prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
+        self.check_inputs()  # a configuration or data error holds no Ray resource
         self._reserve()
         super().prepare()
 

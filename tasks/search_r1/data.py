@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.records import PromptRecord, make_group_id
+from tasks.base import DataError
 from tasks.search_r1.protocol import make_prompt_messages
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,6 @@ SEARCH_R1_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "
 TINY_WORLD_SOURCE = "tinykb"
 KNOWN_DATA_SOURCES = (*SEARCH_R1_SOURCES, TINY_WORLD_SOURCE)
 UNKNOWN_SOURCE = "unknown"  # a row that names no data_source (e.g. a bare FlashRAG JSONL line)
-
-
-class DataError(ValueError):
-    """A prompt file or row that cannot be read; the message names the file, the row and the field."""
 
 
 def _plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from config import load_config
+from config import EXIT_BAD_INPUT, load_config
 from sr1.launch.cluster import (
     _LockOnce,
     check_fits,
@@ -76,7 +76,7 @@ def test_on_names_a_part_and_a_resource():
 def test_launch_rejects_bad_arguments_before_touching_ray(capsys, tmp_path):
     assert main(["tiny", "--on", "gpus=node2", "--run-dir", str(tmp_path / "a")]) == 2
     assert "--on 'gpus=node2'" in capsys.readouterr().err
-    assert main(["tiny", "learner.no_such_field=1", "--run-dir", str(tmp_path / "b")]) == 2
+    assert main(["tiny", "learner.no_such_field=1", "--run-dir", str(tmp_path / "b")]) == EXIT_BAD_INPUT
     assert "no_such_field" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
