@@ -239,22 +239,35 @@ def config_to_yaml(cfg: BaseModel) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-def save_config(cfg: Config, run_dir: Path) -> Path:
-    """Write the resolved config to `<run_dir>/config.yaml` (loadable again as a preset path)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    path.write_text(config_to_yaml(cfg))
+def write_private(path: Path, text: str) -> Path:
+    """Write `text` to `path` readable by its owner only (0600), atomically (a temporary file, then a rename): the
+    file may hold a secret (the run's Redis password, the retrieval token) and is never readable by others, not
+    even for a moment."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a temporary file left over by a crash may have been made more open
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    temp.replace(path)
     return path
+
+
+def save_config(cfg: Config, run_dir: Path) -> Path:
+    """Write the resolved config to `<run_dir>/config.yaml` (loadable again as a preset path), owner-only."""
+    return write_private(run_dir / "config.yaml", config_to_yaml(cfg))
 
 
 # -- each process's own config (config/jobs.py) --------------------------------------------------------------------
 
 
 def save_job(job: BaseModel, path: Path) -> Path:
-    """Write a process's job config (what a launcher hands to the process it starts)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_to_yaml(job))
-    return path
+    """Write a process's job config (what a launcher hands to the process it starts), owner-only: it carries the
+    run's Redis URL with its password and the retrieval token."""
+    return write_private(path, config_to_yaml(job))
 
 
 def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | None = None) -> JobT:

@@ -82,13 +82,15 @@ def test_launch_rejects_bad_arguments_before_touching_ray(capsys, tmp_path):
 
 
 def test_redis_listens_on_its_node_address_for_the_other_nodes(tmp_path):
-    command = LocalRedis(tmp_path, port=6390).command()
+    command = LocalRedis(tmp_path, port=6390, password="pw").command()
     reachable = reachable_redis_command(command, "10.0.0.7")
     assert reachable[reachable.index("--bind") + 1 : reachable.index("--bind") + 3] == [
         "10.0.0.7",
         "127.0.0.1",
     ]
-    assert reachable[reachable.index("--protected-mode") + 1] == "no"
+    assert (
+        reachable[reachable.index("--protected-mode") + 1] == "yes"
+    )  # the ACL user's password lets others in
     assert reachable[reachable.index("--port") + 1] == "6390" and pool_of(reachable) == "redis"
     assert reachable_redis_command(command, "127.0.0.1")[command.index("--bind") + 1] == "127.0.0.1"
 
