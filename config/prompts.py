@@ -15,6 +15,8 @@ from typing import Any
 from tasks import build_task
 from tasks.prompt_tokens import OverlongPrompts, load_fitting_prompts
 
+NO_TRAIN_FILES = "data.train_files is empty: the learner's prompt feeder needs training prompts"
+
 
 def fitting_prompts(
     cfg: Any, split: str, tokenizer: Any, files: Iterable[Path] | None = None

@@ -41,11 +41,11 @@ def training_prompts(job: LearnerJob) -> list:
     from transformers import AutoTokenizer
 
     from config.hub import resolve_tokenizer_path
-    from config.prompts import fitting_prompts
+    from config.prompts import NO_TRAIN_FILES, fitting_prompts
     from tasks import DataError
 
     if not job.data.train_files:
-        raise DataError("data.train_files is empty: the learner's prompt feeder needs training prompts")
+        raise DataError(NO_TRAIN_FILES)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(job.model)))
     prompts, overlong = fitting_prompts(job, "train", tokenizer)
     if overlong.count:
@@ -71,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prompts = None
-    if (
-        int(os.environ.get("RANK", "0")) == 0
-    ):  # rank 0 feeds the prompts; a bad file stops it before any collective
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:  # rank 0 feeds the prompts; a bad file stops it before any collective
         from config.hub import ModelPathError
         from tasks import DataError
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from config import Config
 from config.hub import ModelPathError, resolve_model_path, resolve_tokenizer_path
-from config.prompts import fitting_prompts
+from config.prompts import NO_TRAIN_FILES, fitting_prompts
 from tasks import build_task
 
 
@@ -40,7 +40,7 @@ def check_inputs(cfg: Config, splits: tuple[str, ...] = ("train", "test")) -> li
     except (OSError, ValueError) as err:
         problems.append(f"model.tokenizer_path / model.path: cannot load the tokenizer: {err}")
     if "train" in splits and not cfg.data.train_files:
-        problems.append("data.train_files is empty: the learner's prompt feeder needs training prompts")
+        problems.append(NO_TRAIN_FILES)
     notes = []
     for split in splits:
         for path in getattr(cfg.data, f"{split}_files"):
