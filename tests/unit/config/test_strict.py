@@ -61,3 +61,13 @@ def test_a_job_file_is_checked_too(tmp_path):
         load_job(LearnerJob, path, ["learner.max_staleness=true"])
     with pytest.raises(ConfigError, match="learner.lr"):
         load_job(LearnerJob, path, ["learner.lr=1e999"])
+
+
+def test_config_show_masks_the_redis_password_and_the_retrieval_token(capsys):
+    from config.cli import main
+
+    assert (
+        main(["show", "buffer.redis_url=redis://sr1:hunter2@10.0.0.1:6379/0", "retrieval.token=tok3n"]) == 0
+    )
+    shown = capsys.readouterr().out
+    assert "hunter2" not in shown and "tok3n" not in shown and "redis://sr1:***@10.0.0.1:6379/0" in shown
