@@ -20,6 +20,8 @@ import os
 import sys
 import time
 
+from buffer.connection import mask_url
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -27,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sr1 buffer", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", help="Redis URL of the run (redis://host:port/db)")
+    common.add_argument(
+        "--url", help="Redis URL of the run (redis://[user:password@]host:port/db, or rediss:// for TLS)"
+    )
     common.add_argument("--run-dir", help="a run directory whose local Redis to use (when no --url)")
     common.add_argument(
         "--namespace",
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         buffer = ReplayBuffer(url, args.namespace)
     except redis.ConnectionError as err:
-        print(f"sr1 buffer: cannot reach Redis at {url}: {err}", file=sys.stderr)
+        print(f"sr1 buffer: cannot reach Redis at {mask_url(url)}: {err}", file=sys.stderr)
         return 2
     if args.metrics_port:
         serve_metrics(buffer, args.metrics_port)
@@ -121,11 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stats":
         stats, workers = buffer.stats(), buffer.workers()
         if args.json:
-            print(json.dumps({"url": url, "namespace": args.namespace, "stats": stats, "workers": workers}))
+            print(
+                json.dumps(
+                    {"url": mask_url(url), "namespace": args.namespace, "stats": stats, "workers": workers}
+                )
+            )
         else:
             from rich.console import Console
 
-            Console().print(render(stats, workers, title=f"sr1 buffer {args.namespace} @ {url}"))
+            Console().print(render(stats, workers, title=f"sr1 buffer {args.namespace} @ {mask_url(url)}"))
         if args.metrics_port:
             print(f"serving /metrics on :{args.metrics_port} (Ctrl-C to stop)", file=sys.stderr)
             try:
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    title = f"sr1 buffer {args.namespace} @ {url}"
+    title = f"sr1 buffer {args.namespace} @ {mask_url(url)}"
     console = Console()
     if args.once:
         console.print(render(buffer.stats(), buffer.workers(), title=title))
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     except redis.ConnectionError as err:
-        print(f"sr1 buffer: lost Redis at {url}: {err}", file=sys.stderr)
+        print(f"sr1 buffer: lost Redis at {mask_url(url)}: {err}", file=sys.stderr)
         return 2
     return 0
 

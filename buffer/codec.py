@@ -126,8 +126,9 @@ def _blob(payload: bytes, start: int, where: str) -> memoryview:
     return view[begin:]
 
 
-def decode_group(payload: bytes) -> Group:
-    """Decode and validate a group payload (the checks of `Group.validate`, vectorized over the group)."""
+def decode_group(payload: bytes, vocab_size: int | None = None) -> Group:
+    """Decode and validate a group payload (the checks of `Group.validate`, vectorized over the group); with
+    `vocab_size` (the model's embedding rows), token ids at or above it are refused too (`check_token_ids`)."""
     obj, end = _unpack(payload, "group", header_only=True)
     where = f"group {obj.get('group_id', '?')!r}"
     group_id = _require(obj, "group_id", str, where)
@@ -162,6 +163,9 @@ def decode_group(payload: bytes) -> Group:
     for name, dtype in TRAJECTORY_ARRAYS.items():
         arrays[name] = np.frombuffer(blob, dtype=dtype, count=counts[name], offset=offset)
         offset += counts[name] * dtype.itemsize
+    for name in ("prompt_ids", "response_ids"):
+        if arrays[name].size and arrays[name].min() < 0:
+            raise CodecError(f"{where}: {name} holds a negative token id ({int(arrays[name].min())})")
     mask, versions = arrays["loss_mask"], arrays["versions"]
     if mask.size:
         if mask.max() > 1:
@@ -190,7 +194,7 @@ def decode_group(payload: bytes) -> Group:
         )
         trajectories.append(t)
         p0, r0 = p1, r1
-    return Group(
+    group = Group(
         group_id=group_id,
         data_source=_require(obj, "data_source", str, where),
         index=_require(obj, "index", int, where),
@@ -201,6 +205,24 @@ def decode_group(payload: bytes) -> Group:
         release_version=_require(obj, "release_version", int, where),
         trajectories=trajectories,
     )
+    if vocab_size is not None:
+        check_token_ids(group, vocab_size)
+    return group
+
+
+def check_token_ids(group: Group, vocab_size: int) -> None:
+    """CodecError naming the group, trajectory, field, position and id of the first token id outside the model's
+    vocabulary ([0, vocab_size)): such an id would otherwise fail as an index error deep inside the embedding."""
+    for i, trajectory in enumerate(group.trajectories):
+        for name in ("prompt_ids", "response_ids"):
+            ids = getattr(trajectory, name)
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+            if bad.size:
+                at = int(bad[0])
+                raise CodecError(
+                    f"group {group.group_id!r} trajectory {i}: {name}[{at}] = {int(ids[at])} is outside the "
+                    f"vocabulary of {vocab_size} tokens ({bad.size} such id(s))"
+                )
 
 
 # -- prompts ----------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.client
@@ -87,8 +88,22 @@ class _ReconnectingRedis(redis.Redis):
         return pipe
 
 
+def mask_url(url: str) -> str:
+    """`url` with its password replaced by `***` (`redis://sr1:***@host:6379/0`): what may be printed or logged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def connect(url: str, reconnect_s: float = 60.0) -> tuple[redis.Redis, ReconnectCounter]:
-    """A client for `url` that retries a failed command for about `reconnect_s` seconds, and its failure count."""
+    """A client for `url` that retries a failed command for about `reconnect_s` seconds, and its failure count.
+
+    `url` is any redis-py URL: `redis://host:port/db`, with a password (`redis://:pw@host...`, or an ACL user
+    `redis://user:pw@host...`), or `rediss://` for TLS (`?ssl_ca_certs=/path/ca.pem` names the CA)."""
     client = _ReconnectingRedis.from_url(url)
     client.reconnect_s, client.counter = reconnect_s, ReconnectCounter()
     return client, client.counter

@@ -10,7 +10,8 @@ answers every k-th selected prompt. Requests are a Redis list under `<namespace>
 one holds it in `<namespace>:eval:taken:<worker>` until it posts the result, so a worker that dies mid-evaluation
 gives its requests back when it restarts (`requeue_evaluations`). Results live 7 days under
 `<namespace>:eval:result:<request id>`. A request that is not a JSON object with a string `id` is counted
-(`<namespace>:eval:malformed`) and reported.
+(`<namespace>:eval:malformed`) and reported; a result that is not a JSON object is a `MalformedJSON` naming its
+shard. Both are decoded by buffer/guarded_json.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import time
 import uuid
 from typing import Any
+
+from buffer.guarded_json import decode_json
 
 RESULT_TTL_S = 7 * 24 * 3600
 
@@ -49,9 +52,9 @@ class EvaluationRequests:
         if raw is None:
             return None
         try:
-            request = json.loads(raw)
-            if not isinstance(request, dict) or not isinstance(request.get("id"), str):
-                raise ValueError("not an object with a string 'id'")
+            request = decode_json(raw, "an evaluation request")
+            if not isinstance(request.get("id"), str):
+                raise ValueError("an evaluation request needs a string 'id'")
         except ValueError as err:
             self._redis.lrem(taken, 1, raw)
             self._redis.incr(self.key("eval", "malformed"))
@@ -85,7 +88,9 @@ class EvaluationRequests:
         raw = self._redis.mget(keys)
         if any(r is None for r in raw):
             return None
-        return [json.loads(r) for r in raw]
+        return [
+            decode_json(r, f"the result of evaluation shard {key}") for key, r in zip(keys, raw, strict=True)
+        ]
 
     def wait_evaluation(self, eval_id: str, timeout_s: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s

@@ -7,16 +7,19 @@ and report): keys are namespaced and cumulative over the run (`buffer/depth`, `b
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 import numpy as np
 
+from buffer.guarded_json import decode_json
 from buffer.lua import GENERATORS, LEARNER
 
 RATE_BUCKET_S = 5  # produced/consumed rates are counted in buckets of this many seconds ...
 RATE_WINDOW_BUCKETS = 6  # ... and averaged over this many of them (30 s)
 STALENESS_HIST = "buffer/staleness_hist/"  # + k: trained tokens that were k versions old
+log = logging.getLogger(__name__)
 
 
 def _s(value: bytes | str) -> str:
@@ -49,8 +52,12 @@ class RunStats:
             if body is None:
                 dead.append(worker_id)
                 continue
-            info = json.loads(body)
-            info["age_s"] = max(0.0, now - float(info.pop("time", now)))
+            try:
+                info = decode_json(body, f"the heartbeat of worker {worker_id}")
+                info["age_s"] = max(0.0, now - float(info.pop("time", now)))
+            except (TypeError, ValueError) as err:  # MalformedJSON, or a `time` that is not a number
+                log.warning("skipping a heartbeat: %s", err)
+                continue
             live.append(info)
         if dead:
             self._redis.srem(self.key("workers"), *dead)

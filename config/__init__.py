@@ -2,6 +2,7 @@
 
 from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
 from config.loader import (
+    EXIT_BAD_INPUT,
     ConfigError,
     config_to_yaml,
     list_presets,
@@ -19,6 +20,7 @@ __all__ = [
     "LearnerJob",
     "RetrievalJob",
     "ConfigError",
+    "EXIT_BAD_INPUT",
     "config_to_yaml",
     "list_presets",
     "load_config",

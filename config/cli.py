@@ -67,6 +67,17 @@ def _union_rows(
     return rows
 
 
+def masked(cfg: Config) -> Config:
+    """`cfg` as it may be shown: the Redis URL's password and the retrieval token replaced by `***`."""
+    from buffer.connection import mask_url
+
+    buffer = cfg.buffer.model_copy(
+        update={"redis_url": cfg.buffer.redis_url and mask_url(cfg.buffer.redis_url)}
+    )
+    retrieval = cfg.retrieval.model_copy(update={"token": cfg.retrieval.token and "***"})
+    return cfg.model_copy(update={"buffer": buffer, "retrieval": retrieval})
+
+
 def reference_markdown() -> str:
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     for key, type_name, default, description in reference_rows():
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             print(f"sr1 config: {err}", file=sys.stderr)
             return 2
-        print(config_to_yaml(cfg), end="")
+        print(config_to_yaml(masked(cfg)), end="")
     return 0
 
 

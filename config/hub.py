@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config.sections import ModelConfig
 
 # `org/name` (the hub's repo id shape); anything else that is not a directory is a typo, not a hub id
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -45,3 +49,10 @@ def resolve_model_path(
             f"{what} {text!r} is not a directory and not in the Hugging Face cache at {cache}; download it first "
             f"(`huggingface-cli download {text}`) or point HF_HOME / HF_HUB_CACHE at the cache that holds it"
         ) from None
+
+
+def resolve_tokenizer_path(model: ModelConfig) -> Path:
+    """The local directory of the model's tokenizer: `model.tokenizer_path` when given, else `model.path`."""
+    if model.tokenizer_path:
+        return resolve_model_path(model.tokenizer_path, what="model.tokenizer_path")
+    return resolve_model_path(model.path)

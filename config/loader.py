@@ -21,13 +21,20 @@ from pydantic import BaseModel, ValidationError
 
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
+from config.strict import boolean_numbers, non_finite_numbers
 
 PRESETS_DIR = Path(__file__).parent / "presets"
+JobT = typing.TypeVar("JobT", bound=BaseModel)
 _LOCK = threading.Lock()
 
 
 class ConfigError(ValueError):
     """A config that cannot be built: unknown key, bad value, broken invariant, missing preset."""
+
+
+EXIT_BAD_INPUT = 78
+"""The exit status of a process stopped by a configuration or data error (sysexits' EX_CONFIG). Running it again
+gives the same error, so supervisors never restart a process that exits with it (sr1/launch/supervisor.py)."""
 
 
 def list_presets() -> list[str]:
@@ -188,6 +195,24 @@ def _format_validation_error(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+def _refuse(problems: list[str]) -> None:
+    """One ConfigError listing every problem, one line each (the shape of a validation error's message)."""
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _strictly(build: typing.Callable[[], JobT], *raw: tuple[dict[str, Any], type[BaseModel], str]) -> JobT:
+    """`build()`, refusing booleans given for numbers in the raw values (each with its model and where it came
+    from) before, and non-finite numbers after (config/strict.py)."""
+    _refuse([f"{origin}: {p}" for values, model, origin in raw for p in boolean_numbers(values, model)])
+    try:
+        built = build()
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+    _refuse(non_finite_numbers(built))
+    return built
+
+
 def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None = None) -> Config:
     """The resolved config: defaults < preset YAML < SR1_* environment < dotted overrides."""
     preset_values: dict[str, Any] = {}
@@ -201,9 +226,11 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
     with _LOCK:  # the preset reaches the settings source through a module-level holder
         _PRESET_VALUES.set(preset_values)
         try:
-            return Config(**cli_values)
-        except ValidationError as err:
-            raise ConfigError(_format_validation_error(err)) from None
+            return _strictly(
+                lambda: Config(**cli_values),
+                (preset_values, Config, str(preset)),
+                (cli_values, Config, "override"),
+            )
         finally:
             _PRESET_VALUES.set({})
 
@@ -212,24 +239,35 @@ def config_to_yaml(cfg: BaseModel) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-def save_config(cfg: Config, run_dir: Path) -> Path:
-    """Write the resolved config to `<run_dir>/config.yaml` (loadable again as a preset path)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    path.write_text(config_to_yaml(cfg))
+def write_private(path: Path, text: str) -> Path:
+    """Write `text` to `path` readable by its owner only (0600), atomically (a temporary file, then a rename): the
+    file may hold a secret (the run's Redis password, the retrieval token) and is never readable by others, not
+    even for a moment."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a temporary file left over by a crash may have been made more open
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    temp.replace(path)
     return path
+
+
+def save_config(cfg: Config, run_dir: Path) -> Path:
+    """Write the resolved config to `<run_dir>/config.yaml` (loadable again as a preset path), owner-only."""
+    return write_private(run_dir / "config.yaml", config_to_yaml(cfg))
 
 
 # -- each process's own config (config/jobs.py) --------------------------------------------------------------------
 
-JobT = typing.TypeVar("JobT", bound=BaseModel)
-
 
 def save_job(job: BaseModel, path: Path) -> Path:
-    """Write a process's job config (what a launcher hands to the process it starts)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_to_yaml(job))
-    return path
+    """Write a process's job config (what a launcher hands to the process it starts), owner-only: it carries the
+    run's Redis URL with its password and the retrieval token."""
+    return write_private(path, config_to_yaml(job))
 
 
 def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | None = None) -> JobT:
@@ -255,10 +293,7 @@ def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | Non
     update = parse_overrides(overrides or [], job_cls)
     _fill_variant_types(update, values, job_cls)
     merged = _deep_merge(values, update)
-    try:
-        return job_cls(**merged)
-    except ValidationError as err:
-        raise ConfigError(_format_validation_error(err)) from None
+    return _strictly(lambda: job_cls(**merged), (values, job_cls, str(path)), (update, job_cls, "override"))
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

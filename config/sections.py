@@ -54,6 +54,12 @@ class DataConfig(BaseModel):
         description="Training prompt files: Search-R1 parquet (`prompt`, `reward_model`, ...) or JSONL.",
     )
     test_files: list[Path] = Field(default_factory=list, description="Evaluation prompt files, same formats.")
+    filter_overlong_prompts: bool = Field(
+        True,
+        description="Drop the prompts longer than model.max_prompt_tokens (with the chat template) when the data is "
+        "loaded, counted and reported with a few ids (verl's filter_overlong_prompts). False: such a prompt is an "
+        "error before any pool starts.",
+    )
     shuffle: bool = Field(
         True,
         description="Walk the training prompts in a new random order each epoch, a function of the root seed and the "

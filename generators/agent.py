@@ -25,6 +25,7 @@ from buffer.records import Trajectory
 from generators.engine import Engine, Generation, SamplingSpec
 from generators.settings import GeneratorsConfig
 from tasks import Observation, Task
+from tasks.prompt_tokens import encode_prompt  # noqa: F401 - the agent's prompt encoding; importers find it here
 
 log = logging.getLogger(__name__)
 
@@ -213,28 +214,3 @@ async def run_agent(
             break
         rollout.append_observation(obs)
     return rollout
-
-
-def encode_prompt(tokenizer: Any, messages: list[dict[str, str]], *, chat_template: bool) -> list[int]:
-    """Prompt token ids: the chat template with a generation prompt, or the raw message text for base models.
-
-    The template is applied here and only here: a message that already holds the template's special tokens (a
-    dataset written with the template applied) is refused rather than wrapped twice."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        markers = [
-            t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in tokenizer.chat_template
-        ]
-        for message in messages:
-            found = [t for t in markers if t in message["content"]]
-            if found:
-                raise ValueError(
-                    f"a prompt message already holds the chat template ({', '.join(found)}): datasets keep the "
-                    "bare messages (Search-R1's parquet does) and the template is applied once, here; or set "
-                    "model.chat_template=false for text that is already templated"
-                )
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
-    text = "".join(m["content"] for m in messages)
-    return list(tokenizer.encode(text))

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from config.jobs import GeneratorJob
 
@@ -34,6 +35,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generators.group_size=4")
     return parser.parse_intermixed_args(argv)
+
+
+def evaluation_prompts(job: GeneratorJob, tokenizer: Any) -> list:
+    """The test prompts the worker evaluates on, without those longer than model.max_prompt_tokens (counted and
+    logged; an error instead with data.filter_overlong_prompts=false). DataError for a file that cannot be read."""
+    from config.prompts import fitting_prompts
+
+    if not job.data.test_files:
+        return []
+    prompts, overlong = fitting_prompts(job, "test", tokenizer)
+    if overlong.count:
+        log.warning("dropped %s (data.filter_overlong_prompts)", overlong.summary())
+    return prompts
 
 
 async def serve(job: GeneratorJob) -> int:
@@ -66,10 +80,12 @@ async def serve(job: GeneratorJob) -> int:
         if job.model.tokenizer_path
         else None
     )
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+    # read (and checked) before the engine starts: a bad test file stops the worker at once, not its evaluations
+    test_prompts = evaluation_prompts(job, tokenizer)
     os.environ[DIE_WITH_PARENT_ENV] = "1"  # the engine's processes die with this one (a vLLM plugin reads it)
     max_model_len = gen.engine.max_model_len or job.model.max_seq_len
     buffer = open_buffer(job.buffer)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
     log.info("worker %s: starting engine on %s", job.worker_id, model_path)
     engine = VLLMEngine.create(
         model_path,
@@ -81,12 +97,9 @@ async def serve(job: GeneratorJob) -> int:
         version=0,
     )
     task = build_task(job.task, retrieval=job.retrieval)
-    test_cache: list = []
 
     def eval_prompts() -> list:
-        if not test_cache:
-            test_cache.extend(task.load_prompts(job.data.test_files, split="test"))
-        return test_cache
+        return test_prompts
 
     try:
         worker = GeneratorWorker(
@@ -115,21 +128,30 @@ async def serve(job: GeneratorJob) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    from config import ConfigError, load_job
+    from config import EXIT_BAD_INPUT, ConfigError, load_job
+    from config.hub import ModelPathError
+    from tasks import DataError
 
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
         job = load_job(GeneratorJob, args.config, overrides)
     except ConfigError as err:
         print(f"generators: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     updates = {"worker_id": args.worker_id, "engine_index": args.engine_index}
     job = job.model_copy(update={k: v for k, v in updates.items() if v is not None})
     logging.basicConfig(level=job.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not job.buffer.redis_url:
         print("generators: no Redis URL (give --redis-url or buffer.redis_url=...)", file=sys.stderr)
-        return 2
-    return asyncio.run(serve(job))
+        return EXIT_BAD_INPUT
+    try:
+        return asyncio.run(serve(job))
+    except (
+        DataError,
+        ModelPathError,
+    ) as err:  # found before the engine starts (serve reads its inputs first)
+        print(f"generators: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 preset / root config file, from which the learner takes its job (config/jobs.py). Rank, world size and the
 rendezvous come from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that
 `sr1 learner` or torchrun set; without them it is a single rank. SIGTERM/SIGINT finish the current step, write a
-checkpoint and exit 0. `--resume` continues from `<run_dir>/checkpoints/latest`.
+checkpoint and exit 0. `--resume` continues from `<run_dir>/checkpoints/latest`. A configuration or data error (a bad
+job, an unreadable prompt file, overlong prompts that may not be dropped) exits with `config.EXIT_BAD_INPUT`, which
+supervisors do not restart.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config import LearnerJob
 
 log = logging.getLogger("learner")
 
@@ -29,19 +35,52 @@ def build_parser(prog: str = "python -m learner.main") -> argparse.ArgumentParse
     return parser
 
 
+def training_prompts(job: LearnerJob) -> list:
+    """The task's training prompts without those longer than model.max_prompt_tokens (counted and logged; an error
+    instead with data.filter_overlong_prompts=false). DataError for a file that cannot be read."""
+    from transformers import AutoTokenizer
+
+    from config.hub import resolve_tokenizer_path
+    from config.prompts import NO_TRAIN_FILES, fitting_prompts
+    from tasks import DataError
+
+    if not job.data.train_files:
+        raise DataError(NO_TRAIN_FILES)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(job.model)))
+    prompts, overlong = fitting_prompts(job, "train", tokenizer)
+    if overlong.count:
+        log.warning("dropped %s (data.filter_overlong_prompts)", overlong.summary())
+    return prompts
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from config import LearnerJob, load_job, save_job
+    from config import EXIT_BAD_INPUT, ConfigError, LearnerJob, load_job, save_job
 
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
-    job = load_job(LearnerJob, args.config, overrides)
+    try:
+        job = load_job(LearnerJob, args.config, overrides)
+    except ConfigError as err:
+        print(f"learner: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not job.buffer.redis_url:
         print("learner: no Redis URL: pass --redis-url or set buffer.redis_url", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     logging.basicConfig(
         level=job.logging.level, format="%(asctime)s %(levelname)s [learner] %(name)s: %(message)s"
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    prompts = None
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:  # rank 0 feeds the prompts; a bad file stops it before any collective
+        from config.hub import ModelPathError
+        from tasks import DataError
+
+        try:
+            prompts = training_prompts(job)
+        except (DataError, ModelPathError) as err:
+            print(f"learner: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     import torch
 
     from learner.distributed import init_distributed, shutdown_distributed
@@ -59,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         save_job(job, job_file)  # what this learner ran with (a launcher may have written it already)
     finished = False
     try:
-        version = run_learner(job, world, resume=args.resume, stop=stop)
+        version = run_learner(job, world, resume=args.resume, stop=stop, prompts=prompts)
         if world.is_main:
             log.info("learner stopped at version %d", version)
         finished = True

@@ -25,8 +25,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from config import Config, ConfigError, load_config, save_config, save_job
-from config.hub import ModelPathError
+from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
     Child,
@@ -37,6 +36,7 @@ from sr1.launch.supervisor import (
     http_ok,
     python_module,
 )
+from sr1.preflight import BadInput, check_inputs
 
 RUNS_ROOT = Path("runs")
 EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")  # built by `sr1 run` itself (see _with_embedded_world)
@@ -98,23 +98,28 @@ class Orchestrator:
         self.buffer = None
         self.started = time.monotonic()
         self.view = None
+        self.inputs_checked = False
 
     # -- set-up -------------------------------------------------------------------------------------------------
+
+    def check_inputs(self) -> None:
+        """The embedded world (if asked for), then the model, tokenizer and prompt files checked before anything
+        starts: BadInput lists every problem (sr1/preflight.py). Done once, before any pool is placed."""
+        if self.inputs_checked:
+            return
+        cfg = self.cfg
+        if cfg.model.path in EMBEDDED_MODELS:
+            cfg = self._with_embedded_world(cfg)
+        for note in check_inputs(cfg):
+            print(f"{self.command}: {note}", flush=True)
+        self.cfg, self.inputs_checked = cfg, True
 
     def prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()  # before anything writes into the run directory
         self.supervisor.pass_fds = (self.lock.fd,)  # held by every child too: no second stack while one lives
-        cfg = self.cfg
-        if cfg.model.path in EMBEDDED_MODELS:
-            cfg = self._with_embedded_world(cfg)
-        else:  # fail here, not in every child: a directory, or a hub id in the local Hugging Face cache
-            from config.hub import resolve_model_path
-
-            resolve_model_path(cfg.model.path)
-            if cfg.model.tokenizer_path:
-                resolve_model_path(cfg.model.tokenizer_path, what="model.tokenizer_path")
-        cfg = cfg.model_copy(update={"run_dir": self.run_dir})
+        self.check_inputs()
+        cfg = self.cfg.model_copy(update={"run_dir": self.run_dir})
         if cfg.retrieval.serves_locally:
             cfg = self._place_retrieval(cfg)
         # the run's config as a user would resume it: a local Redis is started again on its AOF, at a new port
@@ -361,7 +366,7 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
         cfg, run_dir = _resolve(args)
     except ConfigError as err:
         print(f"{command}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     orchestrator = orchestrator_class(cfg, run_dir, resume=args.resume is not None, live=not args.no_live and sys.stdout.isatty(),
                                       startup_timeout_s=args.startup_timeout, **options)  # fmt: skip
     interrupted = False
@@ -370,11 +375,13 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
     except KeyboardInterrupt:
         interrupted = True
         return 130
-    except ModelPathError as err:
-        print(f"{command}: {err}", file=sys.stderr)
-        return 2
+    except BadInput as err:
+        print("\n".join(f"{command}: {problem}" for problem in err.problems), file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (ChildFailed, TimeoutError, RunLocked) as err:
         print(f"{command}: {err}", file=sys.stderr)
+        if getattr(err, "exit_code", None) == EXIT_BAD_INPUT:
+            return EXIT_BAD_INPUT  # a part stopped on its configuration or data: going on would fail again
         interrupted = not isinstance(err, RunLocked)  # print how to go on
         return 1
     except redis.ConnectionError as err:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.base import Action, Observation, Score, Task, Transcript
+from tasks.base import Action, DataError, Observation, Score, Task, Transcript
 from tasks.settings import TaskConfig
 
-__all__ = ["Action", "Observation", "Score", "Task", "TaskConfig", "Transcript", "build_task"]
+__all__ = ["Action", "DataError", "Observation", "Score", "Task", "TaskConfig", "Transcript", "build_task"]
 
 
 def build_task(cfg: TaskConfig, retrieval: Any = None) -> Task:

@@ -25,6 +25,10 @@ from typing import Any, ClassVar, Literal, Protocol
 from buffer.records import PromptRecord
 
 
+class DataError(ValueError):
+    """A prompt file or row that cannot be read; the message names the file, the row and the field."""
+
+
 @dataclass(frozen=True)
 class Action:
     """What one model turn asked for: a final `answer`, a `tool` call with its input, or nothing readable."""

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from buffer.connection import connect
+from buffer.guarded_json import MalformedJSON, decode_json
 
 # Redis keys expire after this long without a refresh so a finished run leaves nothing behind forever.
 _TTL_S = 7 * 24 * 3600
@@ -48,10 +49,18 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _loads(raw: bytes | str | None) -> dict | None:
+_INFO_KEYS = {"addr", "port", "backend", "epoch", "timeout_s"}
+_UPDATE_KEYS = {"version", "epoch", "buckets", "dtype"}
+
+
+def _loads(raw: bytes | str | None, what: str, keys: set[str]) -> dict | None:
+    """A JSON object read back from Redis holding `keys`, or None; MalformedJSON naming `what` otherwise."""
     if raw is None:
         return None
-    return json.loads(raw)
+    value = decode_json(raw, what)
+    if missing := keys - set(value):
+        raise MalformedJSON(f"{what} lacks {sorted(missing)}; got keys {sorted(value)}")
+    return value
 
 
 # Claim ARGV[1] consecutive ranks for engine ARGV[2] in one step (KEYS: rank counter, members hash); returns the last.
@@ -119,7 +128,7 @@ class Rendezvous:
         """Learner rank 0: publish where its store listens.
 
         `info` needs addr, port, backend, epoch, timeout_s (the world size follows once the engines claimed)."""
-        missing = {"addr", "port", "backend", "epoch", "timeout_s"} - set(info)
+        missing = _INFO_KEYS - set(info)
         if missing:
             raise ValueError(f"rendezvous info lacks {sorted(missing)}; got keys {sorted(info)}")
         pipe = self._redis.pipeline()
@@ -131,7 +140,11 @@ class Rendezvous:
 
     def read(self) -> dict | None:
         """The current rendezvous info, or None when no learner has published one."""
-        return _loads(self._redis.get(self._key("rendezvous")))
+        return _loads(
+            self._redis.get(self._key("rendezvous")),
+            f"the weight-sync rendezvous ({self._key('rendezvous')})",
+            _INFO_KEYS,
+        )
 
     def clear(self) -> None:
         """Learner: withdraw the rendezvous (the group is closed; engines must not try to join it)."""
@@ -214,7 +227,7 @@ class Rendezvous:
     # updates and acks ---------------------------------------------------------------------------------------
     def announce_update(self, update: dict) -> None:
         """Learner: announce `{"version", "epoch", "buckets", "dtype"}`; engines broadcast-receive it next."""
-        missing = {"version", "epoch", "buckets", "dtype"} - set(update)
+        missing = _UPDATE_KEYS - set(update)
         if missing:
             raise ValueError(f"update lacks {sorted(missing)}; got keys {sorted(update)}")
         pipe = self._redis.pipeline()
@@ -224,7 +237,11 @@ class Rendezvous:
 
     def latest_update(self) -> dict | None:
         """The last announced update, or None."""
-        return _loads(self._redis.get(self._key("update")))
+        return _loads(
+            self._redis.get(self._key("update")),
+            f"the weight-sync update ({self._key('update')})",
+            _UPDATE_KEYS,
+        )
 
     def ack_update(self, version: int, worker_id: str) -> None:
         """Engine: say that `version` is loaded (called after `ws_receive` returned)."""

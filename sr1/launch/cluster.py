@@ -9,9 +9,11 @@ a Ray placement group (sr1/launch/ray.py): GPUs are split by the config — `gen
 `generators.engine.tensor_parallel_size` GPUs, `learner.num_ranks` bundles of one — and on a cluster without GPUs by
 one CPU each (`num_cpus`). `--on PART=RESOURCE` pins a part (redis, retrieval, generators, learner) to the nodes
 that have RESOURCE: a custom resource (`ray start --resources='{"node2": 1}'`) or a node's `node:<ip>`. Redis listens
-on its node's address (no password: keep the cluster network private), the retrieval server on its node's, and
-learner rank 0's node hosts torch.distributed's store and weight sync's (`weight_sync.master_addr`), found once the
-ranks are placed. Without RAY_ADDRESS (or --ray-address) it joins a Ray instance already running on this machine
+on its node's address with a password made for the run (an ACL user allowed only sr1's commands on the run's keys;
+sr1/launch/redis_server.py), the retrieval server on its node's with a bearer token made for the run (unless
+`retrieval.token` gives one); both travel to the pools in their job files, owner-only like `<run_dir>/redis/url`,
+and are never printed. Learner rank 0's node hosts torch.distributed's store and weight sync's
+(`weight_sync.master_addr`), found once the ranks are placed. Without RAY_ADDRESS (or --ray-address) it joins a Ray instance already running on this machine
 (`ray start --head`), else starts a local one with at least one logical CPU per slot. A cluster that can never hold
 the run (too few CPUs or GPUs, an `--on` resource no node has) fails at once with the numbers, before anything is
 placed; the run directory is locked before that, so a second launcher of a live run holds no Ray resource.
@@ -28,12 +30,15 @@ directory on storage they all see.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from buffer.connection import mask_url
 from config import Config
+from config.loader import write_private
 from sr1.launch.lock import RunLock
 from sr1.launch.ray import (
     RaySupervisor,
@@ -95,13 +100,14 @@ def check_fits(plan: Plan, on: dict[str, str], cluster: dict[str, float]) -> Non
 
 
 def reachable_redis_command(command: list[str], ip: str) -> list[str]:
-    """A local redis-server's command (sr1/launch/redis_server.py) that also listens on `ip`, for other nodes."""
+    """A local redis-server's command (sr1/launch/redis_server.py) that also listens on `ip`, for other nodes. The
+    server must have a password (its `--aclfile`): nobody else on the network may read or write the run."""
+    if "--aclfile" not in command:
+        raise ValueError("a Redis that listens beyond loopback needs a password (LocalRedis(password=...))")
     out = list(command)
     at = out.index("--bind")
     out[at + 1 : at + 2] = [ip, "127.0.0.1"] if ip != "127.0.0.1" else ["127.0.0.1"]
-    at = out.index("--protected-mode")
-    out[at + 1] = "no"  # protected mode refuses every non-loopback client of a server without a password
-    return out
+    return out  # protected mode stays on: it refuses remote clients only of a server without a password
 
 
 def _redis_answers(url: str) -> bool:
@@ -146,6 +152,7 @@ class ClusterOrchestrator(Orchestrator):
     def prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
+        self.check_inputs()  # a configuration or data error holds no Ray resource
         self._reserve()
         super().prepare()
 
@@ -176,7 +183,9 @@ class ClusterOrchestrator(Orchestrator):
     def _place_retrieval(self, cfg: Config) -> Config:
         slot = self.supervisor.slots("retrieval")[0]
         port = self.supervisor.free_port(slot)
-        return _update(cfg, "retrieval", host=slot.ip, port=port, url=f"http://{slot.ip}:{port}/retrieve")
+        token = cfg.retrieval.token or secrets.token_urlsafe(32)  # the server listens beyond loopback
+        return _update(cfg, "retrieval", host=slot.ip, port=port, url=f"http://{slot.ip}:{port}/retrieve",
+                       token=token)  # fmt: skip
 
     def _start_redis(self, cfg: Config) -> Config:
         """redis-server in its slot, on the run's AOF (`<run_dir>/redis` on that node), restarted when it dies."""
@@ -185,17 +194,17 @@ class ClusterOrchestrator(Orchestrator):
 
         slot = self.supervisor.slots("redis")[0]
         server = LocalRedis(local_redis_dir(self.run_dir), port=self.supervisor.free_port(slot),
-                            appendfsync=cfg.buffer.local_appendfsync)  # fmt: skip
+                            appendfsync=cfg.buffer.local_appendfsync, password=secrets.token_urlsafe(32),
+                            namespace=cfg.buffer.namespace)  # fmt: skip
         cmd = reachable_redis_command(server.command(), slot.ip)
         self.supervisor.start(
             Child("redis", cmd, server.data_dir / "redis.stdout.log", restart=RestartPolicy())
         )
-        url = f"redis://{slot.ip}:{server.port}/0"
+        url = server.url_on(slot.ip)
         self.supervisor.wait_until(lambda: _redis_answers(url), timeout_s=self.startup_timeout_s,
-                                   what=f"Redis at {url}")  # fmt: skip
-        self.redis_url_file = server.url_file  # where `sr1 buffer watch --run-dir` finds it
-        self.redis_url_file.parent.mkdir(parents=True, exist_ok=True)
-        self.redis_url_file.write_text(url + "\n")
+                                   what=f"Redis at {mask_url(url)}")  # fmt: skip
+        self.redis_url_file = server.url_file  # where `sr1 buffer watch --run-dir` finds it (owner-only)
+        write_private(self.redis_url_file, url + "\n")
         return _update(cfg, "buffer", redis_url=url)
 
     def make_view(self) -> LiveView:

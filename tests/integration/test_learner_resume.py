@@ -61,7 +61,10 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
     run_dir = tmp_path / "run"
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
-        "".join(json.dumps({"question": f"q{i}", "golden_answers": ["a"]}) + "\n" for i in range(400))
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "golden_answers": ["a"]}) + "\n"
+            for i in range(400)
+        )  # short prompts: the learner drops those longer than model.max_prompt_tokens
     )
     config = load_config(
         "tiny",

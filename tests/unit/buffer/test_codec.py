@@ -96,3 +96,23 @@ def test_bad_prompt_payload_raises_codec_error():
     obj["prompt"] = [{"role": "user"}]
     with pytest.raises(CodecError, match="string 'content'"):
         decode_prompt(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_token_ids_outside_the_vocabulary_are_named():
+    group = make_group(make_prompt(3), n=2, prompt_len=5, response_len=6)
+    vocab = int(max(max(t.prompt_ids.max(), t.response_ids.max()) for t in group.trajectories)) + 1
+    assert decode_group(encode_group(group), vocab_size=vocab).group_id == group.group_id
+    group.trajectories[1].response_ids[4] = vocab + 7  # a sampled id the model has no embedding for
+    payload = encode_group(group)
+    assert decode_group(payload).group_id == group.group_id  # without a vocabulary, only the shape is checked
+    with pytest.raises(
+        CodecError, match=rf"trajectory 1: response_ids\[4\] = {vocab + 7} is outside the vocabulary"
+    ):
+        decode_group(payload, vocab_size=vocab)
+
+
+def test_a_negative_token_id_is_refused():
+    group = make_group(make_prompt(3), n=1, prompt_len=5, response_len=6)
+    group.trajectories[0].prompt_ids[2] = -4
+    with pytest.raises(CodecError, match="prompt_ids holds a negative token id"):
+        decode_group(encode_group(group))

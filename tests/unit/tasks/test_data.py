@@ -131,3 +131,54 @@ def test_a_prompt_that_is_not_a_list_of_messages_names_the_file_and_row(tmp_path
         DataError, match=rf"p.jsonl row 1: 'prompt' must be a non-empty list of chat messages.*{message}"
     ):
         load_prompts(path)
+
+
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        (None, "row 1: the gold answers are missing"),
+        ([], "row 1: the list of gold answers is empty"),
+        ([""], "row 1: gold answer 0 is empty"),
+        (["Paris", "  "], "row 1: gold answer 1 is empty"),
+        (["Paris", None], "row 1: gold answer 1 must be a string, got None"),
+    ],
+)
+def test_missing_or_empty_gold_answers_name_the_file_row_and_field(tmp_path, target, expected):
+    rows = [_search_r1_row("nq", 0, "q0", ["a0"]), _search_r1_row("nq", 1, "q1", ["x"])]
+    rows[1]["reward_model"]["ground_truth"]["target"] = target
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError, match=f"train.parquet {expected}"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize("bad_id", ["q1_v2", "abc", "-3", "1.5", True])
+def test_a_malformed_id_is_refused_not_read_as_its_digits(tmp_path, bad_id):
+    path = tmp_path / "test.jsonl"
+    lines = [{"id": "test_7", "question": "q", "golden_answers": ["a"]}, {"id": bad_id, "question": "r",
+                                                                            "golden_answers": ["b"]}]  # fmt: skip
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    with pytest.raises(DataError, match=r"test.jsonl row 1: id .* is not an index"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize("good_id, index", [("train_123", 123), ("17", 17), (17, 17), ("dev-4", 4)])
+def test_numeric_and_prefixed_ids_are_read(tmp_path, good_id, index):
+    path = tmp_path / "test.jsonl"
+    path.write_text(json.dumps({"id": good_id, "question": "q", "golden_answers": ["a"]}) + "\n")
+    assert load_prompts(path)[0].index == index
+
+
+def test_a_corrupt_parquet_is_a_data_error_naming_the_file(tmp_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([_search_r1_row("nq", 0, "q", ["a"])]), path)
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # cut in half
+    with pytest.raises(DataError, match="train.parquet: not a readable parquet file"):
+        load_prompts(path)
+
+
+def test_an_empty_string_gold_answer_is_refused_in_jsonl(tmp_path):
+    path = tmp_path / "test.jsonl"
+    path.write_text(json.dumps({"question": "q", "golden_answers": ""}) + "\n")
+    with pytest.raises(DataError, match="test.jsonl row 0: gold answer 0 is empty"):
+        load_prompts(path)

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from config import load_config
+from config import EXIT_BAD_INPUT, load_config
 from sr1.launch.cluster import (
     _LockOnce,
     check_fits,
@@ -76,19 +76,21 @@ def test_on_names_a_part_and_a_resource():
 def test_launch_rejects_bad_arguments_before_touching_ray(capsys, tmp_path):
     assert main(["tiny", "--on", "gpus=node2", "--run-dir", str(tmp_path / "a")]) == 2
     assert "--on 'gpus=node2'" in capsys.readouterr().err
-    assert main(["tiny", "learner.no_such_field=1", "--run-dir", str(tmp_path / "b")]) == 2
+    assert main(["tiny", "learner.no_such_field=1", "--run-dir", str(tmp_path / "b")]) == EXIT_BAD_INPUT
     assert "no_such_field" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_redis_listens_on_its_node_address_for_the_other_nodes(tmp_path):
-    command = LocalRedis(tmp_path, port=6390).command()
+    command = LocalRedis(tmp_path, port=6390, password="pw").command()
     reachable = reachable_redis_command(command, "10.0.0.7")
     assert reachable[reachable.index("--bind") + 1 : reachable.index("--bind") + 3] == [
         "10.0.0.7",
         "127.0.0.1",
     ]
-    assert reachable[reachable.index("--protected-mode") + 1] == "no"
+    assert (
+        reachable[reachable.index("--protected-mode") + 1] == "yes"
+    )  # the ACL user's password lets others in
     assert reachable[reachable.index("--port") + 1] == "6390" and pool_of(reachable) == "redis"
     assert reachable_redis_command(command, "127.0.0.1")[command.index("--bind") + 1] == "127.0.0.1"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from config import GeneratorJob, LearnerJob, load_config, load_job
+from config import EXIT_BAD_INPUT, GeneratorJob, LearnerJob, load_config, load_job
 from sr1.launch.pools import generator_children, generators_main, gpu_slices, learner_children, learner_main
 
 
@@ -20,7 +20,7 @@ def test_gpu_slices_split_visible_devices(monkeypatch):
 
 @pytest.mark.parametrize("main", [generators_main, learner_main])
 def test_cli_needs_a_redis_url(main, capsys):
-    assert main(["--config", "tiny"]) == 2
+    assert main(["--config", "tiny"]) == EXIT_BAD_INPUT
     assert "--redis-url" in capsys.readouterr().err
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from config import EXIT_BAD_INPUT
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import Child, ChildFailed, RestartPolicy, Supervisor
 
@@ -58,6 +59,25 @@ def test_a_child_without_a_policy_fails_the_run_and_one_that_finished_is_left_al
     _until(lambda: sup.children[1].returncode is not None)
     with pytest.raises(ChildFailed, match="broken exited with code 5"):
         sup.check()
+
+
+def test_a_configuration_or_data_error_is_not_restarted_but_a_crash_is(tmp_path):
+    sup = Supervisor()
+    policy = RestartPolicy(max_restarts=5, backoff_s=0.05, window_s=60)
+    crash = sup.start(Child("crash", _py("import os; os.abort()"), tmp_path / "c.log", restart=policy))
+    _until(lambda: crash.returncode is not None)
+    _until(lambda: bool(sup.check()))  # the crash (SIGABRT) is restarted
+    assert len(crash.restarts) == 1
+    crash.stop(grace_s=0.0, first=signal.SIGKILL)
+    sup.children.remove(crash)
+    code = f"import sys; print('learner.lr: must be a finite number'); sys.exit({EXIT_BAD_INPUT})"
+    bad = sup.start(Child("learner", _py(code), tmp_path / "l.log", restart=policy))
+    _until(lambda: bad.returncode is not None)
+    with pytest.raises(
+        ChildFailed, match=r"(?s)learner stopped on a configuration or data error.*finite"
+    ) as err:
+        sup.check()
+    assert err.value.exit_code == EXIT_BAD_INPUT and bad.restarts == []
 
 
 def test_a_gang_restarts_together(tmp_path):
