@@ -321,7 +321,7 @@ class _Rank0:
             consumer=CONSUMER,
             # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
             keep_group=informative if cfg.algorithm.dynamic_sampling else None,
-            on_drop=self.feeder.pump,
+            replenish=self.feeder.pump,
         )
         self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
         self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
