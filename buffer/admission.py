@@ -303,6 +303,12 @@ class BatchAssembler:
             return None
         return [t for t in held if t.entry_id in chosen]
 
+    def outstanding(self) -> int:
+        """Released groups not handed out in a batch yet (held here, queued or still generating): what the next
+        batches can be made of without new releases."""
+        inflight = set(self.buffer.inflight()) - self._handed
+        return len(inflight | {t.group.group_id for t in self._held.values()})
+
     def next_batch(self, version: int, timeout_s: float | None = None) -> list[TakenGroup]:
         """The groups to train on at `version` (normally groups_per_step), waiting for required stragglers or
         for enough finished groups. Returns [] if `timeout_s` passes first (the caller decides: retry or stop)."""
