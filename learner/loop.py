@@ -275,6 +275,7 @@ def run_learner(
                 train_metrics,
                 publish_metrics,
                 step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
+                tool_metrics(groups),
                 side.buffer_metrics() if side is not None else {},
             )
             if learner.version % job.logging.log_every == 0 or done:
@@ -314,6 +315,21 @@ def _settle(
         if side is not None:
             for result in side.evals.ready():
                 tracker.log_eval(result, step=result["step"])
+
+
+def tool_metrics(groups: list[Group]) -> dict[str, float]:
+    """The batch's tool calls (searches) as the generators recorded them per trajectory: how many, how many failed
+    (the model saw an error text instead of results), and their mean latency."""
+    infos = [t.info for g in groups for t in g.trajectories]
+    calls = sum(int(i.get("tool_calls", 0)) for i in infos)
+    errors = sum(int(i.get("tool_errors", 0)) for i in infos)
+    seconds = sum(float(i.get("tool_seconds", 0.0)) for i in infos)
+    return {
+        "tools/calls": float(calls),
+        "tools/errors": float(errors),
+        "tools/error_rate": errors / calls if calls else 0.0,
+        "tools/latency_s": seconds / calls if calls else 0.0,
+    }
 
 
 def step_timing(step_s: float, wait_s: float, checkpoint_s: float | None = None) -> dict[str, float]:
