@@ -534,7 +534,7 @@ class GeneratorWorker:
 # the pool's figures the learner logs beside each step (metrics.jsonl, wandb): summed over workers, or averaged
 _POOL_SUMS = ("rollout/tokens_per_s", "rollout/tool_calls_per_s", "rollout/inflight_trajectories",
               "rollout/groups_done", "rollout/groups_failed", "rollout/tool_errors_total", "rollout/eval_errors",
-              "rollout/groups_given_back")  # fmt: skip
+              "rollout/groups_given_back", "rollout/tool_pauses")  # fmt: skip
 _POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
 
 

@@ -43,6 +43,10 @@ class RunSummary:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_latency_s: float | None = None  # mean seconds per tool call over the trained batches
+    generator_tool_errors: int = (
+        0  # every failed tool call of the generators (trained or not), from their heartbeats
+    )
+    generator_tool_pauses: int = 0  # times a generator paused sampling for tool errors
     first_wait_s: float = (
         0.0  # the first step of each segment waiting for the first groups (not in step times)
     )
@@ -92,6 +96,11 @@ def tool_totals(rows: list[dict[str, Any]]) -> tuple[int, int, float | None]:
     errors = sum(int(r.get("tools/errors", 0)) for r in rows)
     seconds = sum(r.get("tools/latency_s", 0.0) * r.get("tools/calls", 0) for r in rows)
     return calls, errors, (seconds / calls if calls else None)
+
+
+def pool_peak(rows: list[dict[str, Any]], key: str) -> int:
+    """The largest value a cumulative pool figure (`pool/...`, summed over the workers alive) reached."""
+    return int(max((r.get(key, 0) for r in rows), default=0))
 
 
 def staleness_stats(histogram: dict[int, int]) -> tuple[float | None, int | None]:
@@ -201,6 +210,8 @@ algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · corr
 | tool calls in trained batches | {summary.tool_calls} |
 | of which failed (error text instead of results) | {summary.tool_errors} |
 | mean tool latency | {_fmt(summary.tool_latency_s, 3)} s |
+| failed tool calls of the generators (trained or not) | {summary.generator_tool_errors} |
+| generator pauses for tool errors | {summary.generator_tool_pauses} |
 
 ## Evaluations (greedy, test split)
 

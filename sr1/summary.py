@@ -7,7 +7,14 @@ import statistics
 from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
-from sr1.report import RunSummary, dead_letter_counts, read_metrics, staleness_stats, tool_totals
+from sr1.report import (
+    RunSummary,
+    dead_letter_counts,
+    pool_peak,
+    read_metrics,
+    staleness_stats,
+    tool_totals,
+)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -102,6 +109,8 @@ def summarize(orch) -> RunSummary:
         tool_calls=tool_calls,
         tool_errors=tool_errors,
         tool_latency_s=tool_latency_s,
+        generator_tool_errors=pool_peak(rows, "pool/tool_errors_total"),
+        generator_tool_pauses=pool_peak(rows, "pool/tool_pauses"),
         staleness_mean=staleness_mean,
         staleness_max=staleness_max,
         generator_idle_fraction=_mean([g.get("rollout/idle_fraction") for g in generators]),
