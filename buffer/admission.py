@@ -330,9 +330,8 @@ class BatchAssembler:
                 self.buffer.renew_taken(self.consumer, list(self._held))
                 self.waited_s = time.monotonic() - start
                 return batch
-            if (
-                self.replenish is not None
-            ):  # a group dead-lettered while we wait is replaced now, not next step
+            # a group dead-lettered while we wait (poison prompt, malformed payload) is replaced now, not next step
+            if self.replenish is not None:
                 self.replenish()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
