@@ -32,6 +32,7 @@ metrics.jsonl, Redis).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import signal
@@ -283,20 +284,18 @@ class FaultInjector:
         buf.close()
 
     def malformed_group(self) -> None:
-        """Finish a released prompt with a payload that is not a group (as a broken generator would)."""
+        """A released group whose payload arrives as garbage (as from a broken generator): released and put in one
+        transaction, the way the feeder and a generator would, so no generator is involved."""
+        from buffer.records import make_group_id
+
         buf = self._buffer()
-        claimed = []
-        deadline = time.monotonic() + 60
-        while not claimed and time.monotonic() < deadline:
-            claimed = buf.claim_prompts("chaos-injector", 1, block_ms=500)
-        if not claimed:
-            raise TimeoutError("no prompt to claim for the malformed group within 60 s")
-        (claim,) = claimed
-        client = buf._redis
-        pipe = client.pipeline(transaction=True)
-        pipe.xadd("sr1:groups", {"gid": claim.prompt.group_id, "d": b"\x00 chaos: not a group"})
-        pipe.xack("sr1:prompts", "generators", claim.entry_id)
-        pipe.xdel("sr1:prompts", claim.entry_id)
+        group_id = make_group_id("chaos", "malformed", self.injected)
+        pipe = buf._redis.pipeline(transaction=True)
+        pipe.sadd("sr1:released_ids", group_id)
+        pipe.zadd("sr1:inflight", {group_id: buf.version()})
+        pipe.hincrby("sr1:counters", "released", 1)
+        pipe.sadd("sr1:put_ids", group_id)
+        pipe.xadd("sr1:groups", {"gid": group_id, "d": b"\x00 chaos: not a group"})
         pipe.execute()
         buf.close()
 
@@ -311,16 +310,21 @@ class FaultInjector:
         buf.close()
 
     def retriever_down(self) -> None:
-        """Freeze the retrieval server (SIGSTOP) for `retriever_down_s`, then let it go on (SIGCONT)."""
+        """Freeze the retrieval server and its worker processes (SIGSTOP) for `retriever_down_s`, then let them go
+        on (SIGCONT): connections are accepted and never answered, as from a hung host."""
         (server,) = self.chaos.processes("retrieval")
-        server.send_signal(signal.SIGSTOP)
+        frozen = [server, *server.children(recursive=True)]
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
         up_at = time.monotonic() + self.retriever_down_s
         try:
             self.chaos.wait(
                 lambda: time.monotonic() >= up_at, self.retriever_down_s + 5, "the retriever's outage"
             )
         finally:
-            server.send_signal(signal.SIGCONT)
+            for proc in frozen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(signal.SIGCONT)
 
 
 @dataclass
