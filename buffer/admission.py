@@ -35,6 +35,16 @@ group that will be dropped still counts while it runs (required stragglers are w
 ever older than the bound, and every batch holds groups_per_step kept groups. Dropping is immediate, not deferred to
 a checkpoint like a trained group's ack: a dropped group is in no step's weights, so a crash cannot make it count
 twice; its prompt is not released again (its group id was released).
+
+Lost work (dead letters). A released group can also leave the pipeline for good without being trained: its prompt is
+dead-lettered as poison (every lease expired) or as failed (`buffer.max_prompt_deliveries` failed tries), its payload
+is malformed or oversized, or the learner cannot train it (`untrainable`, e.g. a trajectory over its token budget).
+Each leaves the in-flight set and is counted as `abandoned` in the same transaction, and the feeder over-releases by
+that count too: `released < (max_staleness + version + 1) * groups_per_step + dropped + abandoned`. The argument is the
+one for dropped groups, word for word: an abandoned group is as if never released, so the quotas and the bound hold
+for the groups that remain, and every batch can still be completed. Without the replacement a synchronous run
+(max_staleness 0) would wait forever for a batch one group short; the assembler therefore asks for replacements
+(`replenish`, the feeder's pump) while it waits, not only between steps.
 """
 
 from __future__ import annotations
@@ -153,7 +163,8 @@ class PromptFeeder:
 
     def pump(self) -> int:
         """Release as many prompts as the rule allows now, stamped with the current version; return how many.
-        Groups dropped by dynamic sampling are replaced: each one raises the limit by one."""
+        Groups that left without being trained (dropped by dynamic sampling, dead-lettered) are replaced: each one
+        raises the limit by one."""
         released = 0
         while not self.exhausted:
             version = self.buffer.version()
@@ -161,7 +172,7 @@ class PromptFeeder:
                 admission_limit(
                     version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness
                 )
-                + self.buffer.dropped_count()
+                + self.buffer.replaced_count()
             )
             room = limit - self.buffer.released_count()
             if room <= 0:
@@ -183,8 +194,11 @@ class BatchAssembler:
 
     Groups taken from Redis but not used yet stay here, unacked, for later steps; after a restart with the same
     `consumer` they come back from the buffer's pending entries. The caller acks a batch once its step is durable.
-    With `keep_group` (dynamic sampling) a group it rejects is dropped when taken, and `on_drop` (the feeder's pump)
-    is called so that its replacement is released at once.
+    With `keep_group` (dynamic sampling) a group it rejects is dropped when taken, and `replenish` (the feeder's pump)
+    is called so that its replacement is released at once. With `untrainable` (a group's reason it cannot be trained,
+    or None) such a group is dead-lettered by the learner with that reason when taken, and replaced the same way.
+    `replenish` is also called while a batch is waited for: a group dead-lettered elsewhere (a poison prompt, a
+    malformed payload) is replaced without waiting for the next step.
     """
 
     def __init__(
@@ -196,7 +210,8 @@ class BatchAssembler:
         consumer: str = "learner-0",
         take_count: int | None = None,
         keep_group: Callable[[Group], bool] | None = None,
-        on_drop: Callable[[], object] | None = None,
+        untrainable: Callable[[Group], str | None] | None = None,
+        replenish: Callable[[], object] | None = None,
     ):
         _check_step_shape(groups_per_step, max_staleness)
         self.buffer = buffer
@@ -206,8 +221,10 @@ class BatchAssembler:
         # admission bounds unconsumed groups by (max_staleness + 1) * G, so this takes everything available
         self.take_count = take_count or (max_staleness + 2) * groups_per_step
         self.keep_group = keep_group
-        self.on_drop = on_drop
+        self.untrainable = untrainable
+        self.replenish = replenish
         self.dropped = 0  # groups this assembler dropped (dynamic sampling)
+        self.dead_lettered = 0  # groups this assembler dead-lettered as untrainable
         self._held: dict[str, TakenGroup] = {}
         self._hold(buffer.pending_groups(consumer))
         self._handed: set[str] = set()  # group ids returned by next_batch and not acked yet
@@ -219,16 +236,29 @@ class BatchAssembler:
         return list(self._held.values())
 
     def _hold(self, taken: list[TakenGroup]) -> None:
-        """Keep taken groups for batches; drop (ack, count) the ones the dynamic-sampling filter rejects."""
-        rejected = {t.entry_id for t in taken if self.keep_group is not None and not self.keep_group(t.group)}
+        """Keep taken groups for batches; dead-letter the untrainable ones and drop (ack, count) the ones the
+        dynamic-sampling filter rejects, then ask for their replacements."""
+        kept = []
         for t in taken:
+            reason = self.untrainable(t.group) if self.untrainable is not None else None
+            if reason is None:
+                kept.append(t)
+                continue
+            log.warning(
+                "group %s cannot be trained: %s; dead-lettered and replaced", t.group.group_id, reason
+            )
+            self.buffer.dead_letter_taken(t, reason)
+            self._held.pop(t.entry_id, None)
+            self.dead_lettered += 1
+        rejected = {t.entry_id for t in kept if self.keep_group is not None and not self.keep_group(t.group)}
+        for t in kept:
             if t.entry_id not in rejected:
                 self._held.setdefault(t.entry_id, t)
         if rejected:
             self.buffer.drop(sorted(rejected))
             self.dropped += len(rejected)
-            if self.on_drop is not None:
-                self.on_drop()
+        if (rejected or len(kept) < len(taken)) and self.replenish is not None:
+            self.replenish()
 
     def _pull(self, block_ms: int) -> None:
         self._hold(self.buffer.take(self.take_count, consumer=self.consumer, block_ms=block_ms))
@@ -273,6 +303,12 @@ class BatchAssembler:
             return None
         return [t for t in held if t.entry_id in chosen]
 
+    def outstanding(self) -> int:
+        """Released groups not handed out in a batch yet (held here, queued or still generating): what the next
+        batches can be made of without new releases."""
+        inflight = set(self.buffer.inflight()) - self._handed
+        return len(inflight | {t.group.group_id for t in self._held.values()})
+
     def next_batch(self, version: int, timeout_s: float | None = None) -> list[TakenGroup]:
         """The groups to train on at `version` (normally groups_per_step), waiting for required stragglers or
         for enough finished groups. Returns [] if `timeout_s` passes first (the caller decides: retry or stop)."""
@@ -294,6 +330,9 @@ class BatchAssembler:
                 self.buffer.renew_taken(self.consumer, list(self._held))
                 self.waited_s = time.monotonic() - start
                 return batch
+            # a group dead-lettered while we wait (poison prompt, malformed payload) is replaced now, not next step
+            if self.replenish is not None:
+                self.replenish()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 self.waited_s = time.monotonic() - start

@@ -31,6 +31,18 @@ return ids
 
 # Runs inside MULTI right after `XADD groups * gid <group_id> d <payload>`, so the stream's last entry is that
 # group (the payload itself never passes through Lua, where large values cost more than the stream write).
+# KEYS: inflight, counters. ARGV: group_id.
+# A released group that left the pipeline for good without being trained (dead-lettered) leaves the in-flight set and
+# is counted as `abandoned`, so the prompt feeder releases one more in its place (buffer/admission.py). Counted only if
+# it was in flight: an entry nobody released (a stray payload) must not raise the admission limit.
+ABANDON = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'abandoned', 1)
+  return 1
+end
+return 0
+"""
+
 # KEYS: groups, prompts, put_ids, counters, rate key. ARGV: group_id, prompt entry id or "", rate ttl.
 # Finishes the prompt either way; a group put before is removed again at once (nobody can have read it: MULTI)
 # and counted as a duplicate. Returns 1 if the group was added, 0 for a duplicate.

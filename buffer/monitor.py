@@ -41,6 +41,14 @@ GAUGES: list[tuple[str, str, str]] = [
     ("buffer/malformed", "malformed", "malformed payloads moved to the dead-letter stream"),
     ("buffer/oversized", "oversized", "groups over max_payload_bytes"),
     ("buffer/poison_prompts", "poison prompts", "prompts dead-lettered after max_prompt_deliveries leases"),
+    (
+        "buffer/failed_prompts",
+        "failed prompts",
+        "prompts dead-lettered after max_prompt_deliveries failed tries",
+    ),
+    ("buffer/untrainable", "untrainable", "groups the learner dead-lettered (over its token budget)"),
+    ("buffer/abandoned_groups", "replaced", "dead-lettered groups replaced by a new release"),
+    ("buffer/dead_letters", "dead letters", "entries in the dead-letter stream"),
     ("buffer/staleness_mean", "staleness mean", "mean per-token staleness of every trained token"),
     ("buffer/staleness_max", "staleness max", "max per-token staleness of every trained token"),
 ]
@@ -127,6 +135,33 @@ class BufferCollector:
         for w in workers:
             age.add_metric([w.get("worker_id", "?"), w.get("role", "?")], float(w.get("age_s", 0.0)))
         yield age
+        yield from _tool_gauges([w for w in workers if w.get("role") == "generator"])
+
+
+# (heartbeat key, Prometheus name, help) per generator worker: its tool (retriever) health
+TOOL_GAUGES = [
+    ("rollout/tool_errors_total", "sr1_worker_tool_errors", "tool calls that failed"),
+    ("rollout/tool_error_rate", "sr1_worker_tool_error_rate", "share of recent tool calls that failed"),
+    ("rollout/tool_latency_s", "sr1_worker_tool_latency_seconds", "mean seconds per recent tool call"),
+]
+
+
+def _tool_gauges(generators: list[dict]):
+    from prometheus_client.core import GaugeMetricFamily
+
+    for key, name, help_text in TOOL_GAUGES:
+        gauge = GaugeMetricFamily(name, help_text, labels=["worker"])
+        for w in generators:
+            gauge.add_metric([w.get("worker_id", "?")], float(w.get("metrics", {}).get(key, 0.0)))
+        yield gauge
+    paused = GaugeMetricFamily(
+        "sr1_worker_paused", "1 while sampling is paused for tool errors", labels=["worker"]
+    )
+    for w in generators:
+        paused.add_metric(
+            [w.get("worker_id", "?")], float(w.get("metrics", {}).get("rollout/state") == "paused")
+        )
+    yield paused
 
 
 def serve_metrics(buffer: ReplayBuffer, port: int, addr: str = "0.0.0.0"):

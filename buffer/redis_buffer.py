@@ -14,12 +14,15 @@ Keys, all under `<namespace>:`
     prompts        stream, consumer group "generators" (a pending entry is a lease; idle > lease_s is reclaimed)
     groups         stream, consumer group "learner" (pending = taken, not acked; a dead learner's are reclaimed);
                    an entry holds the group_id ("gid") and its msgpack payload ("d")
-    dead           dead-letter stream: malformed or oversized payloads with the reason
+    dead           dead-letter stream: prompts and groups that left for good (malformed, oversized, poison, failed,
+                   untrainable), each with its reason; `counters` counts them by reason
+    prompt_errors  hash: prompt entry id -> the error of its last failed attempt (the reason if it is dead-lettered)
     inflight       sorted set group_id -> release_version: released and not yet acked (admission + assembly)
     trained        set of group entry ids a step trained on, waiting for the checkpoint that lets them be acked
     released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
     put_ids        set of every group_id put (a second put of a group is a counted duplicate, never delivered)
-    counters       hash: released, produced, consumed, dropped (dynamic sampling), malformed, duplicates, ...
+    counters       hash: released, produced, consumed, dropped (dynamic sampling), abandoned (dead-lettered while in
+                   flight), malformed, duplicates, ...
     staleness      hash: per-token staleness -> count, reported by the learner
     version        the published policy version
     worker:<id>    a worker's heartbeat (JSON, TTL heartbeat_ttl_s); `workers` is the set of known ids
@@ -55,6 +58,7 @@ log = logging.getLogger(__name__)
 GENERATORS, LEARNER = lua.GENERATORS, lua.LEARNER
 DEAD_LETTER_MAXLEN = 10_000
 DEAD_LETTER_HEAD_BYTES = 4096  # how much of a rejected payload the dead-letter entry keeps for debugging
+DEAD_LETTER_REASON_CHARS = 1000
 
 
 @dataclass
@@ -210,9 +214,15 @@ class ReplayBuffer(EvaluationRequests, RunStats):
             stream, GENERATORS, consumer, self.lease_s, count, skip_own=False, throttle=False
         ):
             if delivered >= self.max_prompt_deliveries:
-                # a prompt whose every lease expired (it kills or hangs generators) must not block the learner
-                reason = f"prompt lease expired {delivered} times (max_prompt_deliveries={self.max_prompt_deliveries})"
-                self._dead_letter(stream, GENERATORS, eid, fields, reason, counter="poison_prompts")
+                # a prompt that failed (or whose lease expired: it kills or hangs generators) on every delivery must
+                # not block the learner: it goes, with its last error, and admission releases another in its place
+                error = self._redis.hget(self.key("prompt_errors"), eid)
+                tried = f"after {delivered} deliveries (max_prompt_deliveries={self.max_prompt_deliveries})"
+                if error is not None:
+                    reason, counter = f"prompt failed {tried}: {_s(error)}", "failed_prompts"
+                else:
+                    reason, counter = f"prompt lease expired {tried}", "poison_prompts"
+                self._dead_letter(stream, GENERATORS, eid, fields, reason, counter=counter)
             else:
                 entries.append((eid, fields))
         if len(entries) < count:
@@ -237,6 +247,12 @@ class ReplayBuffer(EvaluationRequests, RunStats):
             self.key("prompts"), GENERATORS, "-", "+", count, consumername=consumer
         )
         return [_s(p["message_id"]) for p in pending]
+
+    def fail_prompt(self, consumer: str, entry_id: str, error: str) -> None:
+        """A generator could not finish this prompt: record the error and give the lease back, so that another try
+        starts at once; after `max_prompt_deliveries` tries the prompt is dead-lettered with this error."""
+        self._redis.hset(self.key("prompt_errors"), entry_id, error[:DEAD_LETTER_REASON_CHARS])
+        self.release_claims(consumer, [entry_id])
 
     def release_claims(self, consumer: str, entry_ids: list[str]) -> None:
         """Give leased prompts back (shutdown): they look expired, so the next claim by anyone takes them."""
@@ -271,6 +287,8 @@ class ReplayBuffer(EvaluationRequests, RunStats):
                 ok[i] = False
                 self._reject_oversized(pipe, group, payload, pid)
                 continue
+            if pid:
+                pipe.hdel(self.key("prompt_errors"), pid)
             pipe.xadd(keys[0], {"gid": group.group_id, "d": payload})
             sent.append((i, len(pipe)))
             self._script(lua.PUT, keys, [group.group_id, pid or "", self._rate_ttl], client=pipe)
@@ -299,8 +317,12 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         if prompt_entry_id:
             pipe.xack(self.key("prompts"), GENERATORS, prompt_entry_id)
             pipe.xdel(self.key("prompts"), prompt_entry_id)
-        # the group will never arrive: leave the in-flight set so the learner does not wait for it
-        pipe.zrem(self.key("inflight"), group.group_id)
+        # the group will never arrive: it leaves the in-flight set (the learner does not wait for it) and admission
+        # releases another prompt in its place
+        self._abandon(group.group_id, pipe)
+
+    def _abandon(self, group_id: str, pipe) -> None:
+        self._script(lua.ABANDON, [self.key("inflight"), self.key("counters")], [group_id], client=pipe)
 
     def _dead_letter(
         self,
@@ -311,7 +333,8 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         reason: str,
         counter: str = "malformed",
     ) -> None:
-        """Move a malformed entry aside with the reason, count it, and finish it so nobody reads it again."""
+        """Move an entry aside with the reason, count it under `counter`, and finish it so nobody reads it again; a
+        group in flight leaves the in-flight set and is replaced by admission (`abandoned`)."""
         gid = _s(fields.get(b"gid", b""))
         payload = fields.get(b"d", b"") or b""
         log.warning("dead-lettering %s entry %s (group %r): %s", stream, _s(entry_id), gid, reason)
@@ -331,9 +354,18 @@ class ReplayBuffer(EvaluationRequests, RunStats):
         pipe.hincrby(self.key("counters"), counter, 1)
         pipe.xack(stream, group, entry_id)
         pipe.xdel(stream, entry_id)
+        if group == GENERATORS:
+            pipe.hdel(self.key("prompt_errors"), entry_id)
         if gid:
-            pipe.zrem(self.key("inflight"), gid)
+            self._abandon(gid, pipe)
         pipe.execute()
+
+    def dead_letter_taken(self, taken: TakenGroup, reason: str) -> None:
+        """A group the learner took and cannot train (e.g. a trajectory over its token budget): dead-lettered with
+        `reason` (counted as `untrainable`), never re-delivered; admission releases another prompt in its place."""
+        self._gid_of.pop(taken.entry_id, None)
+        fields = {b"gid": taken.group.group_id.encode(), b"d": taken.payload}
+        self._dead_letter(self.key("groups"), LEARNER, taken.entry_id, fields, reason, counter="untrainable")
 
     def _read_new(self, stream: str, group: str, consumer: str, count: int, block_ms: int) -> list:
         """Entries never delivered to `group` yet (XREADGROUP `>`); `block_ms <= 0` does not wait."""
@@ -411,6 +443,12 @@ class ReplayBuffer(EvaluationRequests, RunStats):
     def dropped_count(self) -> int:
         """Groups dropped by dynamic sampling so far (each one leaves room for one more release)."""
         return int(self._redis.hget(self.key("counters"), "dropped") or 0)
+
+    def replaced_count(self) -> int:
+        """Released groups that left for good without being trained: dropped by dynamic sampling or dead-lettered
+        while in flight (`abandoned`). Each one leaves room for one more release (buffer/admission.py)."""
+        dropped, abandoned = self._redis.hmget(self.key("counters"), "dropped", "abandoned")
+        return int(dropped or 0) + int(abandoned or 0)
 
     def recall_trained(self, prompt_of: Callable[[str], PromptRecord], version: int) -> list[str]:
         """Generate again the groups trained in steps that a learner crash lost (trained, never acked): their

@@ -63,6 +63,15 @@ class RunStats:
             self._redis.srem(self.key("workers"), *dead)
         return live
 
+    def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
+        """The newest `count` dead letters, oldest first: reason, gid, stream (and entry_id where known)."""
+        entries = self._redis.xrevrange(self.key("dead"), "+", "-", count=count)
+        fields = ("reason", "gid", "stream", "entry_id")
+        return [
+            {name: _s(body[name.encode()]) for name in fields if name.encode() in body}
+            for _, body in reversed(entries)
+        ]
+
     # -- monitoring -----------------------------------------------------------------------------------------
 
     def record_consumed(self, staleness: list[int] | np.ndarray) -> None:
@@ -125,6 +134,9 @@ class RunStats:
             "buffer/malformed": counters.get("malformed", 0),
             "buffer/oversized": counters.get("oversized", 0),
             "buffer/poison_prompts": counters.get("poison_prompts", 0),
+            "buffer/failed_prompts": counters.get("failed_prompts", 0),
+            "buffer/untrainable": counters.get("untrainable", 0),
+            "buffer/abandoned_groups": counters.get("abandoned", 0),
             "buffer/duplicates": counters.get("duplicates", 0),
             "buffer/duplicate_releases": counters.get("duplicate_releases", 0),
             "buffer/dead_letters": dead,

@@ -16,6 +16,7 @@ or the model length ran out); `abort` (the engine dropped the request).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +83,7 @@ class Rollout:
     tool_calls: int = 0
     invalid_actions: int = 0
     tool_errors: int = 0
+    tool_seconds: float = 0.0  # wall time spent in tool calls (retrieval latency)
     truncated_observations: int = 0
     tool_inputs: list[str] = field(default_factory=list)  # e.g. the search queries
     observations: list[str] = field(default_factory=list)  # the text appended after each turn but the last
@@ -122,6 +124,7 @@ class Rollout:
             "tool_calls": self.tool_calls,
             "invalid_actions": self.invalid_actions,
             "tool_errors": self.tool_errors,
+            "tool_seconds": self.tool_seconds,
             "truncated_observations": self.truncated_observations,
             "sampled_tokens": self.sampled_tokens,
         }
@@ -200,7 +203,9 @@ async def run_agent(
         if action.kind == "tool":
             rollout.tool_calls += 1
             rollout.tool_inputs.append(action.content)
+            started = time.perf_counter()
             observation = await task.call_tool(action.content)
+            rollout.tool_seconds += time.perf_counter() - started
             rollout.tool_errors += int(observation.failed)
         else:
             rollout.invalid_actions += 1

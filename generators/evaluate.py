@@ -15,7 +15,9 @@ items, and `merge_shards` summarizes them as if one worker had answered all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -28,6 +30,8 @@ from buffer.records import PromptRecord
 from generators.agent import FINISH_REASONS, AgentSettings, encode_prompt, run_agent
 from generators.settings import GeneratorsConfig
 from tasks import Task
+
+log = logging.getLogger(__name__)
 
 # what an item keeps when it travels through Redis (a training-time evaluation of thousands of prompts)
 COMPACT_FIELDS = ("group_id", "data_source", "sample", "metrics", "tool_calls", "turns", "finish_reason")
@@ -137,11 +141,22 @@ def _pass_at_k(items: list[dict[str, Any]], names: list[str], k: int) -> dict[st
     return out
 
 
+class EvaluationFailed(RuntimeError):
+    """Every shard of an evaluation was answered with an error (a bad request, unreadable test data, an engine
+    error): there is nothing to summarize."""
+
+
 def merge_shards(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One summary from the results of every shard of an evaluation (each holds its `items`)."""
+    """One summary from the results of every shard of an evaluation (each holds its `items`). Shards a worker
+    answered with an `error` are left out and counted (`eval/failed_shards`); if all failed, EvaluationFailed."""
+    errors = [str(r["error"]) for r in results if r.get("error")]
+    if len(errors) == len(results):
+        raise EvaluationFailed("every shard failed: " + "; ".join(sorted(set(errors))))
+    results = [r for r in results if not r.get("error")]
     items = [item for result in results for item in result["items"]]
     versions = [int(r["eval/version"]) for r in results]
     return summarize(items) | {
+        "eval/failed_shards": len(errors),
         "eval/version": min(versions),
         "eval/version_max": max(
             versions
@@ -252,7 +267,15 @@ class Evaluations:
         return eval_id
 
     def _finish(self, eval_id: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-        result = {"step": self.pending.pop(eval_id)} | merge_shards(results)
+        """The merged result, recorded in evals.jsonl; EvaluationFailed (logged) when every shard failed."""
+        step = self.pending.pop(eval_id)
+        try:
+            result = {"step": step} | merge_shards(results)
+        except EvaluationFailed as err:
+            log.warning("evaluation %s (step %d) failed: %s", eval_id, step, err)
+            raise
+        for error in {str(r["error"]) for r in results if r.get("error")}:
+            log.warning("evaluation %s (step %d): a shard failed: %s", eval_id, step, error)
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(result) + "\n")
@@ -263,7 +286,8 @@ class Evaluations:
         for eval_id in list(self.pending):
             results = self.buffer.evaluation_results(eval_id)
             if results is not None:
-                done.append(self._finish(eval_id, results))
+                with contextlib.suppress(EvaluationFailed):  # logged; training goes on without it
+                    done.append(self._finish(eval_id, results))
         return done
 
     def wait(self, eval_id: str, timeout_s: float, orphan_s: float = 60.0) -> dict[str, Any]:

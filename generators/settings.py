@@ -46,6 +46,33 @@ class EngineConfig(BaseModel):
     )
 
 
+class ToolPauseConfig(BaseModel):
+    """When a worker stops sampling because its tool (the retriever) keeps failing, and when it starts again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        True,
+        description="Pause sampling while tool calls fail too often (instead of training on error text).",
+    )
+    max_error_rate: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="Pause when more than this share of the worker's tool calls in the last `window_s` failed.",
+    )
+    window_s: float = Field(30.0, gt=0, description="Seconds of tool calls the error rate is measured over.")
+    min_calls: int = Field(
+        8, ge=1, description="Tool calls the window must hold before its error rate can pause the worker."
+    )
+    probe_s: float = Field(
+        5.0,
+        gt=0,
+        description="While paused, seconds between test calls; the first that succeeds resumes sampling.",
+    )
+    probe_input: str = Field("health check", description="The tool input of a test call (a search query).")
+
+
 class GeneratorsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -83,6 +110,11 @@ class GeneratorsConfig(BaseModel):
         60.0,
         ge=0,
         description="On SIGTERM: seconds to finish the groups in flight; what is left is released to other workers.",
+    )
+    tool_pause: ToolPauseConfig = Field(
+        default_factory=ToolPauseConfig,
+        description="Pause sampling while the tool (retriever) fails: {enabled, max_error_rate, window_s, min_calls, "
+        "probe_s, probe_input}.",
     )
     weight_sync_poll_s: float = Field(
         0.2,

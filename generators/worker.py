@@ -26,6 +26,7 @@ from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
 from generators.settings import GeneratorsConfig
+from generators.tool_health import ToolHealth
 from tasks import Task
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,12 @@ class GeneratorWorker:
         self.groups_done = 0
         self.trajectories_done = 0
         self.groups_failed = 0
+        self.groups_given_back = (
+            0  # finished with tool errors while paused: sampled again once the tool answers
+        )
+        self.eval_errors = 0  # evaluation requests answered with an error record
+        self.tools = ToolHealth(cfg.tool_pause)
+        self._background_error: BaseException | None = None
         self.finish_reasons: Counter[str] = Counter()
         self._recent: deque[tuple[float, int, float, int]] = deque(
             maxlen=4096
@@ -111,7 +118,10 @@ class GeneratorWorker:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._weight_sync_loop(), name="weight-sync"),
             asyncio.create_task(self._eval_loop(), name="eval"),
+            asyncio.create_task(self._tool_probe_loop(), name="tool-probe"),
         ]
+        for task in background:
+            task.add_done_callback(self._background_done)
         try:
             await self._claim_loop()
             await self._drain()
@@ -123,7 +133,25 @@ class GeneratorWorker:
                 await asyncio.to_thread(
                     self.buffer.heartbeat, self.worker_id, ROLE, self.metrics() | {"rollout/state": "stopped"}
                 )
+        if self._background_error is not None:
+            # the process exits with an error and its supervisor restarts it (a worker without, say, its
+            # evaluation loop would keep heartbeating while the learner waits for answers that never come)
+            raise RuntimeError(
+                f"worker {self.worker_id}: {self._background_error}"
+            ) from self._background_error
         return 0
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        """A background loop ended: fine when cancelled or done by design (no weight sync, no test prompts);
+        an exception is logged with its traceback and stops the worker, which then fails (see `run`)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("worker %s: background task %r died; stopping the worker", self.worker_id, task.get_name(),
+                  exc_info=(type(exc), exc, exc.__traceback__))  # fmt: skip
+        if self._background_error is None:
+            self._background_error = RuntimeError(f"background task {task.get_name()!r} died: {exc!r}")
+        self.request_stop()
 
     def _count_inflight(self, delta: int) -> None:
         """Track trajectories in flight and the time the engine spent with none (its idle fraction)."""
@@ -167,7 +195,14 @@ class GeneratorWorker:
             "rollout/uptime_s": now - self.started,
             "rollout/idle_fraction": self.idle_fraction(now),
             "rollout/weight_sync_state": self.weight_sync_state,
-            "rollout/state": "draining" if self._stop.is_set() else "running",
+            "rollout/groups_given_back": self.groups_given_back,
+            "rollout/eval_errors": self.eval_errors,
+            "rollout/state": "draining"
+            if self._stop.is_set()
+            else "paused"
+            if self.tools.paused
+            else "running",
+            **self.tools.metrics(now),
         }
         for reason, count in self.finish_reasons.items():
             out[f"rollout/finish/{reason}"] = count
@@ -200,6 +235,9 @@ class GeneratorWorker:
                 await asyncio.sleep(self.cfg.weight_sync_poll_s)
                 continue
             self.waiting_for_weights = False
+            if self.tools.paused:  # the tool keeps failing: sample nothing until a probe succeeds
+                await asyncio.sleep(min(1.0, self.cfg.tool_pause.probe_s))
+                continue
             claimed = await asyncio.to_thread(
                 self.buffer.claim_prompts, self.worker_id, free, self.cfg.claim_block_ms
             )
@@ -236,6 +274,9 @@ class GeneratorWorker:
             finished += 1
             self.tool_calls += rollout.tool_calls
             self._count_inflight(-1)
+            if self.tools.record(rollout.tool_calls, rollout.tool_errors, rollout.tool_seconds):
+                log.warning("worker %s: sampling paused: %s; resuming once a test call (every %g s) succeeds",
+                            self.worker_id, self.tools.pause_reason, self.cfg.tool_pause.probe_s)  # fmt: skip
 
         try:
             group, rollouts = await run_group(
@@ -251,6 +292,13 @@ class GeneratorWorker:
                 on_rollout_done=trajectory_done,
             )
             group.validate()
+            if self.tools.paused and any(r.tool_errors for r in rollouts):
+                # sampled while the tool failed: its observations are error text, not search results; the prompt
+                # goes back and is sampled again once the tool answers (no failure recorded against it)
+                self.groups_given_back += 1
+                self._held.pop(item.entry_id, None)
+                await asyncio.to_thread(self.buffer.release_claims, self.worker_id, [item.entry_id])
+                return
             await asyncio.to_thread(self.buffer.put_group, group, item.entry_id)
             now = time.monotonic()
             for traj, rollout in zip(group.trajectories, rollouts, strict=True):
@@ -261,12 +309,16 @@ class GeneratorWorker:
             del self._held[item.entry_id]
         except asyncio.CancelledError:
             raise  # the drain gives the lease back
-        except Exception:
+        except Exception as exc:
             self.groups_failed += 1
             log.exception("group %s failed; its prompt goes back to the buffer", item.prompt.group_id)
             self._held.pop(item.entry_id, None)
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.buffer.release_claims, self.worker_id, [item.entry_id])
+            with contextlib.suppress(
+                Exception
+            ):  # retried at once; dead-lettered with this error after the last try
+                await asyncio.to_thread(
+                    self.buffer.fail_prompt, self.worker_id, item.entry_id, f"{type(exc).__name__}: {exc}"
+                )
         finally:
             self._count_inflight(-(n - finished))  # trajectories that never finished are gone
             self._slot_free.set()
@@ -375,19 +427,54 @@ class GeneratorWorker:
             self.weight_sync_state = "error"
             return None
 
+    async def _tool_probe_loop(self) -> None:
+        """While sampling is paused for tool errors, make a test call every `probe_s`; resume when one succeeds."""
+        cfg = self.cfg.tool_pause
+        while True:
+            await asyncio.sleep(cfg.probe_s)
+            if not self.tools.paused:
+                continue
+            try:
+                failed = (await self.task.call_tool(cfg.probe_input)).failed
+            except Exception as exc:  # a task's own error is a failed probe, not a dead loop
+                failed = True
+                log.debug("tool probe raised %s", exc)
+            if not failed:
+                log.info("worker %s: the tool answers again; sampling resumes (was paused: %s)", self.worker_id,
+                         self.tools.pause_reason)  # fmt: skip
+                self.tools.resume()
+
     async def _eval_loop(self) -> None:
-        """Answer evaluation requests (buffer/evaluations.py) on the test prompts."""
+        """Answer evaluation requests (buffer/evaluations.py) on the test prompts. A request that cannot be answered
+        (a bad field, unreadable test prompts, an engine error) is answered with an error record and counted; a
+        Redis outage is waited out. Only an unexpected failure of the loop itself ends the worker (see `run`)."""
         if self.eval_prompts is None:
             return
         while True:
             await asyncio.sleep(1.0)
             try:
                 request = await asyncio.to_thread(self.buffer.pop_evaluation_request, self.worker_id)
-            except ValueError as exc:
+            except ValueError as exc:  # malformed (no id to answer to): counted by the buffer and dropped
+                self.eval_errors += 1
                 log.warning("%s", exc)
                 continue
-            if request is not None:
+            except redis.RedisError as exc:
+                log.warning("evaluation requests: %s; trying again", exc)
+                continue
+            if request is None:
+                continue
+            try:
                 await self._answer_evaluation(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.eval_errors += 1
+                log.exception("worker %s: evaluation request %s failed; answering with the error", self.worker_id,
+                              request.get("id"))  # fmt: skip
+                error = {"error": f"{type(exc).__name__}: {exc}"[:1000], "items": [], "step": request.get("step"),
+                         "eval/version": int(self.engine.version), "worker_id": self.worker_id}  # fmt: skip
+                with contextlib.suppress(redis.RedisError):  # else it is re-queued when this worker restarts
+                    await asyncio.to_thread(self.buffer.post_evaluation_result, request, error)
 
     async def _answer_evaluation(self, request: dict[str, Any]) -> None:
         """Answer one shard of an evaluation at the requested version or a newer one, with the engine's weights
@@ -396,6 +483,11 @@ class GeneratorWorker:
         from generators.evaluate import compact, evaluate, select_prompts, shard
 
         wanted = int(request.get("version", 0))
+        published = await asyncio.to_thread(self.buffer.version)
+        if wanted > published:
+            raise ValueError(
+                f"the request asks for version {wanted}, but the learner has published only {published}"
+            )
         while int(self.engine.version) < wanted:  # a restarted engine waits for the learner's weights first
             await asyncio.sleep(self.cfg.weight_sync_poll_s)
         index, count = request.get("shard", (0, 1))
@@ -441,7 +533,8 @@ class GeneratorWorker:
 
 # the pool's figures the learner logs beside each step (metrics.jsonl, wandb): summed over workers, or averaged
 _POOL_SUMS = ("rollout/tokens_per_s", "rollout/tool_calls_per_s", "rollout/inflight_trajectories",
-              "rollout/groups_done", "rollout/groups_failed")  # fmt: skip
+              "rollout/groups_done", "rollout/groups_failed", "rollout/tool_errors_total", "rollout/eval_errors",
+              "rollout/groups_given_back", "rollout/tool_pauses")  # fmt: skip
 _POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
 
 
@@ -455,6 +548,7 @@ def pool_metrics(heartbeats: list[dict[str, Any]]) -> dict[str, float]:
         out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics))
     for key in _POOL_MEANS:
         out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics) / len(metrics))
+    out["pool/paused"] = float(sum(1 for m in metrics if m.get("rollout/state") == "paused"))
     versions = [int(m.get("rollout/version", 0)) for m in metrics]
     out["pool/version_min"], out["pool/version_max"] = min(versions), max(versions)
     return out

@@ -22,6 +22,7 @@ step. Policy versions therefore count published weights, not durable steps.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from buffer.codec import decode_group
+from buffer.records import Group
 from buffer.stats import STALENESS_HIST
 from config.hub import resolve_model_path
 from config.jobs import LearnerJob
@@ -52,8 +54,55 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONSUMER = "learner-0"
+NONFINITE_KEY = (
+    "loss/nonfinite_skipped"  # train_step's metric: 1.0 when the update was skipped (loss or grad not finite)
+)
 REGROUP = "regroup"  # next_batch's answer when the weight-sync group must be re-formed before the next step
 WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many updates in a row were skipped for a non-finite loss or gradient norm: the run stops before a
+    checkpoint is written."""
+
+
+class NonFiniteStreak:
+    """Counts steps in a row whose update was skipped (`loss/nonfinite_skipped`); `check` raises at `limit`."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.length = 0
+
+    def check(self, metrics: dict, version: int, group_ids: list[str]) -> None:
+        """Record one step's metrics (the step that started at `version`, on the groups `group_ids`)."""
+        if metrics.get(NONFINITE_KEY, 0.0) < 1.0:
+            self.length = 0
+            return
+        self.length += 1
+        shown = ", ".join(group_ids[:16]) + (
+            f" and {len(group_ids) - 16} more" if len(group_ids) > 16 else ""
+        )
+        if self.length >= self.limit:
+            raise NonFiniteTrainingError(
+                f"the step at version {version} skipped its update: the loss or gradient norm was not finite, "
+                f"{self.length} step(s) in a row (learner.max_nonfinite_steps={self.limit}); stopping before a "
+                f"checkpoint is written. The batch's groups: {shown}"
+            )
+        log.warning("the step at version %d skipped its update (non-finite loss or gradient norm; %d in a row, "
+                    "the run stops at %d); groups: %s", version, self.length, self.limit, shown)  # fmt: skip
+
+
+def untrainable_reason(group: Group, micro_batch_tokens: int) -> str | None:
+    """Why the learner can never train `group`, or None: a trajectory longer than one packed micro-batch fits in no
+    micro-batch (learner/packing.py), whatever else the batch holds."""
+    for i, trajectory in enumerate(group.trajectories):
+        if trajectory.num_tokens > micro_batch_tokens:
+            return (
+                f"trajectory {i} has {trajectory.num_tokens} tokens ({len(trajectory.prompt_ids)} prompt + "
+                f"{len(trajectory.response_ids)} response), more than learner.micro_batch_tokens "
+                f"({micro_batch_tokens})"
+            )
+    return None
 
 
 class StopFlag:
@@ -161,6 +210,7 @@ def run_learner(
     # the engines get the learner's weights as the current version (a resume rolls them back to it)
     publish(learner.version)
     used_since_checkpoint: list[str] = []
+    nonfinite = NonFiniteStreak(cfg.max_nonfinite_steps)
     last_saved = learner.version if latest is not None else -1
     # the groups each step used, one line per step after a line marking where this process started
     groups_file = open(run_dir / "learner_groups.jsonl", "a", buffering=1) if world.is_main else None  # noqa: SIM115
@@ -197,8 +247,10 @@ def run_learner(
             # rank 0 decoded its groups when it took them; the others decode the payloads it forwarded
             groups = [t.group for t in taken] if taken else [decode_group(f) for f in frames[1:]]
             wait_s = time.perf_counter() - step_start
-            # 2. log-probs, loss, optimizer step; version + 1
+            # 2. log-probs, loss, optimizer step; version + 1 (too many non-finite steps in a row stop the run here)
+            step_version = learner.version
             train_metrics = learner.train_step(groups)
+            nonfinite.check(train_metrics, step_version, [g.group_id for g in groups])
             # 3. publish the weights to every engine, then the version
             publish_metrics = publish(learner.version)
             # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack (until the checkpoint)
@@ -223,6 +275,7 @@ def run_learner(
                 train_metrics,
                 publish_metrics,
                 step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
+                tool_metrics(groups),
                 side.buffer_metrics() if side is not None else {},
             )
             if learner.version % job.logging.log_every == 0 or done:
@@ -262,6 +315,21 @@ def _settle(
         if side is not None:
             for result in side.evals.ready():
                 tracker.log_eval(result, step=result["step"])
+
+
+def tool_metrics(groups: list[Group]) -> dict[str, float]:
+    """The batch's tool calls (searches) as the generators recorded them per trajectory: how many, how many failed
+    (the model saw an error text instead of results), and their mean latency."""
+    infos = [t.info for g in groups for t in g.trajectories]
+    calls = sum(int(i.get("tool_calls", 0)) for i in infos)
+    errors = sum(int(i.get("tool_errors", 0)) for i in infos)
+    seconds = sum(float(i.get("tool_seconds", 0.0)) for i in infos)
+    return {
+        "tools/calls": float(calls),
+        "tools/errors": float(errors),
+        "tools/error_rate": errors / calls if calls else 0.0,
+        "tools/latency_s": seconds / calls if calls else 0.0,
+    }
 
 
 def step_timing(step_s: float, wait_s: float, checkpoint_s: float | None = None) -> dict[str, float]:
@@ -321,7 +389,9 @@ class _Rank0:
             consumer=CONSUMER,
             # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
             keep_group=informative if cfg.algorithm.dynamic_sampling else None,
-            on_drop=self.feeder.pump,
+            # a group no micro-batch can hold is dead-lettered with its reason, never re-delivered
+            untrainable=functools.partial(untrainable_reason, micro_batch_tokens=cfg.micro_batch_tokens),
+            replenish=self.feeder.pump,
         )
         self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
         self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
@@ -331,18 +401,23 @@ class _Rank0:
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
         self._settle_patience: Patience | None = None  # after the last step: how long `settle` waits
 
-    def heartbeat(self, version: int, status: str) -> None:
+    def heartbeat(self, version: int, status: str, **details) -> None:
+        """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`)."""
         now = time.monotonic()
         if now - self._last_heartbeat > 2.0:
-            self.buffer.heartbeat(CONSUMER, "learner", {"version": version, "status": status})
+            self.buffer.heartbeat(CONSUMER, "learner", {"version": version, "status": status, **details})
             self._last_heartbeat = now
 
     def next_batch(self, version: int, stop: StopFlag):
         """The batch for `version`; None when asked to stop while waiting; REGROUP when the weight-sync group must be
-        re-formed first (an engine left, or a new or restarted one waits for the current weights)."""
+        re-formed first (an engine left, or a new or restarted one waits for the current weights). Says what it
+        waits for (heartbeat, and a log line every `learner.wait_log_s`); raises when the batch cannot come."""
+        started = time.monotonic()
+        next_log = started + self.cfg.wait_log_s
         while True:
             self.feeder.pump()
-            self.heartbeat(version, "waiting")
+            waited = time.monotonic() - started
+            self.heartbeat(version, "waiting", waiting_for=f"the batch of version {version}", waited_s=waited)
             batch = self.assembler.next_batch(version, timeout_s=1.0)
             if batch:
                 return batch
@@ -350,6 +425,26 @@ class _Rank0:
                 return None
             if self.publisher.needs_regroup():
                 return REGROUP
+            outstanding = self.assembler.outstanding()
+            if self.feeder.exhausted and outstanding < self.cfg.groups_per_step:
+                raise RuntimeError(
+                    f"the batch of version {version} cannot be completed: the prompt source is exhausted and only "
+                    f"{outstanding} group(s) are left to train on, fewer than learner.groups_per_step "
+                    f"({self.cfg.groups_per_step}); lower learner.total_steps or give more prompts"
+                )
+            if time.monotonic() >= next_log:
+                next_log = time.monotonic() + self.cfg.wait_log_s
+                self._log_wait(version, time.monotonic() - started, outstanding)
+
+    def _log_wait(self, version: int, waited: float, outstanding: int) -> None:
+        stats = self.buffer.stats()
+        generators = sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
+        log.info(
+            "waiting %.0fs for the batch of version %d (%d groups): %d finished and held, %d released groups to "
+            "train (%d generating, %d queued), %d generator(s) alive, %d dead letter(s)",
+            waited, version, self.cfg.groups_per_step, len(self.assembler.held), outstanding,
+            stats["buffer/generating_groups"], stats["buffer/queued_groups"], generators, stats["buffer/dead_letters"],
+        )  # fmt: skip
 
     def publish(self, named, version: int, dtype: torch.dtype, sink: WeightSink | None) -> dict:
         """Push `version` to every engine (or the sink), then publish the version. A failed push is survived: the

@@ -84,6 +84,18 @@ class LearnerConfig(BaseModel):
         "steps there) and each unit is copied to the GPU for its forward/backward. On a CPU-only run it changes "
         "nothing but the code path.",
     )
+    max_nonfinite_steps: int = Field(
+        3,
+        ge=1,
+        description="Stop the run with an error after this many steps in a row whose update was skipped because the "
+        "loss or gradient norm was not finite (`loss/nonfinite_skipped`), before any checkpoint is written.",
+    )
+    wait_log_s: float = Field(
+        30.0,
+        gt=0,
+        description="While the learner waits for a batch, log what it waits for (groups finished, generating, "
+        "generators alive) every this many seconds.",
+    )
     checkpoint_every: int = Field(
         50, ge=1, description="Save an HF checkpoint + resume state every this many steps."
     )

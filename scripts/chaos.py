@@ -16,11 +16,23 @@ Checked at the end of every run, from the files and the Redis AOF the run leaves
 - orphans: processes of the run still alive after it ended (must be none).
 The time to recover is printed per kill: until a new process of the killed part runs, and until the learner publishes
 the next version.
+
+    python scripts/chaos.py --faults                       # the faults that kill nothing, in one synchronous run
+    python scripts/chaos.py --faults poison-prompt,retriever-down --retriever-down-s 60
+
+Faults (`--faults`, one synchronous run, `learner.max_staleness=0`, where one lost group would stop training):
+poison-prompt (a prompt every generator fails on: retried, dead-lettered with its error, replaced), malformed-group
+(a released group's payload replaced by garbage: dead-lettered, replaced), malformed-eval (an evaluation request that
+is not JSON and one with a bad field: counted, answered with an error), retriever-down (the retrieval server frozen
+with SIGSTOP for `--retriever-down-s`: tool errors counted, sampling paused, resumed after). Checked as above, with
+dead-lettered prompts accounted for (not lost), and each event counted where the run reports it (report.json,
+metrics.jsonl, Redis).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import signal
@@ -37,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PARTS = ("generator", "learner", "redis", "retrieval", "parent")
+FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
 _MODULE_OF = {"generator": "generators.main", "learner": "learner.main", "retrieval": "retrieval.cli"}
 
 
@@ -58,6 +71,9 @@ class Verdict:
     max_staleness_seen: int
     max_staleness: int
     orphans: list[str] = field(default_factory=list)
+    dead_lettered: int = (
+        0  # released prompts that left for good with a reason (not lost: counted and replaced)
+    )
 
     @property
     def ok(self) -> bool:
@@ -197,11 +213,13 @@ def verify(chaos: ChaosRun, returncode: int, steps: int, max_staleness: int, pub
         released = {g.decode() for g in client.smembers("sr1:released_ids")}
         pending = {g.decode() for g in client.zrange("sr1:inflight", 0, -1)}
         histogram = {int(k): int(v) for k, v in client.hgetall("sr1:staleness").items()}
+        dead = {fields.get(b"gid", b"").decode() for _, fields in client.xrange("sr1:dead")} & released
         client.close()
     return Verdict(
         completed=returncode == 0 and bool(versions) and versions[-1] == steps,
         steps=versions[-1] if versions else 0,
-        lost=len(released - set(trained) - pending) + len(set(trained) - released),
+        lost=len(released - set(trained) - pending - dead) + len(set(trained) - released),
+        dead_lettered=len(dead),
         trained_twice=len(trained) - len(set(trained)) + len(set(trained) & pending),
         versions_increase=versions == sorted(set(versions)) and published == sorted(published),
         max_staleness_seen=max(histogram, default=0),
@@ -236,6 +254,151 @@ def run_chaos(run_dir: Path, parts: list[str], *, steps: int, checkpoint_every: 
     return recoveries, verify(chaos, returncode, steps, max_staleness, published)
 
 
+class FaultInjector:
+    """Faults that kill nothing, injected into a run through its own Redis and processes (`ChaosRun`)."""
+
+    def __init__(self, chaos: ChaosRun, retriever_down_s: float):
+        self.chaos = chaos
+        self.retriever_down_s = retriever_down_s
+        self.injected = 0
+
+    def _buffer(self):
+        from buffer.redis_buffer import ReplayBuffer
+
+        return ReplayBuffer((self.chaos.run_dir / "redis" / "url").read_text().strip(), "sr1")
+
+    def inject(self, fault: str) -> None:
+        getattr(self, fault.replace("-", "_"))()
+        self.injected += 1
+
+    def poison_prompt(self) -> None:
+        """Release a prompt whose text is empty: nothing can be sampled from it, so every try fails."""
+        from buffer.records import PromptRecord, make_group_id
+
+        buf = self._buffer()
+        index = self.injected
+        buf.release_prompts([PromptRecord(
+            group_id=make_group_id("chaos", "train", index), question="", prompt=[{"role": "user", "content": ""}],
+            ground_truth=["nothing"], data_source="chaos", index=index, release_version=buf.version(),
+        )])  # fmt: skip
+        buf.close()
+
+    def malformed_group(self) -> None:
+        """A released group whose payload arrives as garbage (as from a broken generator): released and put in one
+        transaction, the way the feeder and a generator would, so no generator is involved."""
+        from buffer.records import make_group_id
+
+        buf = self._buffer()
+        group_id = make_group_id("chaos", "malformed", self.injected)
+        pipe = buf._redis.pipeline(transaction=True)
+        pipe.sadd("sr1:released_ids", group_id)
+        pipe.zadd("sr1:inflight", {group_id: buf.version()})
+        pipe.hincrby("sr1:counters", "released", 1)
+        pipe.sadd("sr1:put_ids", group_id)
+        pipe.xadd("sr1:groups", {"gid": group_id, "d": b"\x00 chaos: not a group"})
+        pipe.execute()
+        buf.close()
+
+    def malformed_eval(self) -> None:
+        """One evaluation request that is not JSON, one whose shard field is not a pair."""
+        buf = self._buffer()
+        client = buf._redis
+        client.set("sr1:eval:shards:chaos-eval", 1)
+        client.rpush("sr1:eval:requests", b"{chaos: not json")
+        bad = {"id": "chaos-eval#0", "eval_id": "chaos-eval", "shard": "first", "step": 0, "version": 0}
+        client.rpush("sr1:eval:requests", json.dumps(bad))
+        buf.close()
+
+    def retriever_down(self) -> None:
+        """Freeze the retrieval server and its worker processes (SIGSTOP) for `retriever_down_s`, then let them go
+        on (SIGCONT): connections are accepted and never answered, as from a hung host."""
+        (server,) = self.chaos.processes("retrieval")
+        frozen = [server, *server.children(recursive=True)]
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+        up_at = time.monotonic() + self.retriever_down_s
+        try:
+            self.chaos.wait(
+                lambda: time.monotonic() >= up_at, self.retriever_down_s + 5, "the retriever's outage"
+            )
+        finally:
+            for proc in frozen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(signal.SIGCONT)
+
+
+@dataclass
+class FaultCounts:
+    """Each fault's events as the run reports them."""
+
+    failed_prompts: int
+    malformed_groups: int
+    replaced: int
+    malformed_eval_requests: int
+    eval_error_answers: int
+    generator_tool_errors: int
+    tool_pauses: int
+
+    def missing(self, faults: list[str]) -> list[str]:
+        """The faults injected whose events the run did not count."""
+        expected = {"poison-prompt": self.failed_prompts >= 1, "malformed-group": self.malformed_groups >= 1,
+                    "malformed-eval": self.malformed_eval_requests >= 1 and self.eval_error_answers >= 1,
+                    "retriever-down": self.generator_tool_errors >= 1}  # fmt: skip
+        replaced = sum(f in faults for f in ("poison-prompt", "malformed-group"))
+        missing = [f for f in faults if not expected[f]]
+        return missing + ([f"replaced ({self.replaced} < {replaced})"] if self.replaced < replaced else [])
+
+
+def count_faults(run_dir: Path) -> FaultCounts:
+    """Read the events back from the run's report (report.json) and, for evaluation requests, its Redis AOF."""
+    from sr1.launch.redis_server import LocalRedis
+
+    report = json.loads((run_dir / "report.json").read_text())
+    buffer = report["extra"]["buffer"]
+    with LocalRedis(run_dir / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        malformed_eval = int(client.get("sr1:eval:malformed") or 0)
+        answer = client.get("sr1:eval:result:chaos-eval#0")
+        client.close()
+    return FaultCounts(
+        failed_prompts=buffer.get("buffer/failed_prompts", 0) + buffer.get("buffer/poison_prompts", 0),
+        malformed_groups=buffer.get("buffer/malformed", 0),
+        replaced=buffer.get("buffer/abandoned_groups", 0),
+        malformed_eval_requests=malformed_eval,
+        eval_error_answers=int(answer is not None and "error" in json.loads(answer)),
+        generator_tool_errors=report["generator_tool_errors"],
+        tool_pauses=report["generator_tool_pauses"],
+    )
+
+
+def run_faults(run_dir: Path, faults: list[str], *, steps: int, seed: int, retriever_down_s: float,
+               first_step: int = 2, spacing: int = 2) -> tuple[Verdict, FaultCounts]:  # fmt: skip
+    """One synchronous run (max_staleness 0) with `faults` injected in turn, one every `spacing` steps or so."""
+    rng = random.Random(seed)
+    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(faults))]
+    if at_steps and at_steps[-1] >= steps:
+        raise ValueError(
+            f"{len(faults)} faults need more than {steps} steps (the last lands at {at_steps[-1]})"
+        )
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    overrides = [f"learner.total_steps={steps}", "learner.max_staleness=0", "eval.max_prompts=8",
+                 "eval.every_steps=0", "buffer.lease_s=30", "buffer.max_prompt_deliveries=2",
+                 # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
+                 "retrieval.timeout_s=1", "retrieval.max_retries=0", "generators.tool_pause.min_calls=4",
+                 "generators.tool_pause.probe_s=2"]  # fmt: skip
+    chaos = ChaosRun(run_dir, overrides)
+    injector = FaultInjector(chaos, retriever_down_s)
+    try:
+        for fault, step in zip(faults, at_steps, strict=True):
+            chaos.wait(lambda s=step: (chaos.version() or 0) >= s, 900, f"version {step}")
+            print(f"injecting {fault} at version {chaos.version()}", flush=True)
+            injector.inject(fault)
+        returncode = chaos.finish()
+    finally:
+        chaos.kill_everything_left()
+    return verify(chaos, returncode, steps, 0, []), count_faults(run_dir)
+
+
 def table(rows: list[tuple[Recovery, Verdict]]) -> str:
     lines = ["| killed | at version | new process after (s) | next version after (s) | completed | lost | "
              "trained twice | versions only go up | max staleness (bound) | orphans |",
@@ -261,7 +424,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="where the runs go")
+    parser.add_argument("--faults", nargs="?", const=",".join(FAULTS), default=None,
+                        help=f"inject these faults (comma-separated; default all: {', '.join(FAULTS)}) in one "
+                        "synchronous run instead of killing parts")  # fmt: skip
+    parser.add_argument("--retriever-down-s", type=float, default=60.0, help="how long retriever-down lasts")
     args = parser.parse_args(argv)
+    if args.faults is not None:
+        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+        if unknown := sorted(set(faults) - set(FAULTS)):
+            parser.error(f"unknown fault(s) {unknown}; choose from {', '.join(FAULTS)}")
+        run_dir = args.out / f"faults-{time.strftime('%Y%m%d-%H%M%S')}"
+        verdict, counts = run_faults(run_dir, faults, steps=args.steps, seed=args.seed,
+                                     retriever_down_s=args.retriever_down_s)  # fmt: skip
+        print(verdict)
+        print(counts)
+        missing = counts.missing(faults)
+        if missing:
+            print(f"not counted: {', '.join(missing)}")
+        return 0 if verdict.ok and not missing else 1
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:

@@ -16,6 +16,14 @@ def _num(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def paused_reason(generator_metrics: list[dict[str, Any]]) -> str | None:
+    """Which generators paused sampling for tool errors and why (None when none did)."""
+    reasons = [m.get("rollout/pause_reason") for m in generator_metrics if m.get("rollout/state") == "paused"]
+    if not reasons:
+        return None
+    return f"{len(reasons)} of {len(generator_metrics)} generator(s): {reasons[0]}"
+
+
 class LiveView:
     def __init__(self, orchestrator, *, enabled: bool):
         self.orch = orchestrator
@@ -86,7 +94,16 @@ class LiveView:
             else None,
             "learner tokens/s": m.get("perf/tokens_per_s"),
             "tool calls/traj": m.get("batch/tool_calls_per_traj"),
+            "tool errors (step) / latency": f"{_num(m.get('tools/errors'), 0)} / {_num(m.get('tools/latency_s'))}s",
+            "dead letters (poison/failed/malformed/untrainable)": "{} ({}/{}/{}/{})".format(
+                stats.get("buffer/dead_letters"),
+                stats.get("buffer/poison_prompts"),
+                stats.get("buffer/failed_prompts"),
+                stats.get("buffer/malformed"),
+                stats.get("buffer/untrainable"),
+            ),
             "generators": len(generators),
+            "paused": paused_reason(gen_metrics),
             "elapsed": f"{time.monotonic() - self.orch.started:.0f}s",
         }
 

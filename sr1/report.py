@@ -38,6 +38,15 @@ class RunSummary:
     learner_idle_fraction: float | None = None
     checkpoint: str | None = None
     segments: int = 1  # learner processes the run took (1 + resumes and restarts)
+    # work that left the run for good, by reason (buffer counters), and the trained batches' tool calls
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_latency_s: float | None = None  # mean seconds per tool call over the trained batches
+    generator_tool_errors: int = (
+        0  # every failed tool call of the generators (trained or not), from their heartbeats
+    )
+    generator_tool_pauses: int = 0  # times a generator paused sampling for tool errors
     first_wait_s: float = (
         0.0  # the first step of each segment waiting for the first groups (not in step times)
     )
@@ -64,6 +73,34 @@ def read_metric_lines(lines: list[str]) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+DEAD_LETTER_REASONS = {  # buffer stats key -> what the report calls it
+    "buffer/poison_prompts": "poison prompts (every lease expired)",
+    "buffer/failed_prompts": "failed prompts (every try raised)",
+    "buffer/malformed": "malformed payloads",
+    "buffer/oversized": "oversized payloads",
+    "buffer/untrainable": "untrainable groups (over the learner's token budget)",
+}
+
+
+def dead_letter_counts(stats: dict[str, Any]) -> dict[str, int]:
+    """Dead letters by reason from `ReplayBuffer.stats()`, plus how many in-flight groups were replaced."""
+    counts = {label: int(stats.get(key, 0)) for key, label in DEAD_LETTER_REASONS.items()}
+    return counts | {"replaced by a new release": int(stats.get("buffer/abandoned_groups", 0))}
+
+
+def tool_totals(rows: list[dict[str, Any]]) -> tuple[int, int, float | None]:
+    """Tool calls, failed calls and mean latency (s per call) over the steps' `tools/*` metrics."""
+    calls = sum(int(r.get("tools/calls", 0)) for r in rows)
+    errors = sum(int(r.get("tools/errors", 0)) for r in rows)
+    seconds = sum(r.get("tools/latency_s", 0.0) * r.get("tools/calls", 0) for r in rows)
+    return calls, errors, (seconds / calls if calls else None)
+
+
+def pool_peak(rows: list[dict[str, Any]], key: str) -> int:
+    """The largest value a cumulative pool figure (`pool/...`, summed over the workers alive) reached."""
+    return int(max((r.get(key, 0) for r in rows), default=0))
 
 
 def staleness_stats(histogram: dict[int, int]) -> tuple[float | None, int | None]:
@@ -139,6 +176,7 @@ def write_report(summary: RunSummary, out_dir: Path) -> tuple[Path, Path]:
         f"| {e['step']} | {e.get('eval/version', '')} | {e['eval/em']:.3f} | {_fmt(e.get('eval/tool_calls_per_traj'), 2)} |"
         for e in summary.evals
     )
+    lost = "\n".join(f"| {reason} | {count} |" for reason, count in summary.dead_letters.items())
     hist = ", ".join(f"{k}: {v}" for k, v in sorted(summary.staleness_histogram.items()))
     md = f"""# sr1 run report
 
@@ -163,6 +201,17 @@ algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · corr
 | generator idle fraction | {_fmt(summary.generator_idle_fraction, 2)} |
 | learner idle fraction | {_fmt(summary.learner_idle_fraction, 2)} |
 | checkpoint | `{summary.checkpoint}` |
+
+## Lost work and tool errors
+
+| | count |
+|---|---|
+{lost}
+| tool calls in trained batches | {summary.tool_calls} |
+| of which failed (error text instead of results) | {summary.tool_errors} |
+| mean tool latency | {_fmt(summary.tool_latency_s, 3)} s |
+| failed tool calls of the generators (trained or not) | {summary.generator_tool_errors} |
+| generator pauses for tool errors | {summary.generator_tool_pauses} |
 
 ## Evaluations (greedy, test split)
 

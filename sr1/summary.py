@@ -7,7 +7,14 @@ import statistics
 from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
-from sr1.report import RunSummary, read_metrics, staleness_stats
+from sr1.report import (
+    RunSummary,
+    dead_letter_counts,
+    pool_peak,
+    read_metrics,
+    staleness_stats,
+    tool_totals,
+)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -71,6 +78,8 @@ def summarize(orch) -> RunSummary:
     waited = sum(r.get("perf/wait_s", 0.0) for r in later)
     from learner.checkpoint import latest_checkpoint
 
+    tool_calls, tool_errors, tool_latency_s = tool_totals(rows)
+
     checkpoint = latest_checkpoint(orch.run_dir / "checkpoints")
     return RunSummary(
         run_dir=str(orch.run_dir),
@@ -96,6 +105,12 @@ def summarize(orch) -> RunSummary:
         generator_tokens_per_s=sum(g.get("rollout/tokens_per_s", 0.0) for g in generators) or None,
         tool_calls_per_trajectory=_mean([r.get("batch/tool_calls_per_traj") for r in rows]),
         staleness_histogram=histogram,
+        dead_letters=dead_letter_counts(stats),
+        tool_calls=tool_calls,
+        tool_errors=tool_errors,
+        tool_latency_s=tool_latency_s,
+        generator_tool_errors=pool_peak(rows, "pool/tool_errors_total"),
+        generator_tool_pauses=pool_peak(rows, "pool/tool_pauses"),
         staleness_mean=staleness_mean,
         staleness_max=staleness_max,
         generator_idle_fraction=_mean([g.get("rollout/idle_fraction") for g in generators]),

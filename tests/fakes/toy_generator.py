@@ -12,7 +12,9 @@ class ToyGenerator:
     """A stand-in generator pool for learner tests: claims prompts from the real buffer, samples one-token answers
     from its own copy of the policy, rewards tokens in `targets`, and puts whole groups back.
 
-    With `model_dir=None` it samples uniformly (no model: a fixed behaviour policy for plumbing tests).
+    With `model_dir=None` it samples uniformly (no model: a fixed behaviour policy for plumbing tests). With
+    `overlong_every=k`, the prompts whose index is a multiple of k get a prompt of `overlong_tokens` tokens instead
+    (a dataset with questions padded beyond the learner's token budget).
     `load_weights(version, named_tensors)` is a `weight_sink` for `run_learner`: the learner pushes its weights
     here after every step, as it would into vLLM engines. Tokens are stamped with the weights' version.
     """
@@ -30,6 +32,8 @@ class ToyGenerator:
         response_len: int = 1,
         temperature: float = 1.0,
         seed: int = 0,
+        overlong_every: int = 0,
+        overlong_tokens: int = 0,
     ):
         import threading
 
@@ -49,6 +53,8 @@ class ToyGenerator:
 
             self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
             self.vocab_size = self.model.config.vocab_size
+        self.overlong_every = overlong_every
+        self.overlong_ids = np.resize(self.prompt_ids, overlong_tokens).astype(np.int32)
         self.version = 0
         self.put_ids: list[str] = []
         self._lock = threading.Lock()
@@ -109,9 +115,11 @@ class ToyGenerator:
                 continue
             for claim in claimed:
                 tokens, logprobs, version = self._sample()
+                p = claim.prompt
+                overlong = self.overlong_every and p.index % self.overlong_every == 0
                 trajectories = [
                     Trajectory(
-                        prompt_ids=self.prompt_ids,
+                        prompt_ids=self.overlong_ids if overlong else self.prompt_ids,
                         response_ids=tokens[i],
                         loss_mask=np.ones(self.response_len),
                         behavior_logprobs=logprobs[i],
@@ -120,7 +128,6 @@ class ToyGenerator:
                     )
                     for i in range(self.group_size)
                 ]
-                p = claim.prompt
                 group = Group(
                     p.group_id, p.data_source, p.index, trajectories, release_version=p.release_version
                 )

@@ -6,6 +6,9 @@ Asserted at the end: the run reaches its last step; in the history that survives
 exactly once or is still pending, and versions strictly increase; the staleness bound held on every loss token; no
 process of the run outlives it. A table of the time to recover from each fault is printed (`-s` shows it).
 `CHAOS_SEED` picks other kill steps (the default is fixed, so CI is repeatable).
+
+The second run kills nothing: a poison prompt, a malformed group payload, malformed evaluation requests and a frozen
+retriever under synchronous training (`scripts/chaos.py --faults`); each event must be counted in the run's report.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 17
 MAX_STALENESS = 2
+FAULT_STEPS = 10
+RETRIEVER_DOWN_S = 20  # `scripts/chaos.py --faults` takes 60 by default
 
 
 def _chaos_script():
@@ -58,3 +63,21 @@ def test_kill_every_part_in_turn_and_finish(tmp_path):
     assert len(segments) >= 3
     # the metrics' surviving history is the one the groups file describes (a step lost to a crash is in neither)
     assert [r["step"] for r in rows] == [s["version"] for s in chaos.surviving_steps(run_dir)]
+
+
+def test_faults_that_kill_nothing_are_survived_and_counted(tmp_path):
+    """A synchronous run (max_staleness 0, where one lost group would stop training for good) with a poison prompt, a
+    malformed group payload, malformed evaluation requests and the retriever frozen for a while: the run finishes
+    with nothing lost or trained twice, and every event is counted where the run reports it."""
+    chaos = _chaos_script()
+    run_dir = tmp_path / "faults"
+    verdict, counts = chaos.run_faults(run_dir, list(chaos.FAULTS), steps=FAULT_STEPS,
+                                       seed=int(os.environ.get("CHAOS_SEED", "7")),
+                                       retriever_down_s=RETRIEVER_DOWN_S)  # fmt: skip
+    print("\n", verdict, "\n", counts)
+
+    last_log = sorted(tmp_path.glob("faults-sr1-run-*.log"))[-1]
+    assert verdict.completed, last_log.read_text()[-4000:]
+    assert verdict.lost == 0 and verdict.trained_twice == 0 and not verdict.orphans
+    assert verdict.max_staleness_seen == 0 and verdict.dead_lettered >= 2
+    assert counts.missing(list(chaos.FAULTS)) == [], counts

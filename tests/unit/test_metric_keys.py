@@ -42,7 +42,7 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     from generators.evaluate import compact, evaluate, merge_shards
     from generators.settings import GeneratorsConfig
     from generators.worker import GeneratorWorker, pool_metrics
-    from learner.loop import step_timing
+    from learner.loop import step_timing, tool_metrics
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
     from tasks.search_r1 import SearchR1Task
@@ -62,7 +62,7 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     )
     out["trainer"] |= set(ppo.train_step(random_groups(np.random.default_rng(0), n_groups=2, group_size=3)))
     out["publisher"] = set(WeightPublisher(None, WeightSyncConfig(), num_engines=0).publish([], version=1))
-    out["loop"] = set(step_timing(1.0, 0.5, 0.2))
+    out["loop"] = set(step_timing(1.0, 0.5, 0.2)) | set(tool_metrics([make_group(make_prompt(0), n=2)]))
 
     buffer = ReplayBuffer(redis_server.url, "metric-keys")
     prompt = make_prompt(0)

@@ -3,6 +3,8 @@ tests/integration/test_buffer_staleness.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from buffer.admission import BatchAssembler, PromptFeeder, admission_limit
@@ -150,3 +152,51 @@ def test_the_shuffled_order_is_the_same_on_every_machine(buf):
 def test_shuffling_an_iterator_is_refused(buf):
     with pytest.raises(ValueError, match="sequence"):
         PromptFeeder(buf, iter([make_prompt(0)]), groups_per_step=1, max_staleness=0, shuffle_seed=0)
+
+
+def test_a_poison_prompt_under_max_staleness_zero_is_replaced_and_the_batch_completes(redis_url):
+    """A prompt whose every lease expires (it kills or hangs generators) is dead-lettered after
+    max_prompt_deliveries; admission releases another in its place, so a synchronous learner (max_staleness 0) still
+    gets a full batch instead of waiting forever for one group more."""
+    buf = ReplayBuffer(redis_url, "adm-poison", lease_s=0.05, max_prompt_deliveries=2)
+    feeder = PromptFeeder(buf, [make_prompt(i) for i in range(10)], groups_per_step=2, max_staleness=0)
+    assembler = BatchAssembler(buf, groups_per_step=2, max_staleness=0, replenish=feeder.pump)
+    assert feeder.pump() == 2
+    poison = "synthetic/train/0/e0"
+    for _ in range(3):  # two deliveries whose leases expire, then the third claim dead-letters it
+        for c in buf.claim_prompts("gen", 10):
+            if c.prompt.group_id != poison:
+                assert buf.put_group(make_group(c.prompt, n=1, prompt_len=3, response_len=4), c.entry_id)
+        time.sleep(0.1)
+    assert poison not in buf.inflight()
+    assert (
+        assembler.next_batch(0, timeout_s=0) == []
+    )  # the replacement is released while the learner waits ...
+    assert finish(buf, 10) == ["synthetic/train/2/e0"]  # ... and generated
+    batch = assembler.next_batch(0, timeout_s=0)
+    assert sorted(t.group.group_id for t in batch) == ["synthetic/train/1/e0", "synthetic/train/2/e0"]
+    stats = buf.stats()
+    assert stats["buffer/poison_prompts"] == 1 and stats["buffer/abandoned_groups"] == 1
+    (dead,) = buf.dead_letters()
+    assert dead["gid"] == poison and "lease expired after 2 deliveries" in dead["reason"]
+    buf.close()
+
+
+def test_an_untrainable_group_is_dead_lettered_by_the_learner_and_replaced(buf):
+    feeder = PromptFeeder(buf, [make_prompt(i) for i in range(10)], groups_per_step=2, max_staleness=0)
+
+    def untrainable(group):
+        return "too long" if group.group_id == "synthetic/train/0/e0" else None
+
+    assembler = BatchAssembler(buf, groups_per_step=2, max_staleness=0, untrainable=untrainable,
+                               replenish=feeder.pump)  # fmt: skip
+    feeder.pump()
+    finish(buf, 10)
+    assert assembler.next_batch(0, timeout_s=0) == [] and assembler.dead_lettered == 1
+    finish(buf, 10)
+    batch = assembler.next_batch(0, timeout_s=0)
+    assert sorted(t.group.group_id for t in batch) == ["synthetic/train/1/e0", "synthetic/train/2/e0"]
+    assert buf.stats()["buffer/untrainable"] == 1
+    assert [(d["gid"], d["reason"]) for d in buf.dead_letters()] == [("synthetic/train/0/e0", "too long")]
+    assert "synthetic/train/0/e0" not in buf.inflight()
+    assert [t.group.group_id for t in buf.pending_groups("learner-0")] == [t.group.group_id for t in batch]

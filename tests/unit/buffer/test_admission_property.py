@@ -79,7 +79,7 @@ def test_dynamic_sampling_drops_and_replaces_within_the_bound(
     dataset = [make_prompt(i) for i in range(2_000)]
     feeder = PromptFeeder(buf, iter(dataset), groups_per_step=g, max_staleness=s)
     assembler = BatchAssembler(
-        buf, groups_per_step=g, max_staleness=s, keep_group=informative, on_drop=feeder.pump
+        buf, groups_per_step=g, max_staleness=s, keep_group=informative, replenish=feeder.pump
     )
     uninformative = itertools.cycle([*drops, False])  # at least one informative group in every cycle
     leased = []
@@ -90,7 +90,7 @@ def test_dynamic_sampling_drops_and_replaces_within_the_bound(
         feeder.pump()
         assert (
             buf.released_count()
-            <= admission_limit(u, groups_per_step=g, max_staleness=s) + buf.dropped_count()
+            <= admission_limit(u, groups_per_step=g, max_staleness=s) + buf.replaced_count()
         )
         while not (batch := assembler.next_batch(u, timeout_s=0)):
             leased += buf.claim_prompts("gen", 100)  # including the replacements of dropped groups
@@ -117,4 +117,79 @@ def test_dynamic_sampling_drops_and_replaces_within_the_bound(
     assert buf.dropped_count() == assembler.dropped == len(dropped)
     released = {p.group_id for p in dataset[: feeder.cursor]}
     assert released == set(consumed) | dropped | inflight  # nothing lost
+    buf.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    max_staleness=st.integers(0, 3),
+    groups_per_step=st.integers(1, 3),
+    steps=st.integers(2, 5),
+    choices=st.lists(st.integers(0, 1_000), min_size=60, max_size=60),
+    fates=st.lists(st.sampled_from(["train", "fail", "untrainable"]), min_size=1, max_size=8),
+)
+def test_dead_lettered_groups_are_replaced_within_the_bound(
+    redis_url, max_staleness, groups_per_step, steps, choices, fates
+):
+    """Lost work: the adversary also picks prompts that fail on every try (dead-lettered by the buffer after
+    max_prompt_deliveries) and groups the learner cannot train (dead-lettered when taken). Each is replaced by a new
+    release; every batch still holds groups_per_step groups within max_staleness, and every released group is trained
+    once, dead-lettered, or still in flight."""
+    s, g = max_staleness, groups_per_step
+    buf = ReplayBuffer(redis_url, f"hyp-dl-{uuid.uuid4().hex[:8]}", max_prompt_deliveries=2)
+    dataset = [make_prompt(i) for i in range(2_000)]
+    feeder = PromptFeeder(buf, iter(dataset), groups_per_step=g, max_staleness=s)
+    marked: set[str] = set()  # groups put that the learner will refuse
+    assembler = BatchAssembler(
+        buf, groups_per_step=g, max_staleness=s, replenish=feeder.pump,
+        untrainable=lambda group: "refused" if group.group_id in marked else None,
+    )  # fmt: skip
+    fate_of: dict[str, str] = {}
+    next_fate = itertools.cycle([*fates, "train"])  # at least one trainable group in every cycle
+    leased = []
+    picks = iter(choices * 20)
+    consumed: Counter[str] = Counter()
+    for u in range(steps):
+        feeder.pump()
+        assert (
+            buf.released_count()
+            <= admission_limit(u, groups_per_step=g, max_staleness=s) + buf.replaced_count()
+        )
+        empty_before = False
+        while not (batch := assembler.next_batch(u, timeout_s=0)):
+            got = buf.claim_prompts(
+                "gen", 100
+            )  # retries included; a dead letter's replacement comes next round
+            assert leased or got or not empty_before, f"step {u} waits for a group no generator holds"
+            empty_before = not (leased or got)
+            leased += got
+            if not leased:
+                continue
+            claim = leased.pop(next(picks) % len(leased))
+            fate = fate_of.setdefault(claim.prompt.group_id, next(next_fate))
+            if fate == "fail":
+                buf.fail_prompt("gen", claim.entry_id, "boom")
+                continue
+            if fate == "untrainable":
+                marked.add(claim.prompt.group_id)
+            assert buf.put_group(make_group(claim.prompt, n=2, prompt_len=2, response_len=3, version=buf.version()),
+                                 claim.entry_id)  # fmt: skip
+        assert len(batch) == g
+        for t in batch:
+            assert t.group.group_id not in marked
+            assert u - t.group.release_version <= s
+            assert u - t.group.min_version() <= s
+        consumed.update(t.group.group_id for t in batch)
+        buf.ack([t.entry_id for t in batch])
+        buf.publish_version(u + 1)
+    dead = {d["gid"] for d in buf.dead_letters(10_000)}
+    stats = buf.stats()
+    assert (
+        stats["buffer/abandoned_groups"]
+        == len(dead)
+        == stats["buffer/failed_prompts"] + stats["buffer/untrainable"]
+    )
+    assert all(count == 1 for count in consumed.values()) and not set(consumed) & dead
+    released = {p.group_id for p in dataset[: feeder.cursor]}
+    assert released == set(consumed) | dead | set(buf.inflight())  # nothing lost
     buf.close()

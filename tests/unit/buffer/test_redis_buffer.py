@@ -207,3 +207,35 @@ def test_prompt_whose_leases_keep_expiring_is_dead_lettered(redis_url):
     assert buf.claim_prompts("gen-c", 1) == []
     stats = buf.stats()
     assert stats["buffer/poison_prompts"] == 1 and stats["buffer/inflight_groups"] == 0
+
+
+def test_a_prompt_that_fails_is_retried_then_dead_lettered_with_its_error(redis_url):
+    buf = ReplayBuffer(redis_url, "t-fail", max_prompt_deliveries=2)
+    buf.release_prompts([make_prompt(0), make_prompt(1)])
+    first, other = buf.claim_prompts("gen-a", 2)
+    buf.fail_prompt("gen-a", first.entry_id, "ValueError: bad chat template")
+    (retry,) = buf.claim_prompts("gen-b", 1)  # retried at once, not after a lease
+    assert retry.entry_id == first.entry_id
+    buf.fail_prompt("gen-b", retry.entry_id, "ValueError: bad chat template again")
+    assert buf.claim_prompts("gen-c", 1) == []
+    (dead,) = buf.dead_letters()
+    assert dead["gid"] == first.prompt.group_id and dead["stream"] == "t-fail:prompts"
+    assert dead["reason"].endswith("bad chat template again") and "after 2 deliveries" in dead["reason"]
+    stats = buf.stats()
+    assert stats["buffer/failed_prompts"] == 1 and stats["buffer/abandoned_groups"] == 1
+    assert stats["buffer/poison_prompts"] == 0 and set(buf.inflight()) == {other.prompt.group_id}
+    # a prompt that fails once and then succeeds leaves no error behind
+    buf.fail_prompt("gen-a", other.entry_id, "transient")
+    (again,) = buf.claim_prompts("gen-a", 1)
+    assert buf.put_group(make_group(again.prompt, n=1), again.entry_id)
+    assert buf._redis.hlen(buf.key("prompt_errors")) == 0
+
+
+def test_a_stray_malformed_payload_does_not_raise_the_admission_limit(redis_url):
+    buf = ReplayBuffer(redis_url, "t-stray")
+    buf._redis.xadd(buf.key("groups"), {"gid": "never/released/0/e0", "d": b"\x00garbage"})
+    assert buf.take(10, block_ms=0) == []
+    stats = buf.stats()
+    assert (
+        stats["buffer/malformed"] == 1 and stats["buffer/abandoned_groups"] == 0 and buf.replaced_count() == 0
+    )

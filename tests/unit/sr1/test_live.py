@@ -21,3 +21,14 @@ def test_live_view_follows_metrics_incrementally(tmp_path):
     assert view.last_metrics == {"step": 3}
     view._read_new_metrics()  # nothing new: the last row stays
     assert view.last_metrics == {"step": 3}
+
+
+def test_the_live_view_says_which_generators_paused_and_why():
+    from sr1.live import paused_reason
+
+    running = {"rollout/state": "running", "rollout/pause_reason": ""}
+    paused = {"rollout/state": "paused", "rollout/pause_reason": "8 of 8 tool calls failed in the last 30 s"}
+    assert paused_reason([running, running]) is None
+    assert (
+        paused_reason([running, paused]) == "1 of 2 generator(s): 8 of 8 tool calls failed in the last 30 s"
+    )

@@ -38,3 +38,32 @@ def test_read_metrics_skips_a_torn_line(tmp_path):
     path.write_text('{"step": 1}\n{"step": 2}\n{"learner/st')
     assert [r["step"] for r in read_metrics(path)] == [1, 2]
     assert read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_the_report_counts_dead_letters_by_reason_and_tool_errors(tmp_path):
+    from sr1.report import dead_letter_counts, tool_totals
+
+    stats = {"buffer/poison_prompts": 1, "buffer/failed_prompts": 2, "buffer/untrainable": 3,
+             "buffer/abandoned_groups": 6}  # fmt: skip
+    rows = [{"step": 1, "tools/calls": 4, "tools/errors": 1, "tools/latency_s": 0.5},
+            {"step": 2, "tools/calls": 0, "tools/errors": 0, "tools/latency_s": 0.0}]  # fmt: skip
+    calls, errors, latency = tool_totals(rows)
+    assert (calls, errors, latency) == (4, 1, 0.5)
+    summary = _summary(tmp_path)
+    summary.dead_letters = dead_letter_counts(stats)
+    summary.tool_calls, summary.tool_errors, summary.tool_latency_s = calls, errors, latency
+    _, md_path = write_report(summary, tmp_path)
+    text = md_path.read_text()
+    assert (
+        "| poison prompts (every lease expired) | 1 |" in text
+        and "| failed prompts (every try raised) | 2 |" in text
+    )
+    assert (
+        "| untrainable groups (over the learner's token budget) | 3 |" in text
+        and "| malformed payloads | 0 |" in text
+    )
+    assert "| replaced by a new release | 6 |" in text
+    assert (
+        "| of which failed (error text instead of results) | 1 |" in text
+        and "| mean tool latency | 0.500 s |" in text
+    )
