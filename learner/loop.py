@@ -92,9 +92,17 @@ class NonFiniteStreak:
                     "the run stops at %d); groups: %s", version, self.length, self.limit, shown)  # fmt: skip
 
 
-def untrainable_reason(group: Group, micro_batch_tokens: int) -> str | None:
-    """Why the learner can never train `group`, or None: a trajectory longer than one packed micro-batch fits in no
-    micro-batch (learner/packing.py), whatever else the batch holds."""
+def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | None = None) -> str | None:
+    """Why the learner can never train `group`, or None: a token id outside the model's vocabulary (it would fail as
+    an index error inside the embedding), or a trajectory longer than one packed micro-batch, which fits in no
+    micro-batch (learner/packing.py) whatever else the batch holds."""
+    from buffer.codec import CodecError, check_token_ids
+
+    if vocab_size is not None:
+        try:
+            check_token_ids(group, vocab_size)
+        except CodecError as err:
+            return str(err)
     for i, trajectory in enumerate(group.trajectories):
         if trajectory.num_tokens > micro_batch_tokens:
             return (
@@ -169,7 +177,8 @@ def run_learner(
         learner.restore_extra(state.extra)
         log.info("resumed from %s at version %d (cursor %d)", latest, state.version, state.cursor)
     tracker = Tracker(run_dir, job.logging, world.rank, config=job.model_dump(mode="json"))
-    side = _Rank0(job, state, prompts, resume) if world.is_main else None
+    vocab_size = learner.model.config.vocab_size
+    side = _Rank0(job, state, prompts, resume, vocab_size) if world.is_main else None
     # Versions never go back: engines ignore an update older than the weights they hold, and admission counts were
     # made at the published version. A learner that crashed after its last checkpoint (or before its first) goes on
     # at the published version with the checkpoint's (or the initial) weights: the steps in between are lost, and
@@ -355,7 +364,9 @@ def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[s
 class _Rank0:
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
 
-    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool):
+    def __init__(
+        self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool, vocab_size: int
+    ):
         from buffer.admission import BatchAssembler, PromptFeeder
         from buffer.redis_buffer import open_buffer
         from generators.evaluate import Evaluations
@@ -389,8 +400,11 @@ class _Rank0:
             consumer=CONSUMER,
             # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
             keep_group=informative if cfg.algorithm.dynamic_sampling else None,
-            # a group no micro-batch can hold is dead-lettered with its reason, never re-delivered
-            untrainable=functools.partial(untrainable_reason, micro_batch_tokens=cfg.micro_batch_tokens),
+            # a group no micro-batch can hold, or with a token id outside the vocabulary, is dead-lettered with its
+            # reason, never re-delivered
+            untrainable=functools.partial(
+                untrainable_reason, micro_batch_tokens=cfg.micro_batch_tokens, vocab_size=vocab_size
+            ),
             replenish=self.feeder.pump,
         )
         self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
