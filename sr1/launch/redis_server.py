@@ -35,7 +35,7 @@ REDIS_USER = "sr1"
 # PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like).
 SR1_COMMANDS = (
     "get set mget exists del unlink expire incr incrby "
-    "hget hset hgetall hincrby sadd srem smembers scard zadd zrem zrange zcard "
+    "hget hmget hset hdel hgetall hincrby sadd srem smembers scard zadd zrem zrange zcard "
     "rpush lmove lrem "
     "xadd xack xclaim xautoclaim xdel xlen xpending xrange xrevrange xread xreadgroup xgroup|create "
     "eval evalsha script|load multi exec discard watch unwatch"

@@ -171,7 +171,9 @@ class _CountingBuffer:
     def version(self) -> int:
         return self.current_version
 
-    def dropped_count(self) -> int:
+    def replaced_count(self) -> int:
+        """Groups that left without being trained (here: dropped by dynamic sampling; nothing is dead-lettered in a
+        simulation), each leaving room for one more release."""
         return self.dropped
 
     def released_count(self) -> int:
