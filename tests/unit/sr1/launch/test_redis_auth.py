@@ -39,12 +39,15 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     for c in claimed[:3]:
         buf.put_group(make_group(c.prompt, n=2, response_len=8), c.entry_id)
     taken = buf.take(3, block_ms=0)
-    buf.mark_trained([t.entry_id for t in taken])
-    buf.ack([t.entry_id for t in taken])
+    buf.mark_trained([t.entry_id for t in taken[:2]])
+    buf.ack([t.entry_id for t in taken[:2]])
+    buf.dead_letter_taken(taken[2], "untrainable here")  # lost work: dead-lettered, counted, replaced
+    buf.fail_prompt("gen-1", claimed[3].entry_id, "engine error")
+    assert buf.replaced_count() == 1 and buf.dead_letters()
     buf.publish_version(1)
     buf.heartbeat("gen-0", "generator", {"rollout/groups_done": 3})
     assert buf.version() == 1 and [w["worker_id"] for w in buf.workers()] == ["gen-0"]
-    assert buf.stats()["buffer/consumed"] == 3
+    assert buf.stats()["buffer/consumed"] == 2
     eval_id = buf.request_evaluation(step=1, version=1, shards=1)
     buf.post_evaluation_result(buf.pop_evaluation_request("gen-0"), {"eval/em": 0.5})
     assert buf.evaluation_results(eval_id) == [{"eval/em": 0.5}]
