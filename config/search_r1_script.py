@@ -298,7 +298,8 @@ A whole script's translation also sets what verl fixes in code and Search-R1's s
 
 `model.path`, `sr1 eval --checkpoint` and `sr1 ask` take a verl FSDP checkpoint directory as it is (`.../actor`
 holding `model_world_size_<W>_rank_<R>.pt` and `huggingface/`, or the `global_step_<N>` directory above it): the
-shards are merged once into safetensors in `~/.cache/sr1/verl/` with the config and tokenizer of `huggingface/`.
+shards are merged once into safetensors in `$XDG_CACHE_HOME/sr1/verl/` (default `~/.cache/sr1/verl/`) with the
+config and tokenizer of `huggingface/`.
 Search-R1's own checkpoints (`actor/global_step_<N>`, saved with `save_pretrained`) and sr1's (`checkpoints/step_<N>`)
 are HF directories that `transformers.AutoModelForCausalLM.from_pretrained` loads as Search-R1's `infer.py` does.
 
