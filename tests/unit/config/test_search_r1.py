@@ -354,3 +354,18 @@ def test_the_search_r1_document_is_current():
     assert (ROOT / "docs" / "search-r1.md").read_text() == search_r1_doc(), (
         "regenerate it: sr1 config search-r1-keys > docs/search-r1.md"
     )
+
+
+def test_run_and_the_pool_launchers_take_search_r1_overrides():
+    import argparse
+
+    from sr1.launch.pools import _load
+    from sr1.run import _resolve, build_parser, parse_args
+
+    args = parse_args(build_parser(), ["actor_rollout_ref.rollout.n_agent=3", "max_turns=1"])
+    cfg, _ = _resolve(args)
+    assert (cfg.name, cfg.generators.group_size, cfg.generators.max_turns) == ("tiny", 3, 1)
+    pool = argparse.Namespace(
+        config=PPO, overrides=["critic.optim.lr=7e-6"], redis_url="redis://127.0.0.1:1/0"
+    )
+    assert _load(pool, "sr1 learner").learner.algorithm.critic.lr == pytest.approx(7e-6)
