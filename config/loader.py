@@ -149,15 +149,18 @@ def _set_dotted(target: dict[str, Any], keys: list[str], value: Any) -> None:
 
 def _parse_value(item: str, raw: str) -> Any:
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        return yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"override {item!r}: cannot parse value {raw!r}: {err}") from err
-    if isinstance(value, str) and _FLOAT.match(value):  # YAML 1.1 reads `1e-6` as text
-        return float(value)
-    return value
 
 
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _hydra_value(item: str, raw: str) -> Any:
+    """A Search-R1 override's value as Hydra reads it: YAML, and `1e-6` a number (YAML 1.1 reads it as text)."""
+    value = _parse_value(item, raw)
+    return float(value) if isinstance(value, str) and _FLOAT.match(value) else value
 
 
 def parse_overrides(overrides: list[str], root: type[BaseModel] = Config) -> dict[str, Any]:
@@ -214,7 +217,7 @@ def _split_search_r1(
         dotted, _, raw = item.partition("=")
         dotted = dotted.strip()
         if search_r1.is_search_r1_key(dotted):
-            theirs[dotted.lstrip("+")] = (item, _parse_value(item, raw))
+            theirs[dotted.lstrip("+")] = (item, _hydra_value(item, raw))
         elif search_r1.looks_like_search_r1(dotted) and dotted.split(".")[0] not in root.model_fields:
             hint = search_r1.unknown_key_hint(dotted, leaf_keys(root))
             raise ConfigError(
@@ -246,6 +249,7 @@ def _translate(theirs: dict[str, tuple[str, Any]], root: type[BaseModel], build_
     for sr1_key, value in translation.values.items():
         item = theirs[translation.origin[sr1_key]][0]
         keys = sr1_key.split(".")
+        _check_key_path(keys, f"override {item!r} (sr1: {sr1_key})", root)  # a job has some sections only
         try:
             _check_value(keys, value, root)
         except ValueError as err:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from config import search_r1
-from config.loader import ConfigError, _fill_variant_types, _read_yaml, load_config, preset_path
+from config.loader import ConfigError, _fill_variant_types, _hydra_value, _read_yaml, load_config, preset_path
 from config.migrate import migrate
 from config.schema import Config
 
@@ -133,11 +133,9 @@ def _command_overrides(tokens: list[str], variables: dict[str, str], command: _C
         key, _, raw = _expand(token, variables, line).partition("=")
         key = key.lstrip("+")
         try:
-            values[key] = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError as err:
-            raise ScriptError(f"line {line}: cannot parse the value of {key}: {err}") from None
-        if isinstance(values[key], str) and re.match(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$", values[key]):
-            values[key] = float(values[key])
+            values[key] = _hydra_value(token, raw)
+        except ConfigError as err:
+            raise ScriptError(f"line {line}: {err}") from None
         lines[key] = line
     return ScriptOverrides(values, lines)
 

@@ -369,3 +369,15 @@ def test_run_and_the_pool_launchers_take_search_r1_overrides():
         config=PPO, overrides=["critic.optim.lr=7e-6"], redis_url="redis://127.0.0.1:1/0"
     )
     assert _load(pool, "sr1 learner").learner.algorithm.critic.lr == pytest.approx(7e-6)
+
+
+def test_a_search_r1_key_for_a_section_the_job_lacks_is_named(tmp_path):
+    from config import save_job
+
+    job_file = save_job(load_config(PPO).learner_job(), tmp_path / "learner.yaml")
+    assert load_job(LearnerJob, job_file, ["critic.optim.lr=3e-5"]).learner.algorithm.critic.lr == 3e-5
+    with pytest.raises(
+        ConfigError, match=r"retriever.topk=5' \(sr1: retrieval.topk\): unknown config key 'retrieval'"
+    ):
+        load_job(LearnerJob, job_file, ["retriever.topk=5"])
+    assert load_config("tiny", ["name=1e3"]).name == "1e3"  # sr1's own values keep YAML's reading
