@@ -45,14 +45,14 @@ class Rule:
     only: tuple[Any, ...] | None = None
 
 
-_NO_DEFAULT = object()  # keys of the scripts that verl's defaults do not have
+NO_DEFAULT = object()  # keys of the scripts that verl's defaults do not have
 
 
-def _same(sr1_key: str, note: str = "", default: Any = _NO_DEFAULT) -> Rule:
+def _same(sr1_key: str, note: str = "", default: Any = NO_DEFAULT) -> Rule:
     return Rule((sr1_key,), note, default)
 
 
-def _accepted(note: str, default: Any = _NO_DEFAULT, only: tuple[Any, ...] | None = None) -> Rule:
+def _accepted(note: str, default: Any = NO_DEFAULT, only: tuple[Any, ...] | None = None) -> Rule:
     return Rule((), note, default, only=only)
 
 
@@ -415,7 +415,7 @@ def is_search_r1_key(dotted: str) -> bool:
 
 def verl_defaults() -> dict[str, Any]:
     """verl's trainer defaults, as Search-R1 ships them (`${...}` still unresolved)."""
-    return {key: rule.default for key, rule in KEYS.items() if rule.default is not _NO_DEFAULT}
+    return {key: rule.default for key, rule in KEYS.items() if rule.default is not NO_DEFAULT}
 
 
 _INTERPOLATION = re.compile(r"^\$\{([\w.]+)\}$")
@@ -508,5 +508,5 @@ def _closest(key: str, candidates: list[str]) -> list[str]:
 
 
 def looks_like_search_r1(dotted: str) -> bool:
-    """A key whose first part only Search-R1 uses (`actor_rollout_ref.`, `trainer.`, ...)."""
+    """A key whose first part is one of Search-R1's (`actor_rollout_ref.`, `trainer.`, ...; `data.` is sr1's too)."""
     return dotted.lstrip("+").split(".")[0] in _TOP_LEVEL

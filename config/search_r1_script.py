@@ -242,7 +242,7 @@ def search_r1_doc() -> str:
     """`docs/search-r1.md`: how to bring a Search-R1 setup over, and the key table rendered from `KEYS`."""
     rows = ["| Search-R1 / verl key | verl default | sr1 | note |", "|---|---|---|---|"]
     for key, rule in search_r1.KEYS.items():
-        default = "" if rule.default is search_r1._NO_DEFAULT else f"`{rule.default!r}`"
+        default = "" if rule.default is search_r1.NO_DEFAULT else f"`{rule.default!r}`"
         sets = ", ".join(f"`{s}`" for s in rule.sets) or "accepted"
         only = f" Only {' or '.join(repr(v) for v in rule.only)}." if rule.only is not None else ""
         rows.append(f"| `{key}` | {default} | {sets} | {(rule.note + only).strip().replace('|', '/')} |")
