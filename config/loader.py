@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import os
 import re
 import threading
@@ -27,6 +28,7 @@ from config import search_r1
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
 
+log = logging.getLogger("config")
 PRESETS_DIR = Path(__file__).parent / "presets"
 _LOCK = threading.Lock()
 
@@ -245,6 +247,9 @@ def _translate(theirs: dict[str, tuple[str, Any]], root: type[BaseModel], build_
         translation = search_r1.translate({k: v for k, (_, v) in theirs.items()}, lookup)
     except search_r1.TranslationError as err:
         raise ConfigError(f"override {err}") from None
+    for key, note in translation.notes.items():
+        if not search_r1.KEYS[key].sets:  # the knob does nothing here: say what sr1 does instead
+            log.warning("override %r: %s", theirs[key][0], note)
     result: dict[str, Any] = {}
     for sr1_key, value in translation.values.items():
         item = theirs[translation.origin[sr1_key]][0]

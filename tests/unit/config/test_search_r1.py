@@ -381,3 +381,12 @@ def test_a_search_r1_key_for_a_section_the_job_lacks_is_named(tmp_path):
     ):
         load_job(LearnerJob, job_file, ["retriever.topk=5"])
     assert load_config("tiny", ["name=1e3"]).name == "1e3"  # sr1's own values keep YAML's reading
+
+
+def test_an_accepted_override_says_what_sr1_does_instead(caplog):
+    with caplog.at_level("WARNING", logger="config"):
+        load_config("tiny", ["actor_rollout_ref.rollout.free_cache_engine=false"])
+    assert (
+        "free_cache_engine=false': actor_rollout_ref.rollout.free_cache_engine: accepted; verl frees"
+        in caplog.text
+    )
