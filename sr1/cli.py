@@ -11,6 +11,7 @@ when that subcommand runs, so `sr1 --help` answers at once.
     sr1 eval --run-dir RUN | --checkpoint DIR      evaluate a checkpoint per data source (search/direct/rag)
     sr1 ask "question" --checkpoint DIR            answer one question with a trained checkpoint
     sr1 config show|presets|reference ...          resolved configs and the field reference
+    sr1 config from-search-r1 train_grpo.sh        a Search-R1 training script as an sr1 preset
     sr1 plan PRESET --gpus N --gpu-kind KIND ...   simulate every GPU split and staleness bound; recommend one
 """
 
@@ -42,7 +43,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "eval": ("sr1.evaluate", "evaluate a checkpoint on test files per data source (search, direct or RAG)"),
     "ask": ("sr1.ask", "answer one question with a checkpoint and a retrieval server, showing every search"),
-    "config": ("config.cli", "show a resolved config, list presets, print the field reference"),
+    "config": ("config.cli", "resolved configs, presets, the field reference, Search-R1 scripts as presets"),
     "plan": ("sr1.plan.cli", "simulate every split of the GPUs and staleness bound before renting them"),
 }
 

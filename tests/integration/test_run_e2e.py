@@ -92,6 +92,16 @@ def test_the_learner_evaluates_during_training_and_the_last_step(finished_run):
     assert all("pool/tokens_per_s" in r for r in rows if "step" in r)
 
 
+def test_the_run_logs_sr1_and_search_r1_metric_names(finished_run):
+    run_dir, _ = finished_run
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step" in r]
+    assert steps and all(r["actor/pg_loss"] == r["loss/pg"] for r in steps)
+    assert all(r["critic/score/mean"] == r["batch/reward_mean"] and "timing_s/step" in r for r in steps)
+    evals = [r for r in rows if "eval_step" in r]
+    assert all(r["val/test_score/tinykb"] == r["eval/reward/tinykb"] for r in evals)
+
+
 def test_sr1_eval_of_the_checkpoint_matches_the_runs_final_evaluation(finished_run, tmp_path):
     run_dir, _ = finished_run
     report = json.loads((run_dir / "report.json").read_text())

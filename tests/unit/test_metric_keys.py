@@ -44,6 +44,7 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     from generators.worker import GeneratorWorker, pool_metrics
     from learner.loop import step_timing, tool_metrics
     from learner.settings import LearnerConfig
+    from learner.tracking import metric_aliases
     from learner.trainer import Learner
     from tasks.search_r1 import SearchR1Task
     from tests.fakes.engine import ScriptedEngine, ToyTokenizer
@@ -91,6 +92,8 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     }
     out["evaluation"] = set(result) | set(sampled) | set(merge_shards([shard_result]))
     buffer.close()
+    # the tracker logs Search-R1's names beside sr1's (learner/tracking.py)
+    out["search_r1_names"] = set(metric_aliases(dict.fromkeys(set().union(*out.values()), 0.0)))
     return out
 
 
@@ -125,3 +128,13 @@ def test_a_row_with_a_clash_is_refused():
     assert merge_metrics({"a/x": 1}, {"b/y": 2}) == {"a/x": 1, "b/y": 2}
     with pytest.raises(ValueError, match="a/x"):
         merge_metrics({"a/x": 1}, {"a/x": 2})
+
+
+def test_the_search_r1_names_in_the_doc_are_the_trackers():
+    from learner.tracking import METRIC_ALIAS_PREFIXES, METRIC_ALIASES
+
+    section = DOC.read_text().split("## Search-R1 names", 1)[1]
+    pairs = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|", section, flags=re.MULTILINE))
+    expected = {theirs: ours for ours, theirs in METRIC_ALIASES.items()}
+    expected |= {f"{theirs}<source>": f"{ours}<source>" for ours, theirs in METRIC_ALIAS_PREFIXES.items()}
+    assert pairs == expected

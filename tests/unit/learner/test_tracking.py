@@ -64,7 +64,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     assert inits[0]["mode"] == "online" and inits[0]["entity"] == "lab" and inits[0]["project"] == "sr1-test"
     assert ("define_metric", "eval/*", {"step_metric": "eval/step"}) in calls
     logs = [c for c in calls if c[0] == "log"]
-    assert logs[0] == ("log", {"loss/pg": 0.5}, 3)
+    assert logs[0] == ("log", {"loss/pg": 0.5, "actor/pg_loss": 0.5}, 3)  # and its Search-R1 name
     assert logs[1] == (
         "log",
         {"eval/em": 0.4, "eval/step": 2},
@@ -77,3 +77,18 @@ def test_other_ranks_write_nothing(tmp_path):
     tracker.log({"loss/pg": 0.5}, step=1)
     tracker.close()
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_metrics_are_logged_under_search_r1_names_too(tmp_path, monkeypatch):
+    calls = _fake_wandb(monkeypatch)
+    tracker = Tracker(tmp_path, LoggingConfig(wandb=True))
+    tracker.log({"batch/reward_mean": 0.25, "loss/pg": -0.1, "perf/step_s": 3.0, "staleness/max": 1}, step=4)
+    tracker.log_eval({"eval/reward": 0.5, "eval/reward/nq": 0.4, "eval/em/nq": 0.4}, step=4)
+    tracker.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["critic/score/mean"] == rows[0]["batch/reward_mean"] == 0.25
+    assert rows[0]["actor/pg_loss"] == -0.1 and rows[0]["timing_s/step"] == 3.0
+    assert rows[1]["val/test_score/nq"] == 0.4 and "val/test_score/em" not in str(rows[1])
+    logged = [c[1] for c in calls if c[0] == "log"]
+    assert logged[0]["critic/score/mean"] == 0.25 and logged[1]["val/test_score/nq"] == 0.4
+    assert ("define_metric", "val/*", {"step_metric": "eval/step"}) in calls

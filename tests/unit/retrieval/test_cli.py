@@ -56,3 +56,24 @@ def test_build_index_refuses_an_online_method(tmp_path):
     corpus.write_text('{"id": "0", "contents": "\\"A\\"\\ntext"}\n')
     with pytest.raises(SystemExit, match="build-index supports --method bm25 or dense, not 'google'"):
         main(["build-index", "--method", "google", "--corpus", str(corpus), "--out", str(tmp_path / "idx")])
+
+
+def test_search_r1_retrieval_server_flags_and_keys_are_aliases(tmp_path):
+    argv = ["serve", "--index_path", str(tmp_path / "e5_Flat.index"), "--corpus_path", str(tmp_path / "c.jsonl"),
+            "--topk", "5", "--retriever_name", "e5", "--retriever_model", "intfloat/e5-base-v2", "--faiss_gpu",
+            "retriever.url=http://h:9/retrieve"]  # fmt: skip
+    cfg = load_retrieval_config(parse_args(argv))
+    assert (cfg.index_path, cfg.corpus_path) == (tmp_path / "e5_Flat.index", tmp_path / "c.jsonl")
+    assert (cfg.topk, cfg.method, cfg.encoder.model, cfg.faiss_gpu) == (
+        5,
+        "dense",
+        "intfloat/e5-base-v2",
+        True,
+    )
+    assert cfg.url == "http://h:9/retrieve"
+    bm25 = load_retrieval_config(parse_args(["serve", "--retriever_name", "bm25", "retriever.topk=7"]))
+    assert (bm25.method, bm25.topk) == ("bm25", 7)
+    assert (
+        load_retrieval_config(parse_args(["serve", "search_url=http://x:1/r", "topk=2"])).url
+        == "http://x:1/r"
+    )

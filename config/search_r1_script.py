@@ -1,0 +1,318 @@
+"""A Search-R1 training script (`train_ppo.sh`, `train_grpo.sh`) as an sr1 preset, and the key table as a document.
+
+    sr1 config from-search-r1 train_grpo.sh -o my-grpo.yaml     # then: sr1 launch my-grpo.yaml
+    sr1 config search-r1-keys > docs/search-r1.md
+
+The script's `python -m verl.trainer.main_ppo ...` command is read with its line continuations; `$VAR` / `${VAR}`
+come from the script's own assignments (`export X=...`, `X=...`), then `--env`, then the environment. Its overrides
+are layered over verl's trainer defaults (as Hydra does) and translated by `config/search_r1.py`; the preset is the
+base preset's YAML (sr1's machinery: pools, GPUs, weight sync) with every translated value set and commented.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from config import search_r1
+from config.loader import ConfigError, _fill_variant_types, _hydra_value, _read_yaml, load_config, preset_path
+from config.migrate import migrate
+from config.schema import Config
+
+_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+_ENTRY = "verl.trainer.main_ppo"
+_STOP = ("|", ">", "2>", "1>", "&", ";")
+BASES = {"gae": "search-r1-ppo-8xh100", "grpo": "search-r1-grpo-8xh100"}
+
+
+class ScriptError(ConfigError):
+    """A script whose training command cannot be read; the message names the line."""
+
+
+@dataclass
+class ScriptOverrides:
+    """The `key=value` overrides of a script's training command, with the line each is on."""
+
+    values: dict[str, Any]
+    lines: dict[str, int]
+
+
+@dataclass
+class _Command:
+    """One command of the script: its physical lines (number, text), backslash continuations joined."""
+
+    lines: list[tuple[int, str]]
+
+    @property
+    def start(self) -> int:
+        return self.lines[0][0]
+
+    @property
+    def text(self) -> str:
+        return " ".join(text for _, text in self.lines)
+
+    def line_of(self, token: str) -> int:
+        """The physical line a token (or its key) is on."""
+        for needle in (token, token.split("=", 1)[0]):
+            for number, text in self.lines:
+                if needle in text:
+                    return number
+        return self.start
+
+
+def _commands(text: str) -> list[_Command]:
+    out: list[_Command] = []
+    pending: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.rstrip()
+        continued = stripped.endswith("\\")
+        pending.append((number, stripped[:-1] if continued else stripped))
+        if not continued:
+            out.append(_Command(pending))
+            pending = []
+    if pending:
+        out.append(_Command(pending))
+    return out
+
+
+def _expand(token: str, variables: dict[str, str], line: int) -> str:
+    def value(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in variables:
+            raise ScriptError(
+                f"line {line}: ${name} is not set by the script (give it with --env {name}=...)"
+            )
+        return variables[name]
+
+    return _VARIABLE.sub(value, token)
+
+
+def _tokens(text: str, line: int) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError as err:
+        raise ScriptError(f"line {line}: cannot parse {text.strip()[:80]!r}: {err}") from None
+
+
+def parse_script(text: str, env: dict[str, str] | None = None) -> ScriptOverrides:
+    """The overrides of the script's `python -m verl.trainer.main_ppo` command, variables expanded."""
+    variables = {**os.environ, **(env or {})}
+    for command in _commands(text):
+        tokens = _tokens(command.text, command.start)
+        if not tokens:
+            continue
+        assignment = _ASSIGNMENT.match(" ".join(tokens))
+        if assignment and len(tokens) <= 2 and "-m" not in tokens:
+            variables[assignment.group(1)] = _expand(assignment.group(2), variables, command.start)
+            continue
+        if _ENTRY in tokens:
+            return _command_overrides(tokens, variables, command)
+    raise ScriptError(f"no `python -m {_ENTRY}` command in the script")
+
+
+def _command_overrides(tokens: list[str], variables: dict[str, str], command: _Command) -> ScriptOverrides:
+    entry = tokens.index(_ENTRY)
+    if entry < 2 or tokens[entry - 1] != "-m" or "python" not in Path(tokens[entry - 2]).name:
+        raise ScriptError(f"line {command.line_of(_ENTRY)}: expected `python -m {_ENTRY}`, got "
+                          f"{' '.join(tokens[: entry + 1])!r}")  # fmt: skip
+    values: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    for token in tokens[entry + 1 :]:
+        if token.startswith(_STOP):
+            break
+        line = command.line_of(token)
+        if "=" not in token:
+            raise ScriptError(f"line {line}: cannot read {token!r} (expected key=value overrides)")
+        key, _, raw = _expand(token, variables, line).partition("=")
+        key = key.lstrip("+")
+        try:
+            values[key] = _hydra_value(token, raw)
+        except ConfigError as err:
+            raise ScriptError(f"line {line}: {err}") from None
+        lines[key] = line
+    return ScriptOverrides(values, lines)
+
+
+@dataclass
+class ScriptTranslation:
+    """A script's translation: the preset values, the comment of each translated key, the accepted keys."""
+
+    preset: dict[str, Any]
+    comments: dict[str, str]  # sr1 dotted key -> where it came from
+    accepted: list[str]  # one line per key accepted without an sr1 field
+    base: str | None
+
+
+def translate_script(text: str, base: str | Path | None = "auto", env: dict[str, str] | None = None
+                     ) -> ScriptTranslation:  # fmt: skip
+    """Translate a script onto `base` (a preset; "auto": sr1's Search-R1 preset of the script's estimator; None:
+    sr1's defaults). Every key must be known; a value sr1 cannot take is an error naming the key and the line."""
+    script = parse_script(text, env)
+    unknown = [k for k in script.values if k not in search_r1.KEYS]
+    if unknown:
+        hints = [f"line {script.lines[k]}: {k} ({search_r1.unknown_key_hint(k, [])})" for k in unknown]
+        raise ScriptError("unknown Search-R1 keys:\n  " + "\n  ".join(hints))
+    theirs = search_r1.resolve_interpolations(search_r1.verl_defaults() | script.values)
+    if base == "auto":
+        base = BASES.get(theirs["algorithm.adv_estimator"])
+    base_values = migrate(_read_yaml(preset_path(base)), str(base)) if base is not None else {}
+    # sr1's defaults alone need not satisfy the cross-section checks: without a base, read them unchecked
+    base_cfg = load_config(base) if base is not None else Config.model_construct()
+
+    def lookup(dotted: str) -> Any:
+        node: Any = base_cfg
+        for part in dotted.split("."):
+            node = getattr(node, part, None)
+        return node
+
+    try:
+        translation = search_r1.translate(theirs, lookup)
+    except search_r1.TranslationError as err:
+        key = str(err).split("=", 1)[0]
+        where = f"line {script.lines[key]}: " if key in script.lines else "verl's default: "
+        raise ScriptError(f"{where}{err}") from None
+    values = dict(translation.values)
+    comments = {k: _comment(translation.origin[k], script, theirs) for k in values}
+    implied = search_r1.IMPLIED | (
+        search_r1.IMPLIED_PPO if values.get("learner.algorithm.type") == "ppo" else {}
+    )
+    for key, (value, why) in implied.items():
+        values[key] = value
+        comments[key] = why
+    preset = base_values
+    for key, value in values.items():
+        _set(preset, key.split("."), value)
+    _fill_variant_types(
+        preset, {}
+    )  # a union section the base does not give (task: format scores) names its type
+    accepted = [note for key, note in translation.notes.items() if not search_r1.KEYS[key].sets]
+    return ScriptTranslation(preset, comments, accepted, None if base is None else str(base))
+
+
+def _comment(their_key: str, script: ScriptOverrides, theirs: dict[str, Any]) -> str:
+    where = f"line {script.lines[their_key]}" if their_key in script.lines else "verl default"
+    return f"{their_key}={theirs[their_key]!r} ({where})"
+
+
+def _set(target: dict[str, Any], keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        node = target.get(key)
+        if isinstance(node, str):  # a union section given by its variant name
+            node = {"type": node}
+        target[key] = node if isinstance(node, dict) else {}
+        target = target[key]
+    target[keys[-1]] = value
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def _emit(node: dict[str, Any], comments: dict[str, str], prefix: str = "", indent: int = 0) -> list[str]:
+    lines = []
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        pad = " " * indent
+        if isinstance(value, dict) and value:
+            lines.append(f"{pad}{key}:")
+            lines.extend(_emit(value, comments, f"{dotted}.", indent + 2))
+            continue
+        text = f"{pad}{key}: {_scalar(value)}"
+        lines.append(f"{text}  # {comments[dotted]}" if dotted in comments else text)
+    return lines
+
+
+def preset_yaml(translation: ScriptTranslation, source: str) -> str:
+    """The preset file: a header naming the script and base, the keys accepted without a field, then the values
+    (each translated one commented with the Search-R1 key and line it came from)."""
+    header = [f"# Translated from {source} by `sr1 config from-search-r1`; base preset: {translation.base or 'none'}",
+              "# Search-R1 keys sr1 accepts without a field of its own (what sr1 does instead):"]  # fmt: skip
+    header += [f"#   {line}" for line in translation.accepted]
+    return "\n".join([*header, *_emit(translation.preset, translation.comments)]) + "\n"
+
+
+def search_r1_doc() -> str:
+    """`docs/search-r1.md`: how to bring a Search-R1 setup over, and the key table rendered from `KEYS`."""
+    rows = ["| Search-R1 / verl key | verl default | sr1 | note |", "|---|---|---|---|"]
+    for key, rule in search_r1.KEYS.items():
+        default = "" if rule.default is search_r1.NO_DEFAULT else f"`{rule.default!r}`"
+        sets = ", ".join(f"`{s}`" for s in rule.sets) or "accepted"
+        only = f" Only {' or '.join(repr(v) for v in rule.only)}." if rule.only is not None else ""
+        rows.append(f"| `{key}` | {default} | {sets} | {(rule.note + only).strip().replace('|', '/')} |")
+    implied = [
+        f"| `{k}` | `{v!r}` | {why} |" for k, (v, why) in (search_r1.IMPLIED | search_r1.IMPLIED_PPO).items()
+    ]
+    return _DOC.format(table="\n".join(rows), implied="\n".join(implied))
+
+
+_DOC = """# Coming from Search-R1
+
+sr1 speaks Search-R1's (verl's) config vocabulary: its Hydra overrides, its metric names and its checkpoints carry
+over unchanged. This page is generated from `config/search_r1.py` (`sr1 config search-r1-keys > docs/search-r1.md`;
+a test checks that it is current).
+
+## Overrides
+
+Any command that takes overrides (`sr1 run`, `sr1 launch`, `sr1 learner`, `sr1 generators`, `sr1 config show`)
+takes Search-R1's keys as they are, beside sr1's own (`+key=value`, Hydra's append, too):
+
+    sr1 config show tiny actor_rollout_ref.actor.optim.lr=1e-6
+    sr1 run search-r1-grpo-8xh100 actor_rollout_ref.rollout.n_agent=8 retriever.topk=5 max_turns=2
+
+A key either sets sr1 fields (its value converted where the units differ) or is accepted because sr1 does the same
+thing another way (the note says how). A value sr1 cannot honour is an error that says why; a key that is in neither
+vocabulary is an error naming the closest sr1 and Search-R1 keys; a value of the wrong type names both spellings.
+Where an sr1 key and a Search-R1 key set the same field, the sr1 key wins. Rules that depend on another setting
+(the KL coefficient on `use_kl_loss`, the critic's keys on the algorithm, warmup ratios on the total steps) read it
+from the same overrides, else from the preset.
+
+## A whole training script
+
+    sr1 config from-search-r1 train_grpo.sh -o my-grpo.yaml [--base PRESET] [--env DATA_DIR=...]
+    sr1 launch my-grpo.yaml
+
+reads the script's `python -m verl.trainer.main_ppo` command (line continuations, `$VAR` / `${{VAR}}` from its
+assignments, then `--env`, then the environment), layers its overrides over verl's defaults (the column below) and
+writes a preset: the base preset (default: `search-r1-ppo-8xh100` for `gae`, `search-r1-grpo-8xh100` for `grpo`,
+which hold sr1's pools, GPU placement and weight sync for 8 GPUs) with every translated value set and commented with
+the key and line it came from. A key the table does not know, or a line that cannot be read, is an error naming the
+line. Search-R1's published `train_ppo.sh` / `train_grpo.sh` (nq_hotpotqa v0.2) translate to exactly those two
+presets but for the run name and the model the script picks.
+
+A whole script's translation also sets what verl fixes in code and Search-R1's schedule:
+
+| sr1 key | value | why |
+|---|---|---|
+{implied}
+
+## Checkpoints
+
+`model.path`, `sr1 eval --checkpoint` and `sr1 ask` take a verl FSDP checkpoint directory as it is (`.../actor`
+holding `model_world_size_<W>_rank_<R>.pt` and `huggingface/`, or the `global_step_<N>` directory above it): the
+shards are merged once into safetensors in `$XDG_CACHE_HOME/sr1/verl/` (default `~/.cache/sr1/verl/`) with the
+config and tokenizer of `huggingface/`.
+Search-R1's own checkpoints (`actor/global_step_<N>`, saved with `save_pretrained`) and sr1's (`checkpoints/step_<N>`)
+are HF directories that `transformers.AutoModelForCausalLM.from_pretrained` loads as Search-R1's `infer.py` does.
+
+## Metrics
+
+Beside sr1's keys, the learner logs each metric that has a verl / Search-R1 name under that name too
+(`critic/score/mean`, `actor/pg_loss`, `timing_s/step`, ...), in wandb and `metrics.jsonl`; `docs/metrics.md` lists
+the pairs.
+
+## Retrieval server
+
+`sr1 retrieval serve` takes `retrieval_server.py`'s flags as aliases: `--index_path`, `--corpus_path`, `--topk`,
+`--retriever_name` (e5 / bge / bm25), `--retriever_model`, `--faiss_gpu`.
+
+## The key table
+
+{table}
+"""
