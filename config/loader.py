@@ -327,22 +327,26 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
         preset_values = _normalize(migrate(_read_yaml(path), str(path)))
         _check_yaml_keys(preset_values, str(path))
     _check_env()
+    origin = str(path) if preset is not None else "defaults"
     native, theirs = _split_search_r1(overrides or [], Config)
     cli_values = parse_overrides(native)
     if theirs:
-        translated = _translate(theirs, Config, lambda: _build(preset_values, copy.deepcopy(cli_values)))
+        translated = _translate(
+            theirs, Config, lambda: _build(preset_values, copy.deepcopy(cli_values), origin)
+        )
         cli_values = _deep_merge(translated, cli_values)  # sr1's own keys win
-    return _build(preset_values, cli_values)
+    return _build(preset_values, cli_values, origin)
 
 
-def _build(preset_values: dict[str, Any], cli_values: dict[str, Any]) -> Config:
+def _build(preset_values: dict[str, Any], cli_values: dict[str, Any], origin: str) -> Config:
+    """The root config from a preset's values (read from `origin`) and the parsed overrides."""
     _fill_variant_types(cli_values, preset_values)
     with _LOCK:  # the preset reaches the settings source through a module-level holder
         _PRESET_VALUES.set(preset_values)
         try:
             return _strictly(
                 lambda: Config(**cli_values),
-                (preset_values, Config, str(preset)),
+                (preset_values, Config, origin),
                 (cli_values, Config, "override"),
             )
         finally:
@@ -407,12 +411,15 @@ def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | Non
     native, theirs = _split_search_r1(overrides or [], job_cls)
     update = parse_overrides(native, job_cls)
     if theirs:
-        translated = _translate(theirs, job_cls, lambda: _build_job(job_cls, values, copy.deepcopy(update)))
+        translated = _translate(
+            theirs, job_cls, lambda: _build_job(job_cls, values, copy.deepcopy(update), path)
+        )
         update = _deep_merge(translated, update)
-    return _build_job(job_cls, values, update)
+    return _build_job(job_cls, values, update, path)
 
 
-def _build_job(job_cls: type[JobT], values: dict[str, Any], update: dict[str, Any]) -> JobT:
+def _build_job(job_cls: type[JobT], values: dict[str, Any], update: dict[str, Any], path: Path) -> JobT:
+    """A job config from its file's values (read from `path`) and the parsed overrides."""
     _fill_variant_types(update, values, job_cls)
     merged = _deep_merge(values, update)
     return _strictly(lambda: job_cls(**merged), (values, job_cls, str(path)), (update, job_cls, "override"))
