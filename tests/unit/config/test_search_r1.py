@@ -356,9 +356,10 @@ def test_the_search_r1_document_is_current():
     )
 
 
-def test_run_and_the_pool_launchers_take_search_r1_overrides():
+def test_run_and_the_pool_launchers_take_search_r1_overrides(monkeypatch):
     import argparse
 
+    from sr1.launch import pools
     from sr1.launch.pools import _load
     from sr1.run import _resolve, build_parser, parse_args
 
@@ -368,7 +369,8 @@ def test_run_and_the_pool_launchers_take_search_r1_overrides():
     pool = argparse.Namespace(
         config=PPO, overrides=["critic.optim.lr=7e-6"], redis_url="redis://127.0.0.1:1/0"
     )
-    assert _load(pool, "sr1 learner").learner.algorithm.critic.lr == pytest.approx(7e-6)
+    monkeypatch.setattr(pools, "check_inputs", lambda cfg, splits: [])  # the preset's model and data are not here
+    assert _load(pool, "sr1 learner", ("train",)).learner.algorithm.critic.lr == pytest.approx(7e-6)
 
 
 def test_a_search_r1_key_for_a_section_the_job_lacks_is_named(tmp_path):
