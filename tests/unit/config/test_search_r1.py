@@ -369,7 +369,9 @@ def test_run_and_the_pool_launchers_take_search_r1_overrides(monkeypatch):
     pool = argparse.Namespace(
         config=PPO, overrides=["critic.optim.lr=7e-6"], redis_url="redis://127.0.0.1:1/0"
     )
-    monkeypatch.setattr(pools, "check_inputs", lambda cfg, splits: [])  # the preset's model and data are not here
+    monkeypatch.setattr(
+        pools, "check_inputs", lambda cfg, splits: []
+    )  # the preset's model and data are not here
     assert _load(pool, "sr1 learner", ("train",)).learner.algorithm.critic.lr == pytest.approx(7e-6)
 
 
