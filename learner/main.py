@@ -5,8 +5,8 @@ preset / root config file, from which the learner takes its job (config/jobs.py)
 rendezvous come from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that
 `sr1 learner` or torchrun set; without them it is a single rank. SIGTERM/SIGINT finish the current step, write a
 checkpoint and exit 0. `--resume` continues from `<run_dir>/checkpoints/latest`. A configuration or data error (a bad
-job, an unreadable prompt file, overlong prompts that may not be dropped) exits with `config.EXIT_BAD_INPUT`, which
-supervisors do not restart.
+job, an unreadable prompt file, overlong prompts that may not be dropped), and `learner.max_nonfinite_steps` skipped
+updates in a row, exit with `config.EXIT_BAD_INPUT`, which supervisors do not restart.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from learner.distributed import init_distributed, shutdown_distributed
-    from learner.loop import StopFlag, run_learner
+    from learner.loop import NonFiniteTrainingError, StopFlag, run_learner
 
     stop = StopFlag().install()
     world = init_distributed(args.device)
@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if world.is_main:
             log.info("learner stopped at version %d", version)
         finished = True
+    except NonFiniteTrainingError as err:
+        # a restart would resume from the last checkpoint into the same updates: stop the run instead
+        print(f"learner: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     finally:
         shutdown_distributed(wait_for_peers=finished)
     return 0
