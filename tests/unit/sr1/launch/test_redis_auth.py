@@ -118,6 +118,17 @@ def _non_loopback_ipv4() -> str | None:
     return next((a for a in out if "." in a and not a.startswith("127.")), None)
 
 
+def _answers_ping(url: str, child: Child, timeout_s: float = 10.0) -> bool:
+    """Whether the server at `url` answers PING before `child` exits or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while child.alive and time.monotonic() < deadline:
+        try:
+            return bool(redis.Redis.from_url(url).ping())
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return False
+
+
 def test_a_redis_reachable_from_other_nodes_needs_the_password(tmp_path):
     ip = _non_loopback_ipv4()
     if ip is None:
@@ -130,15 +141,7 @@ def test_a_redis_reachable_from_other_nodes_needs_the_password(tmp_path):
     child = Child("redis", cmd, tmp_path / "redis.stdout.log").start()
     try:
         url = server.url_on(ip)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        assert _answers_ping(url, child), (tmp_path / "redis.stdout.log").read_text()[-300:]
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host=ip, port=server.port).get("run1:version")
         exercise_sr1_commands(url, "run1")
@@ -183,17 +186,8 @@ def test_rediss_urls_reach_a_tls_redis(tmp_path, free_port):
     child = Child("redis-tls", cmd, tmp_path / "redis.log").start()
     try:
         url = f"rediss://:{PASSWORD}@127.0.0.1:{free_port}/0?ssl_ca_certs={ca}"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if not child.alive or time.monotonic() > deadline:
-                    pytest.skip(
-                        "this redis-server has no TLS: " + (tmp_path / "redis.log").read_text()[-300:]
-                    )
-                time.sleep(0.05)
+        if not _answers_ping(url, child):
+            pytest.skip("this redis-server has no TLS: " + (tmp_path / "redis.log").read_text()[-300:])
         exercise_sr1_commands(url, "tls")
     finally:
         child.stop(grace_s=5.0)
