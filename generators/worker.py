@@ -79,9 +79,8 @@ class GeneratorWorker:
         self.groups_done = 0
         self.trajectories_done = 0
         self.groups_failed = 0
-        self.groups_given_back = (
-            0  # finished with tool errors while paused: sampled again once the tool answers
-        )
+        # groups that finished with tool errors while paused: given back, sampled again once the tool answers
+        self.groups_given_back = 0
         self.eval_errors = 0  # evaluation requests answered with an error record
         self.tools = ToolHealth(cfg.tool_pause)
         self._background_error: BaseException | None = None
@@ -153,6 +152,12 @@ class GeneratorWorker:
             self._background_error = RuntimeError(f"background task {task.get_name()!r} died: {exc!r}")
         self.request_stop()
 
+    def _state(self) -> str:
+        """What the heartbeat says the worker is doing: draining (stopping), paused (tool errors) or running."""
+        if self._stop.is_set():
+            return "draining"
+        return "paused" if self.tools.paused else "running"
+
     def _count_inflight(self, delta: int) -> None:
         """Track trajectories in flight and the time the engine spent with none (its idle fraction)."""
         now = time.monotonic()
@@ -197,11 +202,7 @@ class GeneratorWorker:
             "rollout/weight_sync_state": self.weight_sync_state,
             "rollout/groups_given_back": self.groups_given_back,
             "rollout/eval_errors": self.eval_errors,
-            "rollout/state": "draining"
-            if self._stop.is_set()
-            else "paused"
-            if self.tools.paused
-            else "running",
+            "rollout/state": self._state(),
             **self.tools.metrics(now),
         }
         for reason, count in self.finish_reasons.items():
@@ -313,9 +314,8 @@ class GeneratorWorker:
             self.groups_failed += 1
             log.exception("group %s failed; its prompt goes back to the buffer", item.prompt.group_id)
             self._held.pop(item.entry_id, None)
-            with contextlib.suppress(
-                Exception
-            ):  # retried at once; dead-lettered with this error after the last try
+            # retried at once; dead-lettered with this error after the last try
+            with contextlib.suppress(Exception):
                 await asyncio.to_thread(
                     self.buffer.fail_prompt, self.worker_id, item.entry_id, f"{type(exc).__name__}: {exc}"
                 )
