@@ -54,9 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONSUMER = "learner-0"
-NONFINITE_KEY = (
-    "loss/nonfinite_skipped"  # train_step's metric: 1.0 when the update was skipped (loss or grad not finite)
-)
+# train_step's metric: 1.0 when the update was skipped (the loss or the gradient norm was not finite)
+NONFINITE_KEY = "loss/nonfinite_skipped"
 REGROUP = "regroup"  # next_batch's answer when the weight-sync group must be re-formed before the next step
 WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
 
