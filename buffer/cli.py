@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
     url = _resolve_url(args)
     try:
-        buffer = ReplayBuffer(url, args.namespace)
+        # a one-off query answers at once when Redis is down; `watch` rides out a restart like the pools do
+        buffer = ReplayBuffer(url, args.namespace, reconnect_s=2.0 if args.command == "stats" else 60.0)
     except redis.ConnectionError as err:
         print(f"sr1 buffer: cannot reach Redis at {mask_url(url)}: {err}", file=sys.stderr)
         return 2
