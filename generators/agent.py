@@ -26,7 +26,6 @@ from buffer.records import Trajectory
 from generators.engine import Engine, Generation, SamplingSpec
 from generators.settings import GeneratorsConfig
 from tasks import Observation, Task
-from tasks.prompt_tokens import encode_prompt  # noqa: F401 - the agent's prompt encoding; importers find it here
 
 log = logging.getLogger(__name__)
 

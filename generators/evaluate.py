@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from buffer.records import PromptRecord
-from generators.agent import FINISH_REASONS, AgentSettings, encode_prompt, run_agent
+from generators.agent import FINISH_REASONS, AgentSettings, run_agent
 from generators.settings import GeneratorsConfig
 from tasks import Task
+from tasks.prompt_tokens import encode_prompt
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from buffer.records import Group, PromptRecord
-from generators.agent import AgentSettings, Rollout, encode_prompt, run_agent
+from generators.agent import AgentSettings, Rollout, run_agent
 from tasks import Task
+from tasks.prompt_tokens import encode_prompt
 
 
 async def run_group(

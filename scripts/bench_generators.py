@@ -203,9 +203,10 @@ async def _bench(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     from config import load_config
-    from generators.agent import AgentSettings, encode_prompt
+    from generators.agent import AgentSettings
     from generators.engine import VLLMEngine
     from generators.group import run_group
+    from tasks.prompt_tokens import encode_prompt
     from tasks.search_r1 import SearchR1Task
     from tasks.search_r1.data import load_prompts
 

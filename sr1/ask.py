@@ -34,8 +34,9 @@ async def ask(
     from rich.console import Console
     from rich.panel import Panel
 
-    from generators.agent import AgentSettings, encode_prompt, run_agent
+    from generators.agent import AgentSettings, run_agent
     from tasks import build_task
+    from tasks.prompt_tokens import encode_prompt
 
     console = Console()
     if engine_kind == "vllm":

@@ -91,8 +91,9 @@ async def probe_policy(
 
 
 async def _probe_modes(kb, questions, modes, task, engine, settings, answers) -> dict[str, float]:
-    from generators.agent import encode_prompt, run_agent
+    from generators.agent import run_agent
     from sr1.world.kb import ATTRIBUTE_BY_KEY
+    from tasks.prompt_tokens import encode_prompt
     from tasks.search_r1.protocol import search_turn
 
     tokenizer = engine.tokenizer

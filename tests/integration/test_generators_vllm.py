@@ -105,9 +105,9 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
     import numpy as np
 
     from buffer.redis_buffer import ReplayBuffer
-    from generators.agent import encode_prompt
     from generators.worker import GeneratorWorker
     from retrieval.client import RetrievalClient
+    from tasks.prompt_tokens import encode_prompt
     from tasks.search_r1 import SearchR1Task
     from tasks.search_r1.data import row_to_record
     from tasks.search_r1.protocol import INFORMATION_CLOSE, INFORMATION_OPEN, INVALID_ACTION

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from generators.agent import AgentSettings, encode_prompt, run_agent
+from generators.agent import AgentSettings, run_agent
 from generators.engine import Generation, _finish_reason
+from tasks.prompt_tokens import encode_prompt
 from tasks.search_r1 import SearchR1Task
 from tasks.search_r1.protocol import make_prompt_messages
 
