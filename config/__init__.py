@@ -1,6 +1,5 @@
 """Typed configuration of sr1: one root model, a section per pool, YAML presets, env and dotted overrides."""
 
-from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
 from config.loader import (
     EXIT_BAD_INPUT,
     ConfigError,
@@ -13,6 +12,9 @@ from config.loader import (
     save_job,
 )
 from config.schema import Config
+from generators.job import GeneratorJob
+from learner.job import LearnerJob
+from retrieval.job import RetrievalJob
 
 __all__ = [
     "Config",

@@ -379,7 +379,7 @@ def save_config(cfg: Config, run_dir: Path) -> Path:
     return write_private(run_dir / "config.yaml", config_to_yaml(cfg))
 
 
-# -- each process's own config (config/jobs.py) --------------------------------------------------------------------
+# -- each process's own config (each role's job.py) --------------------------------------------------------------------
 
 
 def save_job(job: BaseModel, path: Path) -> Path:
@@ -391,7 +391,9 @@ def save_job(job: BaseModel, path: Path) -> Path:
 def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | None = None) -> JobT:
     """A process's typed config from `config`: a job file a launcher wrote (its `job:` names the kind), or a
     preset / root config file, from which the root config makes the job. Dotted overrides apply either way."""
-    from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
+    from generators.job import GeneratorJob
+    from learner.job import LearnerJob
+    from retrieval.job import RetrievalJob
 
     kind = job_cls.model_fields["job"].default
     path = Path(config)

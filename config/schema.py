@@ -13,10 +13,12 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from buffer.settings import BufferConfig
-from config.jobs import GeneratorJob, LearnerJob, RetrievalJob
-from config.sections import DataConfig, EvalConfig, LoggingConfig, ModelConfig
+from common.sections import DataConfig, EvalConfig, LoggingConfig, ModelConfig
+from generators.job import GeneratorJob
 from generators.settings import GeneratorsConfig
+from learner.job import LearnerJob
 from learner.settings import LearnerConfig
+from retrieval.job import RetrievalJob
 from retrieval.settings import RetrievalConfig
 from tasks.settings import SearchR1Config, TaskConfig
 from weight_sync.settings import WeightSyncConfig
@@ -40,7 +42,7 @@ class _DictSource(PydanticBaseSettingsSource):
 
 
 class Config(BaseSettings):
-    """Everything a run needs. Each process receives only the sections it uses (`config/jobs.py`)."""
+    """Everything a run needs. Each process receives only the sections it uses (its role's `job.py`)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -134,7 +136,7 @@ class Config(BaseSettings):
     def resolved_run_dir(self) -> Path:
         return self.run_dir if self.run_dir is not None else Path("runs") / self.name
 
-    # -- each process's own config (config/jobs.py) ---------------------------------------------------------
+    # -- each process's own config (each role's job.py) ---------------------------------------------------------
 
     def _common(self) -> dict[str, Any]:
         return {"seed": self.seed, "run_dir": self.resolved_run_dir, "logging": self.logging}

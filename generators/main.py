@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Any
 
-from config.jobs import GeneratorJob
+from generators.job import GeneratorJob
 
 log = logging.getLogger("generators")
 
@@ -55,7 +55,7 @@ async def serve(job: GeneratorJob) -> int:
     from transformers import AutoTokenizer
 
     from buffer.redis_buffer import open_buffer
-    from config.hub import resolve_model_path
+    from common.model_paths import resolve_model_path
     from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine
     from generators.worker import GeneratorWorker
     from tasks import build_task
@@ -128,8 +128,8 @@ async def serve(job: GeneratorJob) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    from common.model_paths import ModelPathError
     from config import EXIT_BAD_INPUT, ConfigError, load_job
-    from config.hub import ModelPathError
     from tasks import DataError
 
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])

@@ -1,6 +1,6 @@
 """The learner process's loop on every rank: take a batch, train, publish the weights, checkpoint, ack.
 
-    run_learner(job, world, resume=True, stop=StopFlag())         # job: config.jobs.LearnerJob
+    run_learner(job, world, resume=True, stop=StopFlag())         # job: learner.job.LearnerJob
 
 Rank 0 alone talks to Redis (prompt feeder, batch assembly, version, heartbeats, acks) and to the engines (weight
 publisher); it forwards each batch to the other ranks as the group payloads it took from Redis, with a small
@@ -38,10 +38,10 @@ import torch
 from buffer.codec import decode_group
 from buffer.records import Group
 from buffer.stats import STALENESS_HIST
-from config.hub import resolve_model_path
-from config.jobs import LearnerJob
+from common.model_paths import resolve_model_path
 from learner.checkpoint import Checkpointer, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
+from learner.job import LearnerJob
 from learner.model import DTYPES, named_weights
 from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner

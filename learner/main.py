@@ -1,7 +1,7 @@
 """The learner process (one rank): `python -m learner.main --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/learner.yaml`: only the sections the learner uses) or a
-preset / root config file, from which the learner takes its job (config/jobs.py). Rank, world size and the
+preset / root config file, from which the learner takes its job (learner/job.py). Rank, world size and the
 rendezvous come from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that
 `sr1 learner` or torchrun set; without them it is a single rank. SIGTERM/SIGINT finish the current step, write a
 checkpoint and exit 0. `--resume` continues from `<run_dir>/checkpoints/latest`. A configuration or data error (a bad
@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config import LearnerJob
+    from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
 
@@ -40,7 +40,7 @@ def training_prompts(job: LearnerJob) -> list:
     instead with data.filter_overlong_prompts=false). DataError for a file that cannot be read."""
     from transformers import AutoTokenizer
 
-    from config.hub import resolve_tokenizer_path
+    from common.model_paths import resolve_tokenizer_path
     from config.prompts import NO_TRAIN_FILES, fitting_prompts
     from tasks import DataError
 
@@ -55,7 +55,7 @@ def training_prompts(job: LearnerJob) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from config import EXIT_BAD_INPUT, ConfigError, LearnerJob, load_job, save_job
+    from config import EXIT_BAD_INPUT, ConfigError, load_job, save_job
 
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = None
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:  # rank 0 feeds the prompts; a bad file stops it before any collective
-        from config.hub import ModelPathError
+        from common.model_paths import ModelPathError
         from tasks import DataError
 
         try:

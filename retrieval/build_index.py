@@ -20,7 +20,7 @@ def indexable_methods() -> list[str]:
 
 def build_index(cfg: RetrievalConfig, out: str | Path, show_progress: bool = True) -> int:
     """Build `cfg.method`'s index of `cfg.corpus_path` into `out`; returns the number of passages."""
-    from config.imports import import_object
+    from common.imports import import_object
 
     target = retrieval_method(cfg.method).build_index
     if target is None:

@@ -141,7 +141,8 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
         if not o.startswith(("retrieval.", "retriever.")) and "." in o.split("=", 1)[0]
     ]
     if args.config:
-        from config import RetrievalJob, load_job
+        from config import load_job
+        from retrieval.job import RetrievalJob
 
         data = load_job(RetrievalJob, args.config, root_overrides).retrieval.model_dump()
     elif root_overrides:

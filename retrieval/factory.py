@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from config.imports import import_object
+from common.imports import import_object
 from retrieval.base import Retriever
 from retrieval.corpus import DocStore
 from retrieval.settings import RetrievalConfig, retrieval_method

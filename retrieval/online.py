@@ -210,7 +210,7 @@ class SerpApiEngine(OnlineEngine):
 
 def build_online_engine(method: str, cfg: OnlineConfig) -> OnlineEngine:
     """The online engine registered as `method`, with `cfg`'s settings."""
-    from config.imports import import_object
+    from common.imports import import_object
 
     if retrieval_method(method).local:
         raise ValueError(f"{method!r} is a local retriever, not an online engine")

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
-    from config.hub import ModelPathError, resolve_model_path
+    from common.model_paths import ModelPathError, resolve_model_path
 
     try:  # a verl checkpoint is merged into an HF directory here
         model_dir = resolve_model_path(args.checkpoint, what="--checkpoint")

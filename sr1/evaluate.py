@@ -69,8 +69,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _checkpoint_and_config(args: argparse.Namespace):
     """The checkpoint directory to evaluate and the config to evaluate it with."""
+    from common.model_paths import resolve_model_path
     from config import load_config
-    from config.hub import resolve_model_path
     from learner.checkpoint import latest_checkpoint
 
     run_dir = args.run_dir
@@ -341,8 +341,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    from common.model_paths import ModelPathError
     from config import ConfigError
-    from config.hub import ModelPathError
     from tasks.search_r1.data import DataError
 
     try:

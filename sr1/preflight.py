@@ -11,8 +11,8 @@ generators' evaluation; `data.filter_overlong_prompts`); here they are counted, 
 
 from __future__ import annotations
 
+from common.model_paths import ModelPathError, resolve_model_path, resolve_tokenizer_path
 from config import Config
-from config.hub import ModelPathError, resolve_model_path, resolve_tokenizer_path
 from config.prompts import NO_TRAIN_FILES, fitting_prompts
 from tasks import build_task
 

@@ -20,6 +20,6 @@ __all__ = ["Action", "DataError", "Observation", "Score", "Task", "TaskConfig", 
 def build_task(cfg: TaskConfig, retrieval: Any = None) -> Task:
     """The task `cfg` (a member of the `task` union) names; `retrieval` (a RetrievalConfig) is where tasks that
     search find their server."""
-    from config.imports import import_object
+    from common.imports import import_object
 
     return import_object(cfg.implementation).from_config(cfg, retrieval)

@@ -43,6 +43,6 @@ __all__ = [
 
 def build_algorithm(cfg: AlgorithmConfig, correction: CorrectionConfig) -> Algorithm:
     """The algorithm `cfg` (a member of the `learner.algorithm` union) names, with its correction."""
-    from config.imports import import_object  # here: the config package imports this package's settings
+    from common.imports import import_object
 
     return import_object(cfg.implementation)(cfg, correction)

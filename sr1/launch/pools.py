@@ -3,7 +3,7 @@
     sr1 generators --config qwen2.5-3b-8xh100 --redis-url redis://head:6379/0 --num-engines 4 [overrides]
     sr1 learner --config qwen2.5-3b-8xh100 --redis-url redis://head:6379/0 [--resume] [learner.num_ranks=4 ...]
 
-Both write each process's job config into `<run_dir>/jobs/` (config/jobs.py) and start the processes through the
+Both write each process's job config into `<run_dir>/jobs/` (each role's job.py) and start the processes through the
 supervisor (sr1/launch/supervisor.py). Generators: one `python -m generators.main` per engine, each on its own slice of
 GPUs (`engine.tensor_parallel_size` per engine; none on CPU); SIGTERM/SIGINT to the pool drains every worker, and a
 worker that fails is reported while the others keep running. Learner: `learner.num_ranks` `python -m learner.main`

@@ -40,7 +40,7 @@ class SearchR1Task(Task):
         )
         self.reward_function: Callable[[Transcript, list[str]], float] | None = None
         if self.cfg.reward_function is not None:
-            from config.imports import import_object
+            from common.imports import import_object
 
             try:
                 self.reward_function = import_object(self.cfg.reward_function)

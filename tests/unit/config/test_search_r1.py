@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from config import ConfigError, load_config, load_job
-from config.jobs import LearnerJob
 from config.search_r1 import IMPLIED, KEYS, resolve_interpolations, translate, verl_defaults
 from config.search_r1_script import ScriptError, parse_script, preset_yaml, search_r1_doc, translate_script
+from learner.job import LearnerJob
 
 SCRIPTS = Path(__file__).parent / "search_r1_scripts"
 ROOT = Path(__file__).resolve().parents[3]

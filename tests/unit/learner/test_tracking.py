@@ -6,7 +6,7 @@ import json
 import sys
 import types
 
-from config.sections import LoggingConfig
+from common.sections import LoggingConfig
 from learner.tracking import Tracker
 
 

@@ -43,7 +43,7 @@ def test_registry_says_which_methods_serve_a_local_index():
 
 
 def test_every_registered_builder_resolves():
-    from config.imports import import_object as resolve
+    from common.imports import import_object as resolve
     from retrieval.settings import METHODS
 
     for name, method in METHODS.items():

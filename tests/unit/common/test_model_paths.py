@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from config.hub import ModelPathError, resolve_model_path
+from common.model_paths import ModelPathError, resolve_model_path
 
 
 def _cached_snapshot(cache, repo_id: str, revision: str = "0123456789abcdef0123456789abcdef01234567"):

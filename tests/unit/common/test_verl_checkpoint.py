@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from config.hub import ModelPathError, resolve_model_path
+from common.model_paths import ModelPathError, resolve_model_path
 
 WORLD_SIZE = 2
 

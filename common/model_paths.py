@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from config.sections import ModelConfig
+    from common.sections import ModelConfig
 
 # `org/name` (the hub's repo id shape); anything else that is not a directory is a typo, not a hub id
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -30,10 +30,10 @@ def resolve_model_path(
     name: str | Path, *, what: str = "model.path", cache_dir: str | Path | None = None
 ) -> Path:
     """The local directory of `name`: the directory itself, the cached snapshot of the hub id `name`, or the HF
-    directory merged from the verl FSDP checkpoint `name` (`config/verl_checkpoint.py`)."""
+    directory merged from the verl FSDP checkpoint `name` (`common/verl_checkpoint.py`)."""
     path = Path(name).expanduser()
     if path.is_dir():
-        from config.verl_checkpoint import VerlCheckpointError, actor_dir, merged_verl_checkpoint
+        from common.verl_checkpoint import VerlCheckpointError, actor_dir, merged_verl_checkpoint
 
         if actor_dir(path) is None:
             return path

@@ -1,0 +1,176 @@
+"""Check that every import in the project points down the layers, and that no modules import each other in a circle.
+
+    python scripts/check_layers.py          # prints each import that breaks the order, exit 1 if any
+
+The layers, top to bottom (docs/architecture.md explains each). A package may import packages of a lower layer;
+packages of one layer never import each other. Every import counts: function-level ones, and those under
+`if TYPE_CHECKING:`, are dependencies a reader has to know about just the same.
+
+A role's process entry point (`learner/main.py`, `generators/main.py`, `retrieval/cli.py`, ...) parses the job file,
+so it sits in the entry-point layer with `sr1/`: it may import `config/`, and nothing below may import it.
+`tests/unit/test_layers.py` runs this check in CI.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LAYERS: list[tuple[str, ...]] = [
+    ("sr1",),  # the command line, the launchers and their supervisor, reports
+    ("world",),  # the synthetic tiny world: data, tokenizer, a warm-started policy
+    ("config",),  # the root config: composes every role's settings, presets, overrides, job files
+    ("learner", "generators"),  # the two pools: they meet only through buffer records
+    ("evaluation", "tasks"),  # contracts the pools share: what an evaluation and a task are
+    ("retrieval", "weight_sync"),  # the search engine and its client; weight transport
+    ("buffer",),  # records, codec, the one Redis client of a run
+    ("common",),  # leaf helpers: import paths, model paths, shared config sections, job files
+]
+
+# process entry points inside role packages: they belong to the top layer
+ENTRY_POINTS = {
+    "learner.main",
+    "learner.cli",
+    "generators.main",
+    "retrieval.cli",
+    "retrieval.__main__",
+    "buffer.cli",
+    "world.__main__",
+}
+
+LAYER_OF = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for package in LAYER_OF:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            modules[module_name(path)] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports, anywhere in the file (a `from package import submodule` names the
+    submodule)."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{alias.name}" for alias in node.names] + [module]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    # `from pkg.sub import x` also named `pkg.sub.x` candidates that fell back to `pkg.sub`: harmless duplicates
+    return found
+
+
+def layer(module: str) -> int:
+    return -1 if module in ENTRY_POINTS else LAYER_OF[module.split(".")[0]]
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that point up a layer, or sideways into another package of the same layer."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            src, dst = module.split(".")[0], target.split(".")[0]
+            if src == dst and target not in ENTRY_POINTS:
+                continue
+            if layer(target) < layer(module) or (layer(target) == layer(module) and src != dst):
+                problems.append(f"{module} imports {target}: {_why(module, target)}")
+            elif src == dst and target in ENTRY_POINTS and module not in ENTRY_POINTS:
+                problems.append(f"{module} imports {target}: an entry point is imported by nothing below it")
+    return problems
+
+
+def _why(module: str, target: str) -> str:
+    if layer(target) == layer(module):
+        return f"{module.split('.')[0]}/ and {target.split('.')[0]}/ are one layer and never import each other"
+    return f"{target.split('.')[0]}/ is a higher layer than {module.split('.')[0]}/"
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a circle (Tarjan's strongly connected
+    components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        # a package's __init__ is imported with every submodule: an edge from a submodule to its own package's
+        # __init__ is not a circle worth reporting, so only edges to other modules are kept
+        graph[name] = {t for t in imports_of(name, path, modules) if not name.startswith(t + ".")}
+    return graph
+
+
+def main() -> int:
+    graph = import_graph()
+    problems = layer_violations(graph)
+    problems += ["modules that import each other: " + " <-> ".join(c) for c in circles(graph)]
+    for problem in problems:
+        print(problem)
+    if not problems:
+        print(f"{len(graph)} modules: every import points down the layers, no circles")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
