@@ -1,16 +1,18 @@
 """Operations of `ReplayBuffer` for evaluation requests: whoever drives a run asks, generator workers answer.
 
+The vocabulary (request, shard, answer, report) is `evaluation/`'s; this module only carries it through Redis.
+
     eval_id = buf.request_evaluation(step=50, version=50, shards=4, max_prompts=1000)   # the learner / `sr1 run`
     request = buf.pop_evaluation_request("gen-0")            # a generator worker: one shard of the evaluation
-    buf.post_evaluation_result(request, {"items": [...], "eval/version": 50})
-    results = buf.wait_evaluation(eval_id, timeout_s=600)    # every shard's result, once all are in
+    buf.post_evaluation_answer(request, {"items": [...], "eval/version": 50})
+    answers = buf.wait_evaluation(eval_id, timeout_s=600)    # every shard's answer, once all are in
 
 An evaluation is split into `shards` requests (one per generator worker, so they answer it together); shard i of k
 answers every k-th selected prompt. Requests are a Redis list under `<namespace>:eval:requests`; a worker that pops
-one holds it in `<namespace>:eval:taken:<worker>` until it posts the result, so a worker that dies mid-evaluation
-gives its requests back when it restarts (`requeue_evaluations`). Results live 7 days under
+one holds it in `<namespace>:eval:taken:<worker>` until it posts its answer, so a worker that dies mid-evaluation
+gives its requests back when it restarts (`requeue_evaluations`). Answers live 7 days under
 `<namespace>:eval:result:<request id>`. A request that is not a JSON object with a string `id` is counted
-(`<namespace>:eval:malformed`) and reported; a result that is not a JSON object is a `MalformedJSON` naming its
+(`<namespace>:eval:malformed`) and reported; an answer that is not a JSON object is a `MalformedJSON` naming its
 shard. Both are decoded by buffer/guarded_json.py.
 """
 
@@ -45,7 +47,7 @@ class EvaluationRequests:
         return eval_id
 
     def pop_evaluation_request(self, worker_id: str) -> dict[str, Any] | None:
-        """The oldest request, now held by `worker_id` until it posts the result; None when there is none.
+        """The oldest request, now held by `worker_id` until it posts its answer; None when there is none.
         Raises ValueError (after counting it and dropping it) for a malformed one."""
         taken = self.key("eval", "taken", worker_id)
         raw = self._redis.lmove(self.key("eval", "requests"), taken, "LEFT", "RIGHT")
@@ -63,10 +65,10 @@ class EvaluationRequests:
         request["_worker"] = worker_id
         return request
 
-    def post_evaluation_result(self, request: dict[str, Any], result: dict[str, Any]) -> None:
-        """Store the result of a popped request and release it from its worker."""
+    def post_evaluation_answer(self, request: dict[str, Any], answer: dict[str, Any]) -> None:
+        """Store the answer to a popped request and release it from its worker."""
         pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self.key("eval", "result", request["id"]), json.dumps(result), ex=RESULT_TTL_S)
+        pipe.set(self.key("eval", "result", request["id"]), json.dumps(answer), ex=RESULT_TTL_S)
         pipe.lrem(self.key("eval", "taken", request["_worker"]), 1, request["_raw"])
         pipe.execute()
 
@@ -79,8 +81,8 @@ class EvaluationRequests:
             moved += 1
         return moved
 
-    def evaluation_results(self, eval_id: str) -> list[dict[str, Any]] | None:
-        """Every shard's result once all are in (in shard order), else None."""
+    def evaluation_answers(self, eval_id: str) -> list[dict[str, Any]] | None:
+        """Every shard's answer once all are in (in shard order), else None."""
         shards = self._redis.get(self.key("eval", "shards", eval_id))
         if shards is None:
             raise KeyError(f"no evaluation {eval_id!r} was requested (or it expired)")
@@ -89,15 +91,15 @@ class EvaluationRequests:
         if any(r is None for r in raw):
             return None
         return [
-            decode_json(r, f"the result of evaluation shard {key}") for key, r in zip(keys, raw, strict=True)
+            decode_json(r, f"the answer to evaluation shard {key}") for key, r in zip(keys, raw, strict=True)
         ]
 
     def wait_evaluation(self, eval_id: str, timeout_s: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            results = self.evaluation_results(eval_id)
-            if results is not None:
-                return results
+            answers = self.evaluation_answers(eval_id)
+            if answers is not None:
+                return answers
             time.sleep(0.25)
         raise TimeoutError(
             f"generators did not answer every shard of evaluation {eval_id} within {timeout_s:.0f}s"

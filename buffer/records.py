@@ -68,6 +68,11 @@ class PromptRecord:
         return dataclasses.replace(self, group_id=group_id)
 
 
+# why a trajectory ended (`info["finish_reason"]`): it answered, the model stopped, the tool-call limit, the token
+# budget, or the generator aborted it
+FINISH_REASONS = ("answer", "eos", "max_turns", "budget", "abort")
+
+
 @dataclass
 class Trajectory:
     prompt_ids: np.ndarray

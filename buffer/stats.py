@@ -26,6 +26,30 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# the pool's figures the learner logs beside each step (metrics.jsonl, wandb): summed over workers, or averaged
+_POOL_SUMS = ("rollout/tokens_per_s", "rollout/tool_calls_per_s", "rollout/inflight_trajectories",
+              "rollout/groups_done", "rollout/groups_failed", "rollout/tool_errors_total", "rollout/eval_errors",
+              "rollout/groups_given_back", "rollout/tool_pauses")  # fmt: skip
+_POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
+
+
+def pool_metrics(heartbeats: list[dict[str, Any]]) -> dict[str, float]:
+    """One row for the whole generator pool from its workers' heartbeats (`ReplayBuffer.workers()`): the
+    `rollout/...` figures each generator worker posts, summed or averaged into `pool/...`."""
+    metrics = [w.get("metrics", {}) for w in heartbeats if w.get("role") == "generator"]
+    out: dict[str, float] = {"pool/generators": len(metrics)}
+    if not metrics:
+        return out
+    for key in _POOL_SUMS:
+        out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics))
+    for key in _POOL_MEANS:
+        out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics) / len(metrics))
+    out["pool/paused"] = float(sum(1 for m in metrics if m.get("rollout/state") == "paused"))
+    versions = [int(m.get("rollout/version", 0)) for m in metrics]
+    out["pool/version_min"], out["pool/version_max"] = min(versions), max(versions)
+    return out
+
+
 class RunStats:
     """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis`, `key()` and settings it uses."""
 

@@ -29,9 +29,6 @@ from tasks import Observation, Task
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = ("answer", "eos", "max_turns", "budget", "abort")
-
-
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 

@@ -474,13 +474,14 @@ class GeneratorWorker:
                 error = {"error": f"{type(exc).__name__}: {exc}"[:1000], "items": [], "step": request.get("step"),
                          "eval/version": int(self.engine.version), "worker_id": self.worker_id}  # fmt: skip
                 with contextlib.suppress(redis.RedisError):  # else it is re-queued when this worker restarts
-                    await asyncio.to_thread(self.buffer.post_evaluation_result, request, error)
+                    await asyncio.to_thread(self.buffer.post_evaluation_answer, request, error)
 
     async def _answer_evaluation(self, request: dict[str, Any]) -> None:
         """Answer one shard of an evaluation at the requested version or a newer one, with the engine's weights
         pinned throughout: it leaves the weight-sync group for the evaluation (no update lands mid-way) and rejoins
-        after. Posts the shard's items; whoever asked merges the shards (`generators.evaluate.merge_shards`)."""
-        from generators.evaluate import compact, evaluate, select_prompts, shard
+        after. Posts the shard's items; whoever asked merges the shards (`evaluation.merge_answers`)."""
+        from evaluation import compact_item, select_prompts, shard
+        from generators.evaluation import answer_shard
 
         wanted = int(request.get("version", 0))
         published = await asyncio.to_thread(self.buffer.version)
@@ -496,7 +497,7 @@ class GeneratorWorker:
         async with self._pinned_weights():
             version = int(self.engine.version)
             started = time.monotonic()
-            result = await evaluate(
+            result = await answer_shard(
                 self.engine,
                 shard(selected, int(index), int(count)),
                 self.task,
@@ -510,13 +511,13 @@ class GeneratorWorker:
                 return_items=True,
             )
         answer = {
-            "items": [compact(item) for item in result["items"]],
+            "items": [compact_item(item) for item in result["items"]],
             "eval/seconds": time.monotonic() - started,
             "eval/version": version,
             "step": request.get("step"),
             "worker_id": self.worker_id,
         }
-        await asyncio.to_thread(self.buffer.post_evaluation_result, request, answer)
+        await asyncio.to_thread(self.buffer.post_evaluation_answer, request, answer)
 
     @contextlib.asynccontextmanager
     async def _pinned_weights(self):
@@ -529,26 +530,3 @@ class GeneratorWorker:
                 yield
             finally:
                 self.pinned = False
-
-
-# the pool's figures the learner logs beside each step (metrics.jsonl, wandb): summed over workers, or averaged
-_POOL_SUMS = ("rollout/tokens_per_s", "rollout/tool_calls_per_s", "rollout/inflight_trajectories",
-              "rollout/groups_done", "rollout/groups_failed", "rollout/tool_errors_total", "rollout/eval_errors",
-              "rollout/groups_given_back", "rollout/tool_pauses")  # fmt: skip
-_POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
-
-
-def pool_metrics(heartbeats: list[dict[str, Any]]) -> dict[str, float]:
-    """One row for the whole generator pool from its workers' heartbeats (`ReplayBuffer.workers()`)."""
-    metrics = [w.get("metrics", {}) for w in heartbeats if w.get("role") == "generator"]
-    out: dict[str, float] = {"pool/generators": len(metrics)}
-    if not metrics:
-        return out
-    for key in _POOL_SUMS:
-        out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics))
-    for key in _POOL_MEANS:
-        out["pool/" + key.split("/", 1)[1]] = float(sum(m.get(key, 0.0) for m in metrics) / len(metrics))
-    out["pool/paused"] = float(sum(1 for m in metrics if m.get("rollout/state") == "paused"))
-    versions = [int(m.get("rollout/version", 0)) for m in metrics]
-    out["pool/version_min"], out["pool/version_max"] = min(versions), max(versions)
-    return out

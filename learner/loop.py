@@ -30,15 +30,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from buffer.codec import decode_group
 from buffer.records import Group
-from buffer.stats import STALENESS_HIST
+from buffer.stats import STALENESS_HIST, pool_metrics
 from common.model_paths import resolve_model_path
+from evaluation import Evaluations, Patience
 from learner.checkpoint import Checkpointer, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
 from learner.job import LearnerJob
@@ -47,9 +47,6 @@ from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
 from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire, gather_in_step
-
-if TYPE_CHECKING:
-    from generators.evaluate import Patience
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +365,6 @@ class _Rank0:
     ):
         from buffer.admission import BatchAssembler, PromptFeeder
         from buffer.redis_buffer import open_buffer
-        from generators.evaluate import Evaluations
         from learner.algorithms.shaping import informative
         from weight_sync.publisher import WeightPublisher
         from weight_sync.rendezvous import Rendezvous
@@ -491,8 +487,6 @@ class _Rank0:
     def buffer_metrics(self) -> dict:
         """The buffer's gauges and the generator pool's figures beside the step's metrics (not the staleness
         histogram: one key per bucket)."""
-        from generators.worker import pool_metrics
-
         stats = self.buffer.stats()
         gauges = {
             k: v
@@ -520,8 +514,6 @@ class _Rank0:
         engine joined, came back or left), "wait", or "done" (every evaluation answered, `eval.timeout_s` passed,
         no generator worker alive for a minute, or asked to stop)."""
         if self._settle_patience is None:
-            from generators.evaluate import Patience
-
             self._settle_patience = Patience(self.evals, self.eval_cfg.timeout_s)
             for step in self.evals.pending.values():
                 log.info("waiting for the evaluation of version %d", step)

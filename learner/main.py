@@ -15,10 +15,8 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from learner.job import LearnerJob
+from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
 

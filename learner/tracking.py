@@ -122,7 +122,7 @@ class Tracker:
             )
 
     def log_eval(self, result: dict[str, Any], step: int) -> None:
-        """One evaluation of the policy at version `step` (the `eval/...` keys of `generators.evaluate`)."""
+        """One evaluation of the policy at version `step` (the `eval/...` keys of `evaluation/report.py`)."""
         if not self.active:
             return
         values = {k: _plain(v) for k, v in result.items() if k.startswith("eval/")}

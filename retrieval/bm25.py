@@ -356,7 +356,7 @@ class BM25Retriever(LocalRetriever):
 # -- registry hooks (`retrieval.settings.METHODS`) ---------------------------------------------------------------
 def from_config(cfg: RetrievalConfig, show_progress: bool = False) -> BM25Retriever:
     """`retrieval.method: bm25`: load `cfg.index_path`, or index the corpus in memory when there is none."""
-    from retrieval.factory import open_store
+    from retrieval.corpus import open_store
 
     store = open_store(cfg)
     if cfg.index_path is not None:

@@ -291,7 +291,7 @@ class DenseRetriever(LocalRetriever):
 def from_config(cfg: RetrievalConfig, show_progress: bool = False) -> DenseRetriever:
     """`retrieval.method: dense`: the encoder plus `cfg.index_path` (a build-index directory or a faiss file), or
     the corpus encoded in memory when there is none. An empty query is encoded like any other (top-k passages)."""
-    from retrieval.factory import open_store
+    from retrieval.corpus import open_store
 
     store = open_store(cfg)
     encoder = Encoder(cfg.encoder)

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 from common.imports import import_object
 from retrieval.base import Retriever
-from retrieval.corpus import DocStore
 from retrieval.settings import RetrievalConfig, retrieval_method
 
 log = logging.getLogger(__name__)
-
-
-def open_store(cfg: RetrievalConfig) -> DocStore:
-    if cfg.corpus_path is None:
-        raise ValueError(f"retrieval.method={cfg.method!r} needs retrieval.corpus_path (the corpus JSONL)")
-    index_dir = cfg.index_path if cfg.index_path is not None and Path(cfg.index_path).is_dir() else None
-    return DocStore.open_cached(cfg.corpus_path, index_dir)
 
 
 def build_retriever(cfg: RetrievalConfig, show_progress: bool = False) -> Retriever:

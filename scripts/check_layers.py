@@ -108,7 +108,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 
 def _why(module: str, target: str) -> str:
     if layer(target) == layer(module):
-        return f"{module.split('.')[0]}/ and {target.split('.')[0]}/ are one layer and never import each other"
+        return (
+            f"{module.split('.')[0]}/ and {target.split('.')[0]}/ are one layer and never import each other"
+        )
     return f"{target.split('.')[0]}/ is a higher layer than {module.split('.')[0]}/"
 
 

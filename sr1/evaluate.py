@@ -25,9 +25,11 @@ import json
 import os
 import sys
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
+
+from evaluation.prompts import select_prompts
+from evaluation.report import format_value, markdown, per_source_table, plot, summarize
 
 MODES = ("search", "direct", "rag")
 
@@ -120,7 +122,8 @@ async def _evaluate(
 ) -> tuple[list, float]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from generators.evaluate import evaluate, shard
+    from evaluation import shard
+    from generators.evaluation import answer_shard
     from tasks import build_task
 
     retrieval = cfg.retrieval.model_copy(update={"url": retrieval_url}) if retrieval_url else None
@@ -140,7 +143,7 @@ async def _evaluate(
 
             max_turns = 0 if args.mode != "search" else cfg.eval.max_turns
             await asyncio.gather(*(
-                evaluate(engine, shard(prompts, i, len(engines)), task, tokenizer, cfg.generators,
+                answer_shard(engine, shard(prompts, i, len(engines)), task, tokenizer, cfg.generators,
                          greedy=args.samples == 1, samples=args.samples, max_model_len=cfg.model.max_seq_len,
                          max_turns=max_turns, chat_template=cfg.model.chat_template, on_item=done)
                 for i, engine in enumerate(engines)
@@ -178,72 +181,6 @@ def _start_engines(args, cfg, checkpoint: Path) -> tuple[list, Any]:
 # -- the report -----------------------------------------------------------------------------------------------------
 
 
-def per_source_table(items: list[dict], summary: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per data source (and `all`): questions, EM, F1, searches and turns per question, finish reasons."""
-    by_source: dict[str, list[dict]] = defaultdict(list)
-    for item in items:
-        by_source[item["data_source"]].append(item)
-    rows = []
-    for source in [*sorted(by_source), "all"]:
-        group = items if source == "all" else by_source[source]
-        suffix = "" if source == "all" else f"/{source}"
-        reasons = Counter(i["finish_reason"] for i in group)
-        rows.append({
-            "source": source,
-            "n": len(group),
-            "em": summary.get(f"eval/em{suffix}"),
-            "f1": summary.get(f"eval/f1{suffix}"),
-            "searches": sum(i["tool_calls"] for i in group) / len(group),
-            "turns": sum(i["turns"] for i in group) / len(group),
-            "finish": ", ".join(f"{r} {c / len(group):.0%}" for r, c in reasons.most_common()),
-        })  # fmt: skip
-        pass_key = next(
-            (k for k in summary if k.startswith("eval/pass@") and k.endswith(f"/em{suffix}")), None
-        )
-        if pass_key:
-            rows[-1]["pass@k"] = summary[pass_key]
-    return rows
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def markdown(rows: list[dict], header: dict[str, Any]) -> str:
-    passk = any("pass@k" in r for r in rows)
-    lines = [f"# sr1 eval: {header['checkpoint']}", ""]
-    lines += [f"- {k}: {v}" for k, v in header.items() if k != "checkpoint"]
-    lines += ["", "| source | n | EM | F1 |" + (" pass@k EM |" if passk else "") + " searches/q | turns | finish |",
-              "|---|---|---|---|" + ("---|" if passk else "") + "---|---|---|"]  # fmt: skip
-    for r in rows:
-        extra = f" {_fmt(r.get('pass@k'))} |" if passk else ""
-        lines.append(f"| {r['source']} | {r['n']} | {_fmt(r['em'])} | {_fmt(r['f1'])} |{extra} "
-                     f"{r['searches']:.2f} | {r['turns']:.2f} | {r['finish']} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows)), 3.2))
-    names = [r["source"] for r in rows]
-    ems = [r["em"] or 0.0 for r in rows]
-    bars = ax.bar(names, ems, color=["#4c72b0"] * (len(rows) - 1) + ["#dd8452"])
-    ax.bar_label(bars, labels=[f"{v:.2f}" for v in ems], fontsize=8)
-    ax.set_ylim(0, max(1.0, max(ems) * 1.15))
-    ax.set_ylabel("exact match")
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-
-
 def _write(out: Path, name: str, text: str) -> None:
     tmp = out / f".{name}.tmp"
     tmp.write_text(text)
@@ -259,8 +196,8 @@ def _print_table(rows: list[dict]) -> None:
                 "searches/q", "turns", "finish"):  # fmt: skip
         table.add_column(col)
     for r in rows:
-        passk = [_fmt(r.get("pass@k"))] if any("pass@k" in x for x in rows) else []
-        table.add_row(r["source"], str(r["n"]), _fmt(r["em"]), _fmt(r["f1"]), *passk, f"{r['searches']:.2f}",
+        passk = [format_value(r.get("pass@k"))] if any("pass@k" in x for x in rows) else []
+        table.add_row(r["source"], str(r["n"]), format_value(r["em"]), format_value(r["f1"]), *passk, f"{r['searches']:.2f}",
                       f"{r['turns']:.2f}", r["finish"])  # fmt: skip
     Console().print(table)
 
@@ -294,7 +231,6 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from generators.evaluate import select_prompts, summarize
     from sr1.launch.supervisor import Supervisor
     from tasks import build_task
 

@@ -237,7 +237,7 @@ class Orchestrator:
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Evaluate the policy at version `step` (or newer) on the generator workers, and record it."""
-        from generators.evaluate import Evaluations
+        from evaluation import Evaluations
         from learner.tracking import Tracker
 
         evals = Evaluations(self.buffer, self.cfg.eval, self.run_dir)
@@ -253,7 +253,7 @@ class Orchestrator:
     @property
     def evals(self) -> list[dict[str, Any]]:
         """Every evaluation the run recorded so far: before and after by this process, during by the learner."""
-        from generators.evaluate import read_evals
+        from evaluation import read_evals
 
         return read_evals(self.run_dir)
 

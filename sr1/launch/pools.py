@@ -193,8 +193,6 @@ def generators_main(argv: list[str] | None = None) -> int:
     num_engines = args.num_engines or cfg.generators.num_engines
     prefix = args.worker_prefix or f"{socket.gethostname()}-gen"
     if args.ray or cfg.generators.use_ray:
-        from sr1.launch.ray import run_generators_on_ray
-
         cfg = cfg.model_copy(update={"generators": cfg.generators.model_copy(update={"use_ray": True})})
         return run_generators_on_ray(cfg, num_engines, prefix, args.ray_address)
     sup = Supervisor()
@@ -226,8 +224,6 @@ def learner_main(argv: list[str] | None = None) -> int:
         if not (run_dir / "config.yaml").exists():
             save_config(cfg, run_dir)
         if cfg.learner.use_ray:
-            from sr1.launch.ray import run_learner_on_ray
-
             return run_learner_on_ray(cfg, args.resume)
         sup = Supervisor()
         for child in learner_children(cfg, args.resume):
@@ -235,3 +231,43 @@ def learner_main(argv: list[str] | None = None) -> int:
         return _supervise(sup, on_failure="stop_all", drain_s=600.0)
     finally:
         lock.release()
+
+
+# -- the same pools as Ray actors (sr1/launch/ray.py places them) ------------------------------------------
+
+
+def run_generators_on_ray(cfg: Config, num_engines: int, prefix: str, address: str | None = None) -> int:
+    """One slot per engine; the pool's workers are watched as local ones are (a failed one is reported)."""
+    from sr1.launch.ray import RaySupervisor, generator_bundle
+
+    sup = RaySupervisor(address)
+    try:
+        gpus = sup.cluster_gpus > 0
+        need = num_engines * cfg.generators.engine.tensor_parallel_size
+        if gpus and sup.cluster_gpus < need:
+            raise SystemExit(
+                f"{num_engines} engines need {need} GPUs; the Ray cluster has {sup.cluster_gpus:g}"
+            )
+        sup.reserve("generators", num_engines, generator_bundle(cfg, gpus))
+        for child in generator_children(cfg, num_engines, prefix):
+            started = sup.start(child)
+            log.info("started %s on %s", started.name, started.slot.node)
+        return _supervise(sup, on_failure="report", drain_s=cfg.generators.drain_timeout_s + 30)
+    finally:
+        sup.shutdown()
+
+
+def run_learner_on_ray(cfg: Config, resume: bool, address: str | None = None) -> int:
+    """One slot per rank, rank 0's node hosting torch.distributed's and weight sync's stores; one failed rank stops
+    the others."""
+    from sr1.launch.ray import RaySupervisor, place_learner
+
+    sup = RaySupervisor(address)
+    try:
+        cfg = place_learner(sup, cfg)
+        for rank in learner_children(cfg, resume):
+            rank.gang = "learner"
+            sup.start(rank)
+        return _supervise(sup, on_failure="stop_all", drain_s=600.0)
+    finally:
+        sup.shutdown()

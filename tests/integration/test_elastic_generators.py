@@ -282,7 +282,7 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
         watch.client.close()
         server.stop()
 
-    from generators.evaluate import read_evals
+    from evaluation import read_evals
 
     evals = {e["step"]: e for e in read_evals(run_dir)}
     assert steps in evals, f"the final evaluation was never answered:\n{stack.log('learner')}"

@@ -39,9 +39,11 @@ def rows_matching(key: str, rows: list[str]) -> list[str]:
 def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     """The keys each emitter reports, from the real code."""
     from buffer.redis_buffer import ReplayBuffer
-    from generators.evaluate import compact, evaluate, merge_shards
+    from buffer.stats import pool_metrics
+    from evaluation import compact_item, merge_answers
+    from generators.evaluation import answer_shard
     from generators.settings import GeneratorsConfig
-    from generators.worker import GeneratorWorker, pool_metrics
+    from generators.worker import GeneratorWorker
     from learner.loop import step_timing, tool_metrics
     from learner.settings import LearnerConfig
     from learner.tracking import metric_aliases
@@ -80,17 +82,17 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     worker.finish_reasons["answer"] += 1
     out["generator"] = set(worker.metrics())
     out["pool"] = set(pool_metrics([{"role": "generator", "metrics": worker.metrics()}]))
-    result = asyncio.run(evaluate(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
+    result = asyncio.run(answer_shard(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
                                   max_model_len=128, chat_template=False, return_items=True))  # fmt: skip
-    sampled = asyncio.run(evaluate(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
+    sampled = asyncio.run(answer_shard(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
                                    max_model_len=128, chat_template=False, greedy=False, samples=2))  # fmt: skip
     # what a worker posts for its shard, merged by whoever asked
     shard_result = {
-        "items": [compact(i) for i in result.pop("items")],
+        "items": [compact_item(i) for i in result.pop("items")],
         "eval/version": 0,
         "eval/seconds": 1.0,
     }
-    out["evaluation"] = set(result) | set(sampled) | set(merge_shards([shard_result]))
+    out["evaluation"] = set(result) | set(sampled) | set(merge_answers([shard_result]))
     buffer.close()
     # the tracker logs Search-R1's names beside sr1's (learner/tracking.py)
     out["search_r1_names"] = set(metric_aliases(dict.fromkeys(set().union(*out.values()), 0.0)))

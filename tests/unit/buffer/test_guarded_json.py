@@ -32,12 +32,12 @@ def test_a_garbage_evaluation_result_names_its_shard(redis_url):
     buf = ReplayBuffer(redis_url, "ev")
     eval_id = buf.request_evaluation(step=1, version=1, shards=1)
     request = buf.pop_evaluation_request("gen-0")
-    buf.post_evaluation_result(request, {"eval/em": 0.5})
+    buf.post_evaluation_answer(request, {"eval/em": 0.5})
     redis.Redis.from_url(redis_url).set(f"ev:eval:result:{eval_id}#0", "not json")
     with pytest.raises(
-        MalformedJSON, match=f"the result of evaluation shard .*{eval_id}#0 is not valid JSON"
+        MalformedJSON, match=f"the answer to evaluation shard .*{eval_id}#0 is not valid JSON"
     ):
-        buf.evaluation_results(eval_id)
+        buf.evaluation_answers(eval_id)
 
 
 def test_a_garbage_evaluation_request_is_counted_and_named(redis_url):

@@ -54,8 +54,8 @@ def test_a_restarted_worker_gets_back_its_leases_and_evaluation_requests(redis_u
     assert buf.requeue_evaluations("gen-0") == 1
     assert len(buf.claim_prompts("gen-1", 5)) == 3
     request = buf.pop_evaluation_request("gen-1")
-    buf.post_evaluation_result(request, {"eval/em": 0.5})
-    assert buf.evaluation_results(eval_id) == [{"eval/em": 0.5}] and buf.requeue_evaluations("gen-1") == 0
+    buf.post_evaluation_answer(request, {"eval/em": 0.5})
+    assert buf.evaluation_answers(eval_id) == [{"eval/em": 0.5}] and buf.requeue_evaluations("gen-1") == 0
 
 
 def test_an_evaluation_is_shared_by_its_shards_and_complete_only_when_all_answered(redis_url):
@@ -65,14 +65,14 @@ def test_an_evaluation_is_shared_by_its_shards_and_complete_only_when_all_answer
     assert [r["shard"] for r in requests] == [[0, 3], [1, 3], [2, 3]]
     assert {r["eval_id"] for r in requests} == {eval_id} and all(r["max_prompts"] == 30 for r in requests)
     for r in requests[:2]:
-        buf.post_evaluation_result(r, {"shard": r["shard"][0]})
-    assert buf.evaluation_results(eval_id) is None  # one shard still out
+        buf.post_evaluation_answer(r, {"shard": r["shard"][0]})
+    assert buf.evaluation_answers(eval_id) is None  # one shard still out
     with pytest.raises(TimeoutError, match="every shard"):
         buf.wait_evaluation(eval_id, timeout_s=0.3)
-    buf.post_evaluation_result(requests[2], {"shard": 2})
+    buf.post_evaluation_answer(requests[2], {"shard": 2})
     assert buf.wait_evaluation(eval_id, timeout_s=1) == [{"shard": 0}, {"shard": 1}, {"shard": 2}]
     with pytest.raises(KeyError, match="no evaluation"):
-        buf.evaluation_results("eval-9-missing")
+        buf.evaluation_answers("eval-9-missing")
     with pytest.raises(ValueError, match="at least one shard"):
         buf.request_evaluation(step=2, version=2, shards=0)
 

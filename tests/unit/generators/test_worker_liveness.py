@@ -53,28 +53,28 @@ async def test_bad_evaluation_requests_are_answered_with_an_error_and_the_loop_g
     for request in (bad_field, future, good):
         buffer._redis.set(buffer.key("eval", "shards", request["eval_id"]), 1)
     run = asyncio.create_task(worker.run())
-    await _until(lambda: buffer.evaluation_results("e-good") is not None)
+    await _until(lambda: buffer.evaluation_answers("e-good") is not None)
     worker.request_stop()
     assert await asyncio.wait_for(run, 10) == 0
     assert worker.eval_errors == 3 and worker.metrics()["rollout/eval_errors"] == 3
-    (bad,) = buffer.evaluation_results("e-bad")
+    (bad,) = buffer.evaluation_answers("e-bad")
     assert bad["error"].startswith("ValueError") and bad["items"] == []
-    (ahead,) = buffer.evaluation_results("e-future")
+    (ahead,) = buffer.evaluation_answers("e-future")
     assert "asks for version 9, but the learner has published only 0" in ahead["error"]
-    (answered,) = buffer.evaluation_results("e-good")
+    (answered,) = buffer.evaluation_answers("e-good")
     assert "error" not in answered and len(answered["items"]) == 2
     assert int(buffer._redis.get(buffer.key("eval", "malformed"))) == 1
     buffer.close()
 
 
 def test_a_shard_answered_with_an_error_is_left_out_and_counted():
-    from generators.evaluate import EvaluationFailed, merge_shards
+    from evaluation import EvaluationFailed, merge_answers
 
     failed = {"error": "ValueError: bad shard", "items": [], "eval/version": 3}
     ok = {"items": [], "eval/version": 3, "eval/seconds": 1.0}
-    assert merge_shards([failed, ok])["eval/failed_shards"] == 1
+    assert merge_answers([failed, ok])["eval/failed_shards"] == 1
     with pytest.raises(EvaluationFailed, match="bad shard"):
-        merge_shards([failed, failed])
+        merge_answers([failed, failed])
 
 
 async def test_a_dead_background_loop_fails_the_worker(redis_url, toy_tokenizer, monkeypatch, caplog):

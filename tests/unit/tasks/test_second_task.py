@@ -4,7 +4,7 @@ tests/fakes/arithmetic.py (a calculator tool) is all it takes."""
 from __future__ import annotations
 
 from generators.agent import AgentSettings, run_agent
-from generators.evaluate import evaluate
+from generators.evaluation import answer_shard
 from generators.group import run_group
 from generators.settings import GeneratorsConfig
 from tests.fakes.arithmetic import ArithmeticTask, calculate
@@ -59,5 +59,5 @@ async def test_a_group_and_an_evaluation_of_the_second_task(toy_tokenizer, tmp_p
     assert sorted(group.rewards.tolist()) == [0.0, 1.0] and group.data_source == "arith"
     engine = ScriptedEngine(tok, [], repeat=[("<final> 9 </final>", "stop")])
     cfg = GeneratorsConfig(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=16, max_response_tokens=128)
-    out = await evaluate(engine, prompts, task, tok, cfg, max_model_len=512, chat_template=False)
+    out = await answer_shard(engine, prompts, task, tok, cfg, max_model_len=512, chat_template=False)
     assert out["eval/correct"] == 0.5 and out["eval/correct/arith"] == 0.5 and out["eval/n"] == 2

@@ -49,8 +49,8 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     assert buf.version() == 1 and [w["worker_id"] for w in buf.workers()] == ["gen-0"]
     assert buf.stats()["buffer/consumed"] == 2
     eval_id = buf.request_evaluation(step=1, version=1, shards=1)
-    buf.post_evaluation_result(buf.pop_evaluation_request("gen-0"), {"eval/em": 0.5})
-    assert buf.evaluation_results(eval_id) == [{"eval/em": 0.5}]
+    buf.post_evaluation_answer(buf.pop_evaluation_request("gen-0"), {"eval/em": 0.5})
+    assert buf.evaluation_answers(eval_id) == [{"eval/em": 0.5}]
     buf.close()
     rv = Rendezvous(url, namespace, reconnect_s=0)
     epoch = rv.next_epoch()

@@ -1,0 +1,190 @@
+"""Every CPU benchmark of docs/benchmarks.md, each from a fresh clone, several rounds: the range of every ratio.
+
+    python scripts/bench_all.py                         # 3 rounds, each a fresh `git clone` of HEAD; ~1 h here
+    python scripts/bench_all.py --rounds 1 --only buffer,learner --out runs/bench-all-quick
+    python scripts/bench_all.py --rev 1b8fd12 --out runs/bench-all-before   # an earlier commit, to compare
+
+A round clones the repository's committed HEAD (or `--rev`) into a temporary directory (no index, world or cache of this
+checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`. The
+scripts measure sr1 and its baseline in the same run, so each round gives one ratio per figure; this script reports
+the lowest and highest over the rounds (never a best run), with the date, the commit and the CPU model, in
+`<out>/table.md` and `<out>/results.json`. A benchmark that fails is reported with its error and the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _get(result: dict, path: str) -> float:
+    value = result
+    for key in path.split("."):
+        value = value[key]
+    return float(value)
+
+
+# name -> (command line after the script path, {figure: (key path in its --json object, what it compares)})
+BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
+    "buffer": (
+        ["scripts/bench_buffer.py", "--json"],
+        {"buffer put->take->ack vs raw streams": ("ratio_ours_vs_raw", "groups/s ratio")},
+    ),
+    "retrieval": (
+        ["scripts/bench_retrieval.py", "--json"],
+        {
+            "retrieval BM25 vs one-request-at-a-time": ("methods.bm25.ratio_qps_c128", "q/s ratio at c=128"),
+            "retrieval dense-Flat vs one-request-at-a-time": (
+                "methods.dense_flat.ratio_qps_c128",
+                "q/s ratio at c=128",
+            ),
+        },
+    ),
+    "generators": (
+        ["scripts/bench_generators.py", "--json"],
+        {
+            "agent loop vs raw generation": ("ratio", "tokens/s ratio"),
+            "replay vs raw (the engine's multi-turn work)": ("replay_ratio", "tokens/s ratio"),
+            "agent vs replay (the agent loop itself)": ("agent_over_replay_ratio", "tokens/s ratio"),
+        },
+    ),
+    "weight_sync": (
+        ["scripts/bench_weight_sync.py", "--json", "--skip-learner"],
+        {
+            "weight publish fp32 vs raw broadcast": (
+                "dtypes.float32.ratio_publish_over_raw",
+                "bandwidth ratio",
+            ),
+            "weight publish bf16 vs raw broadcast": (
+                "dtypes.bfloat16.ratio_publish_over_raw",
+                "bandwidth ratio",
+            ),
+        },
+    ),
+    "learner": (
+        ["scripts/bench_learner.py", "--json"],
+        {"learner packed vs padded": ("ratio_packed_over_padded", "tokens/s ratio")},
+    ),
+}
+
+
+def cpu_model() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def run_one(clone: Path, argv: list[str], timeout_s: float) -> dict:
+    """One benchmark in `clone`: its --json object (the last line it prints), or {"error": ...}."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, *argv], cwd=clone, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    seconds = round(time.monotonic() - started, 1)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail), "seconds": seconds}
+    return json.loads(lines[-1]) | {"seconds": seconds}
+
+
+def table(rounds: list[dict[str, dict]], header: dict) -> str:
+    lines = [
+        "# CPU benchmarks: range over fresh-clone rounds",
+        "",
+        *(f"- {k}: {v}" for k, v in header.items()),
+        "",
+        "| figure | compares | min | max | every round |",
+        "|---|---|---|---|---|",
+    ]
+    for name, (_, figures) in BENCHMARKS.items():
+        for figure, (path, what) in figures.items():
+            values, errors = [], []
+            for r in rounds:
+                result = r.get(name)
+                if result is None:
+                    continue
+                try:
+                    values.append(_get(result, path))
+                except (KeyError, TypeError, ValueError):
+                    errors.append(result.get("error", f"no {path}"))
+            if not values and not errors:
+                continue
+            every = ", ".join(f"{v:.3g}" for v in values) + (f" ({len(errors)} failed)" if errors else "")
+            low, high = (f"{min(values):.3g}", f"{max(values):.3g}") if values else ("-", "-")
+            lines.append(f"| {figure} | {what} | {low} | {high} | {every} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="fresh clones, one after another (default 3)")
+    parser.add_argument(
+        "--only", default=",".join(BENCHMARKS), help=f"comma-separated: {', '.join(BENCHMARKS)}"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/bench-all"), help="where table.md and results go"
+    )
+    parser.add_argument("--rev", default="HEAD", help="the commit to clone and measure (default: HEAD)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in BENCHMARKS]:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", args.rev], cwd=ROOT, capture_output=True, text=True
+    )
+    if commit.returncode != 0:
+        parser.error(f"--rev {args.rev!r} is not a commit of this repository")
+    header = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit.stdout.strip() or "unknown",
+        "CPU": cpu_model(),
+        "rounds": args.rounds,
+        "command": "python scripts/bench_all.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    rounds: list[dict[str, dict]] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns) as progress:
+        bar = progress.add_task("benchmarks", total=args.rounds * len(names))
+        for i in range(args.rounds):
+            with tempfile.TemporaryDirectory(prefix="sr1-bench-clone-") as tmp:
+                clone = Path(tmp) / "sr1"
+                subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+                subprocess.run(["git", "checkout", "-q", header["commit"]], cwd=clone, check=True)
+                results: dict[str, dict] = {}
+                for name in names:
+                    progress.update(bar, description=f"round {i + 1}/{args.rounds}: {name}")
+                    try:
+                        results[name] = run_one(clone, BENCHMARKS[name][0], args.timeout)
+                    except subprocess.TimeoutExpired:
+                        results[name] = {"error": f"timed out after {args.timeout:.0f} s"}
+                    progress.advance(bar)
+                rounds.append(results)
+            (args.out / "results.json").write_text(json.dumps({"header": header, "rounds": rounds}, indent=1))
+            (args.out / "table.md").write_text(table(rounds, header))
+    print((args.out / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

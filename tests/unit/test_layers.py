@@ -1,0 +1,50 @@
+"""The layer order of docs/architecture.md holds: imports point down, roles never import each other, no circles."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check_layers():
+    spec = importlib.util.spec_from_file_location("check_layers", ROOT / "scripts" / "check_layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_import_points_down_the_layers_and_none_runs_in_a_circle():
+    check = _check_layers()
+    graph = check.import_graph()
+    assert len(graph) > 100  # the project's modules were found
+    assert check.layer_violations(graph) == []
+    assert check.circles(graph) == []
+
+
+def test_the_check_catches_an_upward_import_a_sideways_one_and_a_circle():
+    check = _check_layers()
+    graph = {
+        "buffer.records": {"learner.trainer"},  # up
+        "learner.trainer": {"generators.agent"},  # sideways, between the two roles
+        "generators.agent": {"buffer.records"},
+        "tasks.base": {"learner.main"},  # an entry point, from below
+        "retrieval.dense": {"retrieval.corpus"},
+        "retrieval.corpus": {"retrieval.dense"},  # a circle inside one package
+    }
+    problems = check.layer_violations(graph)
+    assert any(p.startswith("buffer.records imports learner.trainer") for p in problems)
+    assert any(p.startswith("learner.trainer imports generators.agent") for p in problems)
+    assert any(p.startswith("tasks.base imports learner.main") for p in problems)
+    assert not any(p.startswith("generators.agent") for p in problems)
+    assert sorted(map(tuple, check.circles(graph))) == [
+        ("buffer.records", "generators.agent", "learner.trainer"),
+        ("retrieval.corpus", "retrieval.dense"),
+    ]
+
+
+def test_every_package_of_the_project_has_a_layer():
+    check = _check_layers()
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages - {"tests"} <= set(check.LAYER_OF), packages - set(check.LAYER_OF)
