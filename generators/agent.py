@@ -29,6 +29,7 @@ from tasks import Observation, Task
 
 log = logging.getLogger(__name__)
 
+
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
