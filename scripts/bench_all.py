@@ -4,17 +4,19 @@
     python scripts/bench_all.py --rounds 1 --only buffer,learner --out runs/bench-all-quick
     python scripts/bench_all.py --rev 1b8fd12 --out runs/bench-all-before   # an earlier commit, to compare
 
-A round clones the repository's committed HEAD (or `--rev`) into a temporary directory (no index, world or cache of this
-checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`. The
+A round clones the repository's committed HEAD (or `--rev`) into a temporary directory (no index, world or cache
+of this checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`. The
 scripts measure sr1 and its baseline in the same run, so each round gives one ratio per figure; this script reports
 the lowest and highest over the rounds (never a best run), with the date, the commit and the CPU model, in
-`<out>/table.md` and `<out>/results.json`. A benchmark that fails is reported with its error and the others go on.
+`<out>/table.md` and `<out>/results.json` (with each benchmark's seconds and the load average before and after it,
+so a round that shared the machine shows). A benchmark that fails is reported with its error and the others go on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -90,16 +92,21 @@ def cpu_model() -> str:
 
 def run_one(clone: Path, argv: list[str], timeout_s: float) -> dict:
     """One benchmark in `clone`: its --json object (the last line it prints), or {"error": ...}."""
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
     proc = subprocess.run(
         [sys.executable, *argv], cwd=clone, capture_output=True, text=True, timeout=timeout_s, check=False
     )
     seconds = round(time.monotonic() - started, 1)
+    load = {
+        "seconds": seconds,
+        "load_avg_before": round(load_before, 2),
+        "load_avg_after": round(os.getloadavg()[0], 2),
+    }
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {proc.returncode}: " + " | ".join(tail), "seconds": seconds}
-    return json.loads(lines[-1]) | {"seconds": seconds}
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)} | load
+    return json.loads(lines[-1]) | load
 
 
 def table(rounds: list[dict[str, dict]], header: dict) -> str:
