@@ -5,8 +5,8 @@
     python scripts/bench_all.py --rev 1b8fd12 --out runs/bench-all-before   # an earlier commit, to compare
 
 A round clones the repository's committed HEAD (or `--rev`) into a temporary directory (no index, world or cache
-of this checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`. The
-scripts measure sr1 and its baseline in the same run, so each round gives one ratio per figure; this script reports
+of this checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`.
+The scripts measure sr1 and its baseline in the same run, so each round gives one ratio per figure; this reports
 the lowest and highest over the rounds (never a best run), with the date, the commit and the CPU model, in
 `<out>/table.md` and `<out>/results.json` (with each benchmark's seconds and the load average before and after it,
 so a round that shared the machine shows). A benchmark that fails is reported with its error and the others go on.
