@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sr1.world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
 from tasks.search_r1.protocol import (
     answer_turn,
     format_documents,
@@ -26,6 +25,7 @@ from tasks.search_r1.protocol import (
     make_prompt_text,
     search_turn,
 )
+from world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
 
 if TYPE_CHECKING:
     import torch
@@ -263,7 +263,7 @@ def warm_start(
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from sr1.world.model import build_tiny_policy
+    from world.model import build_tiny_policy
 
     torch.set_num_threads(2)
     torch.manual_seed(seed)
