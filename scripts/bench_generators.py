@@ -220,7 +220,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         args.repeats = 1
     model_dir, corpus, prompts_path = args.model, args.corpus, args.prompts
     if model_dir is None or corpus is None or prompts_path is None:
-        from sr1.world import build_world
+        from world import build_world
 
         world = build_world(args.world, cfg.seed, progress=not args.json)
         model_dir = model_dir or world.model_dir

@@ -81,7 +81,7 @@ def _bench_model(args, out_dir: Path, device) -> Path:
         from learner_baselines import write_shape_model
 
         return write_shape_model(args.shape, out_dir, device=device.type)
-    from sr1.world.model import build_model, train_tokenizer
+    from world.model import build_model, train_tokenizer
 
     texts = [f"alpha bravo {i} charlie delta echo {i * 7}" for i in range(300)]
     train_tokenizer(texts, out_dir, vocab_size=1024)

@@ -8,7 +8,7 @@ The output directory holds `corpus.jsonl` (Search-R1 wiki-18 JSONL), `train.parq
 layout), `model/` (HF safetensors + tokenizer) and `tiny_world.json` (the parameters; a second run with the same
 ones returns at once).
 
-`--check` runs `sr1.world.probe.probe_policy` on test questions (the real agent loop with a transformers engine and
+`--check` runs `world.probe.probe_policy` on test questions (the real agent loop with a transformers engine and
 the world's BM25 in process): greedy, with the first turn forced to search with the full name ("good": shows the
 answer-copy step works) or the first name only ("imperfect"), and sampled at temperature 1. It reports exact match,
 the share of well-formed trajectories and how often the model's own query was the good or the imperfect one.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
-    from sr1.world import WorldSizes
+    from world import WorldSizes
 
     defaults = WorldSizes()
     out: dict[str, object] = {}
@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(show_path=False)])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from sr1.world import MARKER_FILE, WorldSizes, build_world
-    from sr1.world.kb import build_kb
-    from sr1.world.probe import probe_policy
+    from world import MARKER_FILE, WorldSizes, build_world
+    from world.kb import build_kb
+    from world.probe import probe_policy
 
     sizes = _parse_sets(args.set)
     if args.force:

@@ -1,1 +1,1 @@
-"""sr1: the command (`sr1 run`, `sr1 generators`, ...), the launchers and the embedded tiny world."""
+"""sr1: the command line (`sr1 run`, `sr1 generators`, ...), the launchers and the run reports."""

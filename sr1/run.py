@@ -161,13 +161,13 @@ class Orchestrator:
         FlashRAG downloads and prepared by `sr1 data prepare` (the CPU rehearsal of the real workflow)."""
         cache = RUNS_ROOT / ".world-cache"
         if cfg.model.path == "tiny":
-            from sr1.world import build_world
+            from world import build_world
 
             world = build_world(cache / f"seed{cfg.seed}", seed=cfg.seed)
             model_dir, files = world.model_dir, (world.train_path, world.test_path, world.corpus_path)
         else:
-            from sr1.world.flashrag import build_rehearsal
-            from sr1.world.qwen import build_qwen_shaped
+            from world.flashrag import build_rehearsal
+            from world.qwen import build_qwen_shaped
 
             model_dir = build_qwen_shaped(cache / f"qwen2.5-shaped-seed{cfg.seed}", seed=cfg.seed)
             files = build_rehearsal(cache / f"rehearsal-seed{cfg.seed}", seed=cfg.seed)

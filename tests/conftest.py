@@ -57,7 +57,7 @@ def tiny_texts() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random-init Qwen2ForCausalLM + byte-level BPE tokenizer (protocol tags as single tokens)."""
-    from sr1.world.model import build_tiny_policy
+    from world.model import build_tiny_policy
 
     return build_tiny_policy(tmp_path_factory.mktemp("tiny_model"), tiny_texts(), vocab_size=512, seed=0)
 

@@ -29,7 +29,7 @@ _QUESTION_MARK = "Question: "
 
 # The QA datasets of Search-R1's train/test files (FlashRAG dataset names), in the order of its test file.
 SEARCH_R1_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
-# The tiny world's synthetic questions (sr1/world/kb.py writes this data_source).
+# The tiny world's synthetic questions (world/kb.py writes this data_source).
 TINY_WORLD_SOURCE = "tinykb"
 KNOWN_DATA_SOURCES = (*SEARCH_R1_SOURCES, TINY_WORLD_SOURCE)
 UNKNOWN_SOURCE = "unknown"  # a row that names no data_source (e.g. a bare FlashRAG JSONL line)

@@ -25,7 +25,7 @@ def _sr1(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
 
 
 def test_prepare_run_and_evaluate_on_qwen_shapes(tmp_path):
-    from sr1.world.flashrag import write_rehearsal
+    from world.flashrag import write_rehearsal
 
     write_rehearsal(tmp_path, seed=3)
     _sr1("data", "prepare", "--flashrag", str(tmp_path / "flashrag"), "--out", str(tmp_path / "data"))

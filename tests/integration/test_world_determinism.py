@@ -5,9 +5,9 @@ seeded Python `random` and a single-threaded BPE trainer, with no floating point
 
 Not identical everywhere: the warm-started weights. Training sums floating-point numbers, and a sum in another order
 differs in its last bits, which 2,500 optimizer steps then amplify. The build pins its math libraries to one code path
-and two threads (`sr1.world.PINNED_ENV`), but MKL's documentation says a fixed branch holds on Intel CPUs only (on
+and two threads (`world.PINNED_ENV`), but MKL's documentation says a fixed branch holds on Intel CPUs only (on
 others it takes its automatic branch), and an AMD EPYC machine gave other weight bytes than the Intel Xeon these
-figures come from. What the test promises instead is the warm-started policy's *behaviour* (`sr1.world.probe`: the
+figures come from. What the test promises instead is the warm-started policy's *behaviour* (`world.probe`: the
 real agent loop, greedy, transformers engine, the world's BM25), within bounds set from how far other reduction
 orders moved it. Measured on 2026-11-24 on an "Intel(R) Xeon(R) Processor" (2 cores, AVX-512, torch 2.13.0) by
 building seed 0's world several ways: pinned as shipped, and pinned with one thread (the same bytes); unpinned on the
@@ -68,7 +68,7 @@ def data_checksums(world) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def default_world():
     from sr1.run import RUNS_ROOT
-    from sr1.world import build_world
+    from world import build_world
 
     return build_world(RUNS_ROOT / ".world-cache" / f"seed{SEED}", seed=SEED, progress=False)
 
@@ -78,9 +78,9 @@ def test_the_default_world_data_is_identical_on_every_machine(default_world):
 
 
 def test_the_warm_started_policy_behaves_the_same_on_every_machine(default_world):
-    from sr1.world import WorldSizes
-    from sr1.world.kb import build_kb
-    from sr1.world.probe import probe_policy
+    from world import WorldSizes
+    from world.kb import build_kb
+    from world.probe import probe_policy
 
     kb = build_kb(SEED, WorldSizes())
     figures = asyncio.run(
@@ -102,9 +102,9 @@ def test_the_probe_tells_a_policy_that_cannot_search_from_the_warm_started_one(d
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from sr1.world import TinyWorld, WorldSizes
-    from sr1.world.kb import build_kb
-    from sr1.world.probe import probe_policy
+    from world import TinyWorld, WorldSizes
+    from world.kb import build_kb
+    from world.probe import probe_policy
 
     model_dir = tmp_path / "model"
     shutil.copytree(default_world.model_dir, model_dir)

@@ -20,7 +20,7 @@ SETTINGS = AgentSettings(max_turns=2, max_tokens_per_turn=64, max_obs_tokens=64,
 def qwen(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from sr1.world.qwen import build_qwen_tokenizer
+    from world.qwen import build_qwen_tokenizer
 
     return AutoTokenizer.from_pretrained(build_qwen_tokenizer(tmp_path_factory.mktemp("qwen")))
 

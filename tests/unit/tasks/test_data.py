@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sr1.world.kb import DATA_SOURCE
 from tasks.search_r1.data import KNOWN_DATA_SOURCES, DataError, load_prompts
 from tasks.search_r1.protocol import INSTRUCTION, make_prompt_text
+from world.kb import DATA_SOURCE
 
 
 def _search_r1_row(source: str, index: int, question: str, answers: list[str]) -> dict:

@@ -100,7 +100,7 @@ def test_each_part_runs_in_its_own_pool():
     assert pool_of(python_module("learner.main", "--config", "x.yaml")) == "learner"
     assert pool_of(python_module("retrieval.cli", "serve")) == "retrieval"
     with pytest.raises(ValueError, match="no Ray pool runs"):
-        pool_of(python_module("sr1.world"))
+        pool_of(python_module("world"))
 
 
 def test_the_parts_get_the_drivers_library_settings_and_nothing_else():

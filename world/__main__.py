@@ -1,6 +1,6 @@
-"""The tiny world build's child process: `python -m sr1.world --out DIR --seed N [--sizes JSON] [--quiet]`.
+"""The tiny world build's child process: `python -m world --out DIR --seed N [--sizes JSON] [--quiet]`.
 
-`build_world` starts it with the math libraries pinned (`sr1.world.PINNED_ENV`) so that a seed builds the same world
+`build_world` starts it with the math libraries pinned (`world.PINNED_ENV`) so that a seed builds the same world
 on every machine; run it by hand only with that environment (it refuses otherwise).
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sr1.world import PINNED_ENV, build_world, pinned
+    from world import PINNED_ENV, build_world, pinned
 
-    parser = argparse.ArgumentParser(prog="python -m sr1.world", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m world", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", default="{}", help="WorldSizes fields as a JSON object")
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not pinned():
         missing = " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())
-        print(f"python -m sr1.world: run with the pinned environment ({missing}), or call build_world()",
+        print(f"python -m world: run with the pinned environment ({missing}), or call build_world()",
               file=sys.stderr)  # fmt: skip
         return 2
     import torch

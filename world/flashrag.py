@@ -1,6 +1,6 @@
 """A CPU rehearsal of Search-R1's real data: the tiny world's questions and corpus in the layouts users download.
 
-    python -m sr1.world.flashrag --out data/rehearsal --seed 0
+    python -m world.flashrag --out data/rehearsal --seed 0
     # data/rehearsal/flashrag/<dataset>/<split>.jsonl   FlashRAG_datasets' layout (id, question, golden_answers, metadata)
     # data/rehearsal/corpus.jsonl                       wiki-18's layout ({"id", "contents": "\"Title\"\\ntext"})
 
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from sr1.world.kb import KnowledgeBase, Question, WorldSizes, build_kb, write_corpus
+from world.kb import KnowledgeBase, Question, WorldSizes, build_kb, write_corpus
 
 TRAIN_SPLITS = (("nq", "train"), ("hotpotqa", "train"))
 TEST_SPLITS = (("nq", "test"), ("triviaqa", "test"), ("popqa", "test"), ("hotpotqa", "dev"),
@@ -54,7 +54,7 @@ def write_rehearsal(out_dir: Path, seed: int = 0, **sizes) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sr1.world.flashrag", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m world.flashrag", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -6,6 +6,28 @@ the observation (the task's `<information>` block over the top-3 passages of the
 second turn `<answer> value </answer>` are each tokenized on their own and concatenated, and the loss covers only the
 model's turns. The answer always copies the attribute of the first passage, so the policy's exact match depends on
 its query: what RL then has to learn.
+
+Why its own loop and not the learner's step (`learner.trainer.Learner.train_step`). That step is an RL update: it
+takes the buffer's `Group`s (sampled trajectories with their behaviour log-probs, policy versions and rewards),
+checks staleness, shapes the rewards, computes the algorithm's advantages (group-relative, or a critic's) and
+minimises its policy-gradient loss with importance weights and clipping. The warm start has none of that to give:
+its trajectories are written, not sampled (no behaviour log-probs, no versions, no reward), and its objective is
+plain cross-entropy, the mean negative log-likelihood of the model's tokens (`sequence_loss`). Expressing that
+through the step would take invented log-probs, rewards and an algorithm whose advantage is 1 on every token, and
+even then the numbers would differ:
+- the optimizer and schedule: here torch's default (unfused) AdamW with betas (0.9, 0.98) and weight decay 0.01, a
+  linear warmup over the first 5 % of the steps times a cosine decay to zero, over 20 shuffled epochs of batches of
+  16 (`WorldSizes`); the learner builds fused AdamW from `LearnerConfig` with a linear warmup then a constant rate,
+  one scheduler step per batch of groups, and skips non-finite updates;
+- the forward: here a padded batch whose shared instruction-template prefix runs once, its keys/values expanded
+  over the batch, with logits only at loss tokens (`masked_logprobs`); the learner packs sequences into
+  micro-batches under a token budget and takes chunked, temperature-scaled log-probs, another summation order;
+- the process: the learner loads the policy from disk and shards it with FSDP2 over a `torch.distributed` world;
+  the warm start trains a plain `Qwen2ForCausalLM` (after `copy_friendly_init` where asked) inside the world
+  build's pinned child process (`python -m world`, `PINNED_ENV`, deterministic algorithms).
+Any of these changes the weights a machine's build reproduces byte for byte, so every cached world would need a new
+`WORLD_VERSION`, and the before-RL behaviour that `tests/integration/test_world_determinism.py` bounds and
+docs/tiny-world.md reports would have to be measured again: all of it was measured with this loop, so it stays.
 """
 
 from __future__ import annotations
@@ -18,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sr1.world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
 from tasks.search_r1.protocol import (
     answer_turn,
     format_documents,
@@ -26,6 +47,7 @@ from tasks.search_r1.protocol import (
     make_prompt_text,
     search_turn,
 )
+from world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
 
 if TYPE_CHECKING:
     import torch
@@ -263,7 +285,7 @@ def warm_start(
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from sr1.world.model import build_tiny_policy
+    from world.model import build_tiny_policy
 
     torch.set_num_threads(2)
     torch.manual_seed(seed)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from sr1.world.kb import (
+from tasks.search_r1.protocol import format_documents, make_prompt_text
+from world.kb import (
     ATTRIBUTE_BY_KEY,
     DATA_SOURCE,
     WorldSizes,
@@ -15,7 +16,6 @@ from sr1.world.kb import (
     write_corpus,
     write_questions,
 )
-from tasks.search_r1.protocol import format_documents, make_prompt_text
 
 SMALL = WorldSizes(num_people=120, num_first_names=24, num_last_names=40, num_cities=20, num_test=40)
 

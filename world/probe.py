@@ -14,7 +14,7 @@ questions in up to four modes:
 
 Each mode gives exact match (`<mode>/em`) and the share of trajectories that follow the protocol
 (`<mode>/searched_and_answered`: at least one search, then an answer, no invalid action); the unforced modes also give how often the model's own first query was the good or the
-imperfect one. Weights are not identical across CPU vendors (`sr1.world` says why), so this behaviour, not bytes, is
+imperfect one. Weights are not identical across CPU vendors (the `world` package docstring says why), so this behaviour, not bytes, is
 what `tests/integration/test_world_determinism.py` checks against committed bounds.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sr1.world import TinyWorld
-    from sr1.world.kb import KnowledgeBase, Question
+    from world import TinyWorld
+    from world.kb import KnowledgeBase, Question
 
 MODES = ("greedy", "forced_good", "forced_imperfect", "sampled")
 
@@ -92,9 +92,9 @@ async def probe_policy(
 
 async def _probe_modes(kb, questions, modes, task, engine, settings, answers) -> dict[str, float]:
     from generators.agent import run_agent
-    from sr1.world.kb import ATTRIBUTE_BY_KEY
     from tasks.prompt_tokens import encode_prompt
     from tasks.search_r1.protocol import search_turn
+    from world.kb import ATTRIBUTE_BY_KEY
 
     tokenizer = engine.tokenizer
     out: dict[str, float] = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sr1.world.kb import WorldSizes, build_kb, write_corpus
-from sr1.world.warmstart import (
+from tasks.search_r1.protocol import INFORMATION_CLOSE, INFORMATION_OPEN, make_prompt_text
+from world.kb import WorldSizes, build_kb, write_corpus
+from world.warmstart import (
     build_trajectories,
     masked_logprobs,
     sequence_loss,
@@ -14,7 +15,6 @@ from sr1.world.warmstart import (
     tokenize_trajectory,
     tokenizer_texts,
 )
-from tasks.search_r1.protocol import INFORMATION_CLOSE, INFORMATION_OPEN, make_prompt_text
 
 SMALL = WorldSizes(num_people=60, num_first_names=12, num_last_names=30, num_cities=12, num_test=20)
 
@@ -40,7 +40,7 @@ def policy(world, tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from sr1.world.model import build_tiny_policy
+    from world.model import build_tiny_policy
 
     kb, _, trajectories = world
     out = build_tiny_policy(
@@ -129,7 +129,7 @@ def test_copy_friendly_init_passes_embeddings_through(policy):
 
     import torch
 
-    from sr1.world.warmstart import copy_friendly_init
+    from world.warmstart import copy_friendly_init
 
     _, model = policy
     model = copy.deepcopy(model)

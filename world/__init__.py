@@ -20,7 +20,7 @@ changes their last bits, which the warm start amplifies. The build narrows that:
 math libraries are pinned to one code path and two threads (`PINNED_ENV`: MKL's conditional numerical
 reproducibility, ATen's and oneDNN's AVX2 kernels) with torch's deterministic algorithms, so one machine always
 builds the same bytes. But MKL's documentation says a fixed branch holds on Intel CPUs only (on others it takes
-its automatic branch instead), and an AMD EPYC machine built other weights. What is promised instead is the policy's behaviour before RL (`sr1.world.probe`: greedy exact match, the
+its automatic branch instead), and an AMD EPYC machine built other weights. What is promised instead is the policy's behaviour before RL (`world.probe`: greedy exact match, the
 query it writes, the answer copy), which other summation orders left unchanged;
 `tests/integration/test_world_determinism.py` checks both promises. ARM machines (Apple silicon) build a world of
 the same kind.
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sr1.world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
-from sr1.world.warmstart import build_trajectories, warm_start
+from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
+from world.warmstart import build_trajectories, warm_start
 
 __all__ = ["DATA_SOURCE", "MARKER_FILE", "TinyWorld", "WorldSizes", "build_world"]
 
@@ -106,7 +106,7 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
     marker_path.unlink(missing_ok=True)
     if not pinned():
         # the build itself runs in a child process with the math libraries pinned (they read these at load time)
-        cmd = [sys.executable, "-m", "sr1.world", "--out", str(out_dir), "--seed", str(seed), "--sizes",
+        cmd = [sys.executable, "-m", "world", "--out", str(out_dir), "--seed", str(seed), "--sizes",
                json.dumps(sizes)] + ([] if progress else ["--quiet"])  # fmt: skip
         subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True)
         if not marker_path.exists():
