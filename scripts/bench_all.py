@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _get(result: dict, path: str) -> float:
     value = result
     for key in path.split("."):
-        value = value[key]
+        value = value[int(key)] if isinstance(value, list) else value[key]
     return float(value)
 
 
@@ -76,6 +76,27 @@ BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
     "learner": (
         ["scripts/bench_learner.py", "--json"],
         {"learner packed vs padded": ("ratio_packed_over_padded", "tokens/s ratio")},
+    ),
+    "logprob_memory": (
+        ["scripts/bench_learner.py", "--logprob-memory", "--tokens", "2048,4096", "--json"],
+        {
+            "chunked log-probs, 2,048 tokens at vocab 151,936: peak": (
+                "sizes.0.peak_ratio_chunked_over_unchunked",
+                "peak memory ratio",
+            ),
+            "chunked log-probs, 2,048 tokens: speed": (
+                "sizes.0.speed_ratio_chunked_over_unchunked",
+                "tokens/s ratio",
+            ),
+            "chunked log-probs, 4,096 tokens: peak": (
+                "sizes.1.peak_ratio_chunked_over_unchunked",
+                "peak memory ratio",
+            ),
+            "chunked log-probs, 4,096 tokens: speed": (
+                "sizes.1.speed_ratio_chunked_over_unchunked",
+                "tokens/s ratio",
+            ),
+        },
     ),
 }
 
