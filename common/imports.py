@@ -1,5 +1,5 @@
-"""Implementations named by import path ("package.module:attribute"), so that config sections and registries can
-name the class behind a variant without importing it (and torch, vLLM, faiss with it) when the config is loaded."""
+"""Plug-ins named by import path ("package.module:attribute") from outside the repository, such as a user's
+`task.reward_function`; the project's own variants are imported by their factories (`build_task`, ...)."""
 
 from __future__ import annotations
 

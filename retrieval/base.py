@@ -1,4 +1,4 @@
-"""The retriever protocol every search backend implements (BM25, dense, online engines), plus the reranker's.
+"""The retriever protocol every search backend implements (BM25, dense, online engines), and what they answer.
 
 A retriever answers a *batch* of queries at once; the server's micro-batcher relies on that to turn many
 concurrent requests into one encode + one index search.
@@ -70,9 +70,3 @@ class LocalRetriever:
 
     def close(self) -> None:
         pass
-
-
-class Reranker(Protocol):
-    """Re-orders each query's own candidates (never scores a query against another query's documents)."""
-
-    def rerank(self, queries: list[str], candidates: list[Hits], topk: int) -> list[Hits]: ...

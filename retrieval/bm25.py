@@ -353,12 +353,10 @@ class BM25Retriever(LocalRetriever):
         return out
 
 
-# -- registry hooks (`retrieval.settings.METHODS`) ---------------------------------------------------------------
-def from_config(cfg: RetrievalConfig, show_progress: bool = False) -> BM25Retriever:
-    """`retrieval.method: bm25`: load `cfg.index_path`, or index the corpus in memory when there is none."""
-    from retrieval.corpus import open_store
-
-    store = open_store(cfg)
+# -- what `build_retriever` (retrieval/factory.py) and `build_index` (retrieval/build_index.py) call -------------
+def from_config(cfg: RetrievalConfig, store: DocStore, show_progress: bool = False) -> BM25Retriever:
+    """`retrieval.method: bm25` over `store`: load `cfg.index_path`, or index the corpus in memory when there is
+    none."""
     if cfg.index_path is not None:
         return BM25Retriever.load(cfg.index_path, store, threads=cfg.bm25_threads)
     log.info("no retrieval.index_path: indexing %d passages with BM25 in memory", len(store))

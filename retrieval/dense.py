@@ -287,13 +287,11 @@ class DenseRetriever(LocalRetriever):
         return hits_from_rows(self.store, [(r[m], s[m]) for r, s, m in zip(rows, scores, keep, strict=True)])
 
 
-# -- registry hooks (`retrieval.settings.METHODS`) ---------------------------------------------------------------
-def from_config(cfg: RetrievalConfig, show_progress: bool = False) -> DenseRetriever:
-    """`retrieval.method: dense`: the encoder plus `cfg.index_path` (a build-index directory or a faiss file), or
-    the corpus encoded in memory when there is none. An empty query is encoded like any other (top-k passages)."""
-    from retrieval.corpus import open_store
-
-    store = open_store(cfg)
+# -- what `build_retriever` (retrieval/factory.py) and `build_index` (retrieval/build_index.py) call -------------
+def from_config(cfg: RetrievalConfig, store: DocStore, show_progress: bool = False) -> DenseRetriever:
+    """`retrieval.method: dense` over `store`: the encoder plus `cfg.index_path` (a build-index directory or a faiss
+    file), or the corpus encoded in memory when there is none. An empty query is encoded like any other (top-k
+    passages)."""
     encoder = Encoder(cfg.encoder)
     if cfg.index_path is not None:
         index = DenseRetriever.read_index(cfg.index_path)

@@ -1,26 +1,57 @@
 """`build_retriever(config)`: the one place that turns a `RetrievalConfig` into a ready retriever.
 
-Dispatches on `config.method` through the registry `retrieval.settings.METHODS`: `bm25` (load an index
-directory, or index the corpus in memory at start), `dense` (encoder + faiss index file/directory, or encode a
-small corpus in memory), and the online engines; wraps the result in the cross-encoder reranker when
-`config.reranker.enabled`.
+Dispatches on `config.method` through `BUILDERS` below, one entry per name of `retrieval.settings.METHODS`: `bm25`
+(load an index directory, or index the corpus in memory at start), `dense` (encoder + faiss index file/directory, or
+encode a small corpus in memory), and the online engines (`retrieval/online.py`); wraps the result in the
+cross-encoder reranker when `config.reranker.enabled`. The local builders import their module when called (bm25s,
+numba, torch, faiss); the online engines are imported here (aiohttp, which the server imports anyway). Nothing that
+loads a config imports this module.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
-from common.imports import import_object
 from retrieval.base import Retriever
-from retrieval.settings import RetrievalConfig, retrieval_method
+from retrieval.corpus import open_store
+from retrieval.online import BingEngine, BraveEngine, GoogleEngine, SerpApiEngine
+from retrieval.settings import RetrievalConfig
 
 log = logging.getLogger(__name__)
 
 
+def _bm25(cfg: RetrievalConfig, show_progress: bool) -> Retriever:
+    from retrieval import bm25
+
+    return bm25.from_config(cfg, open_store(cfg), show_progress)
+
+
+def _dense(cfg: RetrievalConfig, show_progress: bool) -> Retriever:
+    from retrieval import dense
+
+    return dense.from_config(cfg, open_store(cfg), show_progress)
+
+
+# `retrieval.method` -> what builds it; exactly the names of `retrieval.settings.METHODS` (tests/unit/retrieval)
+BUILDERS: dict[str, Callable[[RetrievalConfig, bool], Retriever]] = {
+    "bm25": _bm25,
+    "dense": _dense,
+    "google": GoogleEngine.from_config,
+    "bing": BingEngine.from_config,
+    "brave": BraveEngine.from_config,
+    "serpapi": SerpApiEngine.from_config,
+}
+
+
 def build_retriever(cfg: RetrievalConfig, show_progress: bool = False) -> Retriever:
-    """A loaded retriever for `cfg` (indexes read or built, models loaded)."""
-    retriever: Retriever = import_object(retrieval_method(cfg.method).build)(cfg, show_progress)
+    """A loaded retriever for `cfg` (indexes read or built, models loaded); ValueError naming the known methods for
+    an unknown `cfg.method`."""
+    build = BUILDERS.get(cfg.method)
+    if build is None:
+        raise ValueError(f"unknown retrieval.method {cfg.method!r}; known methods: {', '.join(BUILDERS)}")
+    retriever = build(cfg, show_progress)
     if cfg.reranker.enabled:
         from retrieval.reranker import CrossEncoderReranker, RerankingRetriever
 

@@ -4,8 +4,9 @@ Each adapter calls its vendor's JSON API and returns documents in the corpus sha
 "\"Title\"\\nsnippet"}`, scored 1/rank, so the server answers exactly as for BM25 or dense. Keys come from the
 environment (`GOOGLE_API_KEY` + `GOOGLE_CSE_ID`, `BING_API_KEY`, `BRAVE_API_KEY`, `SERPAPI_API_KEY`, or
 `online.api_key_env`); `online.base_url` points an adapter elsewhere (the tests use loopback fakes that answer
-with the vendors' response layouts). Each engine is a line of the registry `retrieval.settings.METHODS`. An empty
-or whitespace-only query is not sent to the vendor (web search APIs refuse it): it gets no documents.
+with the vendors' response layouts). Each engine is a class here, a name in `retrieval.settings.METHODS` and its
+entry in `retrieval.factory.BUILDERS`. An empty or whitespace-only query is not sent to the vendor (web search APIs
+refuse it): it gets no documents.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import aiohttp
 
 from retrieval.base import Hits
 from retrieval.corpus import join_contents
-from retrieval.settings import OnlineConfig, RetrievalConfig, retrieval_method
+from retrieval.settings import OnlineConfig, RetrievalConfig
 
 _TAG = re.compile(r"<[^>]+>")
 
@@ -57,7 +58,7 @@ class OnlineEngine:
 
     @classmethod
     def from_config(cls, cfg: RetrievalConfig, show_progress: bool = False) -> OnlineEngine:
-        """The registry's builder (`retrieval.settings.METHODS`): this engine with `cfg.online`'s settings."""
+        """What `build_retriever` (`retrieval.factory.BUILDERS`) calls: this engine with `cfg.online`'s settings."""
         return cls(cfg.online)
 
     # -- vendor specifics ------------------------------------------------------------------------------------
@@ -206,15 +207,3 @@ class SerpApiEngine(OnlineEngine):
     def parse(self, answer: dict[str, Any]) -> list[tuple[str, str, str]]:
         results = sorted(answer.get("organic_results", []), key=lambda r: r.get("position", 0))
         return [(r.get("link", ""), r.get("title", ""), r.get("snippet", "")) for r in results]
-
-
-def build_online_engine(method: str, cfg: OnlineConfig) -> OnlineEngine:
-    """The online engine registered as `method`, with `cfg`'s settings."""
-    from common.imports import import_object
-
-    if retrieval_method(method).local:
-        raise ValueError(f"{method!r} is a local retriever, not an online engine")
-    engine: OnlineEngine = import_object(retrieval_method(method).build)(
-        RetrievalConfig(method=method, online=cfg)
-    )
-    return engine

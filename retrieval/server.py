@@ -271,12 +271,6 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].metrics())
 
 
-async def _not_found(request: web.Request) -> web.Response:
-    raise RequestError(
-        404, f"no route {request.method} {request.path}; use POST /retrieve, GET /health, GET /metrics"
-    )
-
-
 def create_app(
     retriever: Retriever, cfg: RetrievalConfig, peers: PeerCounters | None = None, slot: int = 0
 ) -> web.Application:

@@ -15,33 +15,27 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 @dataclass(frozen=True)
 class RetrievalMethod:
-    """One value of `retrieval.method`: where it searches and how it is built.
-
-    `build` and `build_index` name callables as "module:attribute" (imported only when used, so this table stays
-    free of torch/faiss/bm25s): `build(cfg: RetrievalConfig, show_progress: bool) -> Retriever` returns a loaded
-    retriever; `build_index(cfg, store: DocStore, out: Path, show_progress: bool) -> None` writes the index files
-    `sr1 retrieval build-index` makes (None: the method has no index to build).
-    """
+    """One value of `retrieval.method`: what loading a config needs to know about it (data only; what builds it is
+    `retrieval.factory.BUILDERS`, and its index `retrieval.build_index.INDEX_BUILDERS`)."""
 
     local: bool  # searches a local index over `retrieval.corpus_path` (needs a server process); else online engine
-    build: str
-    build_index: str | None = None
 
 
-# Every retriever the service knows; `build_retriever` (retrieval/factory.py) dispatches on it, `retrieval.method`
-# is checked against it and the CLI offers its names. A new retriever is its module plus one line here.
+# Every retriever the service knows: `retrieval.method` is checked against it and the CLI offers its names.
+# A new retriever is its module, one line here and its entry in `retrieval.factory.BUILDERS` (and, when it has an
+# index to build, in `retrieval.build_index.INDEX_BUILDERS`).
 METHODS: dict[str, RetrievalMethod] = {
-    "bm25": RetrievalMethod(True, "retrieval.bm25:from_config", "retrieval.bm25:build_index_files"),
-    "dense": RetrievalMethod(True, "retrieval.dense:from_config", "retrieval.dense:build_index_files"),
-    "google": RetrievalMethod(False, "retrieval.online:GoogleEngine.from_config"),
-    "bing": RetrievalMethod(False, "retrieval.online:BingEngine.from_config"),
-    "brave": RetrievalMethod(False, "retrieval.online:BraveEngine.from_config"),
-    "serpapi": RetrievalMethod(False, "retrieval.online:SerpApiEngine.from_config"),
+    "bm25": RetrievalMethod(local=True),
+    "dense": RetrievalMethod(local=True),
+    "google": RetrievalMethod(local=False),
+    "bing": RetrievalMethod(local=False),
+    "brave": RetrievalMethod(local=False),
+    "serpapi": RetrievalMethod(local=False),
 }
 
 
 def retrieval_method(name: str) -> RetrievalMethod:
-    """The registry entry of `name`; ValueError naming the known methods when there is none."""
+    """The `METHODS` entry of `name`; ValueError naming the known methods when there is none."""
     entry = METHODS.get(name)
     if entry is None:
         raise ValueError(f"unknown retrieval.method {name!r}; known methods: {', '.join(METHODS)}")

@@ -10,8 +10,9 @@ learner) is the same for every task and never imports one by name:
     obs = await task.call_tool(action.content)     # Observation appended after the turn (loss_mask 0)
     score = task.score(rollout, prompt.ground_truth)   # reward + per-trajectory metrics
 
-A task is one folder under `tasks/` (its protocol, its data readers, its rewards) plus one member of the `task`
-config union (`tasks/settings.py`). See `tasks/search_r1/` for the Search-R1 task.
+A task is one folder under `tasks/` (its protocol, its data readers, its rewards and a `from_config(cfg, retrieval)`
+classmethod), one member of the `task` config union (`tasks/settings.py`) and one line in `tasks.TASKS`. See
+`tasks/search_r1/` for the Search-R1 task.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """The `task` config section: which RL task the system runs, and that task's own knobs.
 
 A discriminated union on `type` (one member per task), so a task's fields sit with it and a field of another task
-fails at load time. Each member names its task class (`implementation`), which `tasks.build_task` builds with
-`from_config(cfg, retrieval)`. Adding a task: its folder under `tasks/` plus one member here.
+fails at load time. This module is data only: `tasks.build_task` (`tasks/__init__.py`) pairs each member with its
+task class in `TASKS` and builds it with `from_config(cfg, retrieval)`. Adding a task: its folder under `tasks/`, its
+member here (and in `TaskConfig`), and its line in `TASKS`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -17,7 +18,6 @@ class SearchR1Config(BaseModel):
     """Search-R1: answer a question, searching a retrieval server with `<search>` as often as needed."""
 
     model_config = ConfigDict(extra="forbid")
-    implementation: ClassVar[str] = "tasks.search_r1:SearchR1Task"  # built by tasks.build_task
 
     type: Literal["search_r1"] = Field("search_r1", description="Which task (the union's tag).")
     reward: Literal["em", "f1", "format_em", "substring_em"] = Field(

@@ -30,11 +30,6 @@ def group_advantages(rewards: np.ndarray, *, std_normalize: bool = True, eps: fl
     return centred / (rewards.std(ddof=1) + eps) if std_normalize else centred
 
 
-def count_zero_advantage_groups(groups: list[Group]) -> int:
-    """Groups of one sample or with identical rewards: no baseline, no gradient."""
-    return identical_score_groups([g.rewards for g in groups])
-
-
 class GRPO(SequenceAlgorithm):
     std_normalize = True
 

@@ -16,8 +16,9 @@
 
 Both are discriminated unions on `type`: a variant's own fields sit with it, and a field of another variant (or an
 unknown type) fails when the config is loaded. A bare string is shorthand for the variant with its defaults
-(`learner.correction=icepop`, `learner.algorithm=rloo`). Each algorithm member names its class (`implementation`),
-which `build_algorithm` builds. Adding an algorithm: one file in `learner/algorithms/` plus one member here.
+(`learner.correction=icepop`, `learner.algorithm=rloo`). This module is data only: `build_algorithm`
+(`learner/algorithms/__init__.py`) pairs each member with its class in `ALGORITHMS`. Adding an algorithm: its file in
+`learner/algorithms/`, its member here (and in `AlgorithmConfig`), and its line in `ALGORITHMS`.
 
 Every member shares the policy loss (PPO-clip), the KL term (in the loss or in the reward, with its estimator and
 controller), the entropy bonus and DAPO's options (dynamic sampling, overlong shaping); only `ppo` has a critic.
@@ -142,7 +143,6 @@ class PolicyLossConfig(BaseModel):
 class GRPOConfig(PolicyLossConfig):
     """GRPO: advantage (r - mean) / std within the group (DeepSeekMath, Shao et al. 2024)."""
 
-    implementation: ClassVar[str] = "learner.algorithms.grpo:GRPO"
     group_baseline: ClassVar[bool] = True
 
     type: Literal["grpo"] = Field("grpo", description="Which algorithm (the union's tag).")
@@ -151,7 +151,6 @@ class GRPOConfig(PolicyLossConfig):
 class DrGRPOConfig(PolicyLossConfig):
     """Dr. GRPO: advantage r - mean within the group, no std (Liu et al. 2025)."""
 
-    implementation: ClassVar[str] = "learner.algorithms.grpo:DrGRPO"
     group_baseline: ClassVar[bool] = True
 
     type: Literal["drgrpo"] = Field("drgrpo", description="Which algorithm (the union's tag).")
@@ -160,7 +159,6 @@ class DrGRPOConfig(PolicyLossConfig):
 class RLOOConfig(PolicyLossConfig):
     """RLOO: advantage r_i - mean of the other samples' rewards (Ahmadian et al. 2024)."""
 
-    implementation: ClassVar[str] = "learner.algorithms.rloo:RLOO"
     group_baseline: ClassVar[bool] = True
 
     type: Literal["rloo"] = Field("rloo", description="Which algorithm (the union's tag).")
@@ -168,8 +166,6 @@ class RLOOConfig(PolicyLossConfig):
 
 class ReinforcePPConfig(PolicyLossConfig):
     """REINFORCE++: token-level KL in the reward, returns-to-go, advantages normalised over the batch (Hu 2025)."""
-
-    implementation: ClassVar[str] = "learner.algorithms.reinforce:ReinforcePP"
 
     type: Literal["reinforce_pp"] = Field("reinforce_pp", description="Which algorithm (the union's tag).")
     kl_coef: float = Field(
@@ -192,7 +188,6 @@ class ReinforcePPConfig(PolicyLossConfig):
 class ReinforceBaselineConfig(PolicyLossConfig):
     """REINFORCE with a group baseline (REINFORCE++-baseline): r - group mean, normalised over the whole batch."""
 
-    implementation: ClassVar[str] = "learner.algorithms.reinforce:ReinforceBaseline"
     group_baseline: ClassVar[bool] = True
 
     type: Literal["reinforce_baseline"] = Field(
@@ -223,8 +218,6 @@ class CriticConfig(BaseModel):
 
 class PPOConfig(PolicyLossConfig):
     """PPO with a critic: GAE over the sampled tokens, a clipped value loss (Schulman et al. 2017)."""
-
-    implementation: ClassVar[str] = "learner.algorithms.ppo:PPO"
 
     type: Literal["ppo"] = Field("ppo", description="Which algorithm (the union's tag).")
     gamma: float = Field(1.0, ge=0, le=1, description=GAMMA_DESCRIPTION)

@@ -31,7 +31,6 @@ load), prefix-cache misses, KV-cache preemption, and the learner's batch forward
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import math
@@ -513,8 +512,3 @@ def simulate(
     cycle = pipe.max_staleness + 1
     measured = -(-(steps - warmup) // cycle) * cycle
     return _Simulation(pipe, profile, seed).run(warmup + measured, warmup)
-
-
-def synchronous(pipe: Pipeline) -> Pipeline:
-    """The same pipeline kept on-policy (max_staleness 0)."""
-    return dataclasses.replace(pipe, max_staleness=0)

@@ -8,7 +8,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from retrieval.online import OnlineSearchError, build_online_engine
+from retrieval.factory import build_retriever
+from retrieval.online import OnlineSearchError
 from retrieval.server import create_app
 from retrieval.settings import OnlineConfig, RetrievalConfig
 
@@ -131,7 +132,9 @@ async def test_engine_returns_corpus_shaped_documents(method, monkeypatch):
     monkeypatch.setenv("GOOGLE_CSE_ID", "cx1")
     seen = []
     vendor = await _fake_vendor(method, seen)
-    engine = build_online_engine(method, OnlineConfig(base_url=str(vendor.make_url(""))))
+    engine = build_retriever(
+        RetrievalConfig(method=method, online=OnlineConfig(base_url=str(vendor.make_url(""))))
+    )
     try:
         hits = await engine.asearch(["capital of France", "paris"], 2)
     finally:
@@ -153,7 +156,7 @@ async def _served(method: str, seen: list, fail: bool = False):
     """The retrieval server in front of a fake vendor: (its test client, the vendor, the online config)."""
     vendor = await _fake_vendor(method, seen, fail=fail)
     cfg = RetrievalConfig(method=method, online=OnlineConfig(base_url=str(vendor.make_url(""))))
-    client = TestClient(TestServer(create_app(build_online_engine(method, cfg.online), cfg)))
+    client = TestClient(TestServer(create_app(build_retriever(cfg), cfg)))
     await client.start_server()
     try:
         yield client, cfg
@@ -169,7 +172,7 @@ async def test_online_engine_behind_the_server_and_vendor_errors_are_502(monkeyp
         result = (await resp.json())["result"]
         assert [e["document"]["id"] for e in result[0]] == [u for u, _, _ in RESULTS]
         monkeypatch.setenv("BRAVE_API_KEY", "wrong")
-        bad = build_online_engine("brave", cfg.online)
+        bad = build_retriever(cfg)
         with pytest.raises(OnlineSearchError, match="HTTP 403"):
             await bad.asearch(["x"], 1)
         await bad.aclose()
@@ -195,4 +198,4 @@ async def test_empty_query_is_not_sent_to_the_vendor(monkeypatch):
 def test_missing_key_names_the_variable(monkeypatch):
     monkeypatch.delenv("BING_API_KEY", raising=False)
     with pytest.raises(ValueError, match="BING_API_KEY"):
-        build_online_engine("bing", OnlineConfig())
+        build_retriever(RetrievalConfig(method="bing"))

@@ -170,3 +170,28 @@ def test_unknown_correction_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="'ppo'.*'none', 'tis', 'icepop', 'decoupled'"):
         load_config("tiny", ["learner.correction=ppo"])
+
+
+def test_every_algorithm_of_the_union_builds_its_class():
+    from typing import get_args
+
+    from learner.algorithms import ALGORITHMS
+    from learner.algorithms.grpo import GRPO, DrGRPO
+    from learner.algorithms.ppo import PPO
+    from learner.algorithms.reinforce import ReinforceBaseline, ReinforcePP
+    from learner.algorithms.rloo import RLOO
+    from learner.algorithms.settings import AlgorithmConfig
+
+    expected = {"grpo": GRPO, "drgrpo": DrGRPO, "rloo": RLOO, "reinforce_pp": ReinforcePP}
+    expected |= {"reinforce_baseline": ReinforceBaseline, "ppo": PPO}
+    members = get_args(get_args(AlgorithmConfig)[0])
+    assert set(ALGORITHMS) == set(members)
+    for member in members:
+        algorithm = build_algorithm(member(), NoCorrection())
+        assert type(algorithm) is expected.pop(member().type), member
+    assert not expected
+
+
+def test_an_unknown_algorithm_config_fails_naming_the_known_ones():
+    with pytest.raises(TypeError, match="NoCorrection; known algorithms: grpo, drgrpo, rloo, reinforce_pp"):
+        build_algorithm(NoCorrection(), NoCorrection())

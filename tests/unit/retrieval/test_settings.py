@@ -40,15 +40,3 @@ def test_registry_says_which_methods_serve_a_local_index():
     assert not RetrievalConfig(method="brave").serves_locally
     with pytest.raises(ValueError, match="known methods: bm25, dense"):
         is_local_method("pyserini")
-
-
-def test_every_registered_builder_resolves():
-    from common.imports import import_object as resolve
-    from retrieval.settings import METHODS
-
-    for name, method in METHODS.items():
-        assert callable(resolve(method.build)), name
-        if method.local:  # a local index can be built with `sr1 retrieval build-index`
-            assert method.build_index is not None and callable(resolve(method.build_index)), name
-        else:
-            assert method.build_index is None, name
