@@ -65,8 +65,13 @@ def _resolve_url(args: argparse.Namespace) -> str:
 
 def worker_states(workers: list[dict]) -> dict[str, tuple[str, str]]:
     """worker id -> (role, state) from the heartbeats (`rollout/state` of a generator; "running" otherwise)."""
-    return {w.get("worker_id", "?"): (w.get("role", "?"), str(w.get("metrics", {}).get("rollout/state", "running")))
-            for w in workers}  # fmt: skip
+    return {
+        w.get("worker_id", "?"): (
+            w.get("role", "?"),
+            str(w.get("metrics", {}).get("rollout/state", "running")),
+        )
+        for w in workers
+    }
 
 
 def worker_events(before: dict[str, tuple[str, str]], now: dict[str, tuple[str, str]]) -> list[str]:
@@ -84,8 +89,14 @@ def worker_events(before: dict[str, tuple[str, str]], now: dict[str, tuple[str, 
 
 
 def _summary(stats: dict) -> str:
-    keys = ("buffer/version", "buffer/generating_groups", "buffer/queued_groups", "buffer/pending_prompts",
-            "buffer/produced", "buffer/consumed")  # fmt: skip
+    keys = (
+        "buffer/version",
+        "buffer/generating_groups",
+        "buffer/queued_groups",
+        "buffer/pending_prompts",
+        "buffer/produced",
+        "buffer/consumed",
+    )
     return "  ".join(f"{k.removeprefix('buffer/')}={stats.get(k)}" for k in keys)
 
 

@@ -40,8 +40,13 @@ class EvaluationRequests:
         pipe = self._redis.pipeline(transaction=True)
         pipe.set(self.key("eval", "shards", eval_id), shards, ex=RESULT_TTL_S)
         for i in range(shards):
-            payload = {"id": f"{eval_id}#{i}", "eval_id": eval_id, "shard": [i, shards], "step": int(step),
-                       "version": int(version)}  # fmt: skip
+            payload = {
+                "id": f"{eval_id}#{i}",
+                "eval_id": eval_id,
+                "shard": [i, shards],
+                "step": int(step),
+                "version": int(version),
+            }
             pipe.rpush(self.key("eval", "requests"), json.dumps(spec | payload))
         pipe.execute()
         return eval_id

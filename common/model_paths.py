@@ -45,8 +45,10 @@ def resolve_model_path(
     if text in ("tiny", "tiny-qwen2.5"):
         raise ModelPathError(f"{what} {text!r} is an embedded model: only `sr1 run` builds and resolves it")
     if not _HUB_ID.match(text) or path.exists():
-        raise ModelPathError(f"{what} {text!r} is not a directory (expected an HF model directory or a hub id "
-                             "such as Qwen/Qwen2.5-3B-Instruct)")  # fmt: skip
+        raise ModelPathError(
+            f"{what} {text!r} is not a directory (expected an HF model directory or a hub id "
+            "such as Qwen/Qwen2.5-3B-Instruct)"
+        )
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

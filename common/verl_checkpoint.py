@@ -69,8 +69,10 @@ def merged_verl_checkpoint(path: Path, cache: Path | None = None) -> Path:
         raise VerlCheckpointError(f"{path} holds no model_world_size_<W>_rank_<R>.pt shards")
     hf = actor / "huggingface"
     if not (hf / "config.json").is_file():
-        raise VerlCheckpointError(f"{actor}: no huggingface/config.json beside the shards (verl saves the model's "
-                                  "config and tokenizer there)")  # fmt: skip
+        raise VerlCheckpointError(
+            f"{actor}: no huggingface/config.json beside the shards (verl saves the model's "
+            "config and tokenizer there)"
+        )
     shards = _shards(actor)
     target = (cache or cache_root()) / _cache_key(actor, shards)
     if (target / "model.safetensors").is_file():
@@ -119,8 +121,9 @@ def _whole(parts: list, name: str):
         return first
     placements = first.placements
     if len(placements) != 1:
-        raise VerlCheckpointError(f"{name}: a {len(placements)}-D device mesh {placements}; only FSDP's 1-D mesh "
-                                  "is merged")  # fmt: skip
+        raise VerlCheckpointError(
+            f"{name}: a {len(placements)}-D device mesh {placements}; only FSDP's 1-D mesh is merged"
+        )
     placement = placements[0]
     if isinstance(placement, Replicate):
         return first.to_local()
@@ -128,6 +131,7 @@ def _whole(parts: list, name: str):
         raise VerlCheckpointError(f"{name}: cannot merge a {placement} placement")
     whole = torch.cat([part.to_local() for part in parts], dim=placement.dim)
     if tuple(whole.shape) != tuple(first.shape):
-        raise VerlCheckpointError(f"{name}: shards give shape {tuple(whole.shape)}, the checkpoint records "
-                                  f"{tuple(first.shape)}")  # fmt: skip
+        raise VerlCheckpointError(
+            f"{name}: shards give shape {tuple(whole.shape)}, the checkpoint records {tuple(first.shape)}"
+        )
     return whole

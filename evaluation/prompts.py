@@ -10,8 +10,13 @@ import numpy as np
 from buffer.records import PromptRecord
 
 
-def select_prompts(prompts: Sequence[PromptRecord], *, max_prompts: int | None = None,
-                   max_per_source: int | None = None, seed: int = 0) -> list[PromptRecord]:  # fmt: skip
+def select_prompts(
+    prompts: Sequence[PromptRecord],
+    *,
+    max_prompts: int | None = None,
+    max_per_source: int | None = None,
+    seed: int = 0,
+) -> list[PromptRecord]:
     """The evaluation set: every prompt, or a sample stratified over data sources.
 
     `max_per_source` keeps at most that many prompts of each source. `max_prompts` caps the total, shared equally

@@ -109,15 +109,17 @@ def per_source_table(items: list[dict], summary: dict[str, float]) -> list[dict[
         group = items if source == "all" else by_source[source]
         suffix = "" if source == "all" else f"/{source}"
         reasons = Counter(i["finish_reason"] for i in group)
-        rows.append({
-            "source": source,
-            "n": len(group),
-            "em": summary.get(f"eval/em{suffix}"),
-            "f1": summary.get(f"eval/f1{suffix}"),
-            "searches": sum(i["tool_calls"] for i in group) / len(group),
-            "turns": sum(i["turns"] for i in group) / len(group),
-            "finish": ", ".join(f"{r} {c / len(group):.0%}" for r, c in reasons.most_common()),
-        })  # fmt: skip
+        rows.append(
+            {
+                "source": source,
+                "n": len(group),
+                "em": summary.get(f"eval/em{suffix}"),
+                "f1": summary.get(f"eval/f1{suffix}"),
+                "searches": sum(i["tool_calls"] for i in group) / len(group),
+                "turns": sum(i["turns"] for i in group) / len(group),
+                "finish": ", ".join(f"{r} {c / len(group):.0%}" for r, c in reasons.most_common()),
+            }
+        )
         pass_key = next(
             (k for k in summary if k.startswith("eval/pass@") and k.endswith(f"/em{suffix}")), None
         )
@@ -134,12 +136,17 @@ def markdown(rows: list[dict], header: dict[str, Any]) -> str:
     passk = any("pass@k" in r for r in rows)
     lines = [f"# sr1 eval: {header['checkpoint']}", ""]
     lines += [f"- {k}: {v}" for k, v in header.items() if k != "checkpoint"]
-    lines += ["", "| source | n | EM | F1 |" + (" pass@k EM |" if passk else "") + " searches/q | turns | finish |",
-              "|---|---|---|---|" + ("---|" if passk else "") + "---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| source | n | EM | F1 |" + (" pass@k EM |" if passk else "") + " searches/q | turns | finish |",
+        "|---|---|---|---|" + ("---|" if passk else "") + "---|---|---|",
+    ]
     for r in rows:
         extra = f" {format_value(r.get('pass@k'))} |" if passk else ""
-        lines.append(f"| {r['source']} | {r['n']} | {format_value(r['em'])} | {format_value(r['f1'])} |{extra} "
-                     f"{r['searches']:.2f} | {r['turns']:.2f} | {r['finish']} |")  # fmt: skip
+        lines.append(
+            f"| {r['source']} | {r['n']} | {format_value(r['em'])} | {format_value(r['f1'])} |{extra} "
+            f"{r['searches']:.2f} | {r['turns']:.2f} | {r['finish']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

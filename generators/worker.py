@@ -146,8 +146,12 @@ class GeneratorWorker:
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
-        log.error("worker %s: background task %r died; stopping the worker", self.worker_id, task.get_name(),
-                  exc_info=(type(exc), exc, exc.__traceback__))  # fmt: skip
+        log.error(
+            "worker %s: background task %r died; stopping the worker",
+            self.worker_id,
+            task.get_name(),
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
         if self._background_error is None:
             self._background_error = RuntimeError(f"background task {task.get_name()!r} died: {exc!r}")
         self.request_stop()
@@ -276,8 +280,12 @@ class GeneratorWorker:
             self.tool_calls += rollout.tool_calls
             self._count_inflight(-1)
             if self.tools.record(rollout.tool_calls, rollout.tool_errors, rollout.tool_seconds):
-                log.warning("worker %s: sampling paused: %s; resuming once a test call (every %g s) succeeds",
-                            self.worker_id, self.tools.pause_reason, self.cfg.tool_pause.probe_s)  # fmt: skip
+                log.warning(
+                    "worker %s: sampling paused: %s; resuming once a test call (every %g s) succeeds",
+                    self.worker_id,
+                    self.tools.pause_reason,
+                    self.cfg.tool_pause.probe_s,
+                )
 
         try:
             group, rollouts = await run_group(
@@ -416,8 +424,11 @@ class GeneratorWorker:
             await asyncio.to_thread(rendezvous.ack_update, int(update["version"]), self.worker_id)
             log.info(
                 "worker %s: weights v%d (%d tensors) in %.2fs",
-                self.worker_id, self.engine.version, loaded, time.monotonic() - started,
-            )  # fmt: skip
+                self.worker_id,
+                self.engine.version,
+                loaded,
+                time.monotonic() - started,
+            )
             return cursor
         except asyncio.CancelledError:
             raise
@@ -440,8 +451,11 @@ class GeneratorWorker:
                 failed = True
                 log.debug("tool probe raised %s", exc)
             if not failed:
-                log.info("worker %s: the tool answers again; sampling resumes (was paused: %s)", self.worker_id,
-                         self.tools.pause_reason)  # fmt: skip
+                log.info(
+                    "worker %s: the tool answers again; sampling resumes (was paused: %s)",
+                    self.worker_id,
+                    self.tools.pause_reason,
+                )
                 self.tools.resume()
 
     async def _eval_loop(self) -> None:
@@ -469,10 +483,18 @@ class GeneratorWorker:
                 raise
             except Exception as exc:
                 self.eval_errors += 1
-                log.exception("worker %s: evaluation request %s failed; answering with the error", self.worker_id,
-                              request.get("id"))  # fmt: skip
-                error = {"error": f"{type(exc).__name__}: {exc}"[:1000], "items": [], "step": request.get("step"),
-                         "eval/version": int(self.engine.version), "worker_id": self.worker_id}  # fmt: skip
+                log.exception(
+                    "worker %s: evaluation request %s failed; answering with the error",
+                    self.worker_id,
+                    request.get("id"),
+                )
+                error = {
+                    "error": f"{type(exc).__name__}: {exc}"[:1000],
+                    "items": [],
+                    "step": request.get("step"),
+                    "eval/version": int(self.engine.version),
+                    "worker_id": self.worker_id,
+                }
                 with contextlib.suppress(redis.RedisError):  # else it is re-queued when this worker restarts
                     await asyncio.to_thread(self.buffer.post_evaluation_answer, request, error)
 
@@ -492,8 +514,12 @@ class GeneratorWorker:
         while int(self.engine.version) < wanted:  # a restarted engine waits for the learner's weights first
             await asyncio.sleep(self.cfg.weight_sync_poll_s)
         index, count = request.get("shard", (0, 1))
-        selected = select_prompts(self.eval_prompts(), max_prompts=request.get("max_prompts"),
-                                  max_per_source=request.get("max_per_source"), seed=self.eval_seed)  # fmt: skip
+        selected = select_prompts(
+            self.eval_prompts(),
+            max_prompts=request.get("max_prompts"),
+            max_per_source=request.get("max_per_source"),
+            seed=self.eval_seed,
+        )
         async with self._pinned_weights():
             version = int(self.engine.version)
             started = time.monotonic()

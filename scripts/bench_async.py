@@ -95,15 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     sync = measured["sync"]
     gen, train = sync["wait_s"], sync["train_s"]
     limit = (gen + train) / max(gen, train)
-    print(f"\nsync phases per step: generation (learner waits) {gen:.2f} s, training {train:.2f} s; "
-          f"decoupling limit (gen + train) / max(gen, train) = {limit:.2f}x")  # fmt: skip
+    print(
+        f"\nsync phases per step: generation (learner waits) {gen:.2f} s, training {train:.2f} s; "
+        f"decoupling limit (gen + train) / max(gen, train) = {limit:.2f}x"
+    )
     print("| setting | steps/min | ratio to sync | of the limit | learner busy | generator busy |")
     print("|---|---|---|---|---|---|")
     for m in measured.values():
         m["ratio"] = m["steps_per_min"] / sync["steps_per_min"]
         gen_busy = "-" if m["generator_busy"] is None else f"{m['generator_busy']:.2f}"
-        print(f"| {m['label']} | {m['steps_per_min']:.1f} | {m['ratio']:.2f}x | {m['ratio'] / limit:.0%} "
-              f"| {m['learner_busy']:.2f} | {gen_busy} |")  # fmt: skip
+        print(
+            f"| {m['label']} | {m['steps_per_min']:.1f} | {m['ratio']:.2f}x | {m['ratio'] / limit:.0%} "
+            f"| {m['learner_busy']:.2f} | {gen_busy} |"
+        )
     best = max(m["ratio"] for k, m in measured.items() if k != "sync")
     conditions = {
         "cores": cores,

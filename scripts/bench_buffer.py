@@ -214,8 +214,10 @@ def scale_phase(
         calls = stat["calls"] - before["commands"].get(name, {}).get("calls", 0)
         usec = stat["usec"] - before["commands"].get(name, {}).get("usec", 0)
         if calls:
-            commands[name] = {"calls_per_group": round(calls / max(got, 1), 3),
-                              "redis_us_per_group": round(usec / max(got, 1), 1)}  # fmt: skip
+            commands[name] = {
+                "calls_per_group": round(calls / max(got, 1), 3),
+                "redis_us_per_group": round(usec / max(got, 1), 1),
+            }
     cpu = {part: after[part] - before[part] for part in ("redis_cpu", "producers_cpu", "consumer_cpu")}
     return {
         "producers": active_producers,
@@ -237,8 +239,10 @@ def codec_cost_ms(seconds: float = 0.5) -> dict:
     templates = _templates()
     payloads = [encode_group(g) for g in templates]
     out = {}
-    for name, work in (("encode", lambda i: encode_group(templates[i % 16])),
-                       ("decode", lambda i: decode_group(payloads[i % 16]))):  # fmt: skip
+    for name, work in (
+        ("encode", lambda i: encode_group(templates[i % 16])),
+        ("decode", lambda i: decode_group(payloads[i % 16])),
+    ):
         count, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             work(count)
@@ -251,15 +255,21 @@ def bench_producers(url: str, producers: int, batch: int, seconds: float, rounds
     """1 producer and `producers` producers in alternating phases (one consumer); medians and the ratio."""
     ctx = multiprocessing.get_context("spawn")  # clean processes: no Redis connection or thread inherited
     stop = ctx.Event()
-    pool = {"active": [ctx.Event() for _ in range(producers)], "consumed": ctx.Value("q", 0, lock=False),
-            "produced": [ctx.Value("q", 0, lock=False) for _ in range(producers)]}  # fmt: skip
+    pool = {
+        "active": [ctx.Event() for _ in range(producers)],
+        "consumed": ctx.Value("q", 0, lock=False),
+        "produced": [ctx.Value("q", 0, lock=False) for _ in range(producers)],
+    }
     buf = ReplayBuffer(url, SCALE_NAMESPACE)
     client = redis.Redis.from_url(url)
     pool["processes"] = [
-        ctx.Process(target=producer, args=(url, i, pool["active"][i], stop, pool["produced"], pool["consumed"]),
-                    daemon=True)
+        ctx.Process(
+            target=producer,
+            args=(url, i, pool["active"][i], stop, pool["produced"], pool["consumed"]),
+            daemon=True,
+        )
         for i in range(producers)
-    ]  # fmt: skip
+    ]
     for process in pool["processes"]:
         process.start()
     try:
@@ -303,19 +313,25 @@ def bench_producers(url: str, producers: int, batch: int, seconds: float, rounds
 
 def _print_scale(result: dict) -> None:
     n = result["producers"]
-    print(f"1 producer: {result['consumed_per_s_1']:,.0f} groups/s; {n} producers: "
-          f"{result[f'consumed_per_s_{n}']:,.0f} groups/s; ratio {result['ratio_vs_1_producer']} "
-          f"(rounds: {result['all_rounds_consumed_per_s']})")  # fmt: skip
+    print(
+        f"1 producer: {result['consumed_per_s_1']:,.0f} groups/s; {n} producers: "
+        f"{result[f'consumed_per_s_{n}']:,.0f} groups/s; ratio {result['ratio_vs_1_producer']} "
+        f"(rounds: {result['all_rounds_consumed_per_s']})"
+    )
     codec = result["codec"]
-    print(f"codec alone: encode {codec['encode_ms']} ms, decode {codec['decode_ms']} ms per group; "
-          f"{result['machine_cores']} cores")  # fmt: skip
+    print(
+        f"codec alone: encode {codec['encode_ms']} ms, decode {codec['decode_ms']} ms per group; "
+        f"{result['machine_cores']} cores"
+    )
     for k in (1, n):
         phase = result[f"phase_{k}"]
         top = sorted(phase["redis_commands"].items(), key=lambda kv: -kv[1]["redis_us_per_group"])[:5]
-        print(f"  {k} producer(s): produced {phase['produced_per_s']:,.0f}/s, consumed {phase['consumed_per_s']:,.0f}/s;"
-              f" CPU ms per group {phase['cpu_ms_per_group']}; cores busy {phase['cores_busy']}; Redis time per group "
-              "(exec includes its transaction): "
-              + ", ".join(f"{name} {c['redis_us_per_group']} us x{c['calls_per_group']}" for name, c in top))  # fmt: skip
+        print(
+            f"  {k} producer(s): produced {phase['produced_per_s']:,.0f}/s, consumed {phase['consumed_per_s']:,.0f}/s;"
+            f" CPU ms per group {phase['cpu_ms_per_group']}; cores busy {phase['cores_busy']}; Redis time per group "
+            "(exec includes its transaction): "
+            + ", ".join(f"{name} {c['redis_us_per_group']} us x{c['calls_per_group']}" for name, c in top)
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,10 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
     parser.add_argument("--quick", action="store_true", help="short run (0.5 s per path, 2 rounds)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--appendfsync", choices=("everysec", "always"), default="everysec",
-                        help="fsync policy of the local Redis (a run's own Redis: buffer.local_appendfsync=always)")  # fmt: skip
-    parser.add_argument("--producers", type=int, default=0,
-                        help="N producer processes and one consumer, against 1 producer (the N-engine layout)")  # fmt: skip
+    parser.add_argument(
+        "--appendfsync",
+        choices=("everysec", "always"),
+        default="everysec",
+        help="fsync policy of the local Redis (a run's own Redis: buffer.local_appendfsync=always)",
+    )
+    parser.add_argument(
+        "--producers",
+        type=int,
+        default=0,
+        help="N producer processes and one consumer, against 1 producer (the N-engine layout)",
+    )
     args = parser.parse_args(argv)
     if args.producers < 0:
         parser.error(f"--producers must be >= 1 (or 0: the single-process paths), got {args.producers}")

@@ -86,9 +86,15 @@ def _bench_model(args, out_dir: Path, device) -> Path:
     texts = [f"alpha bravo {i} charlie delta echo {i * 7}" for i in range(300)]
     train_tokenizer(texts, out_dir, vocab_size=1024)
     return build_model(
-        out_dir, out_dir, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-        intermediate_size=768, max_positions=args.max_len + 8,
-    )  # fmt: skip
+        out_dir,
+        out_dir,
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=768,
+        max_positions=args.max_len + 8,
+    )
 
 
 class _Timer:
@@ -137,9 +143,12 @@ def _plain_step(args, model_dir, device, step_tokens: float) -> tuple[dict, int]
     from learner_baselines import PlainStep
 
     plain = PlainStep(
-        model_dir, device, checkpointing=args.checkpointing, bf16=args.dtype == "bfloat16",
+        model_dir,
+        device,
+        checkpointing=args.checkpointing,
+        bf16=args.dtype == "bfloat16",
         chunk_tokens=args.chunk_tokens,
-    )  # fmt: skip
+    )
     row_len = min(args.reference_row, args.budget)
     rows = max(1, args.budget // row_len)
     micro_batches = max(1, round(step_tokens / (rows * row_len)))  # about the learner's tokens per update
@@ -183,10 +192,14 @@ def run(args) -> dict:
 
     # 2. the learner: its own step on packed micro-batches, and its model, optimizer and loss on padded ones
     cfg = LearnerConfig(
-        groups_per_step=args.groups, micro_batch_tokens=args.budget, lr=1e-5, max_staleness=10**9,
-        gradient_checkpointing=args.checkpointing, cpu_offload=args.cpu_offload,
+        groups_per_step=args.groups,
+        micro_batch_tokens=args.budget,
+        lr=1e-5,
+        max_staleness=10**9,
+        gradient_checkpointing=args.checkpointing,
+        cpu_offload=args.cpu_offload,
         logprob_chunk_tokens=args.chunk_tokens,
-    )  # fmt: skip
+    )
     learner = Learner(cfg, model_dir, world, model_dtype=args.dtype, attention=args.attention)
     assert learner.model.training, "the learner trains in train mode (checkpointing is off in eval mode)"
     parameters = sum(p.numel() for p in learner.model.parameters())
@@ -304,9 +317,15 @@ def _vocab_model(out_dir: Path, vocab: int, hidden: int, layers: int, max_len: i
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_len, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=max_len,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(out_dir)
     return out_dir
@@ -373,9 +392,13 @@ def _logprob_worker(spec: dict) -> dict:
             entropy = entropy.detach()  # as the trainer does: the entropy only feeds the metric
         loss_mask = mb.loss_mask[keep]
         per_token, _ = algorithm.loss(
-            logprobs, mb.behavior_logprobs[keep], mb.advantages[keep], loss_mask,
-            torch.zeros_like(keep), entropy=entropy,
-        )  # fmt: skip
+            logprobs,
+            mb.behavior_logprobs[keep],
+            mb.advantages[keep],
+            loss_mask,
+            torch.zeros_like(keep),
+            entropy=entropy,
+        )
         per_token.sum().backward()
         model.zero_grad(set_to_none=True)
 
@@ -439,10 +462,16 @@ def logprob_memory(args) -> dict:
         for repeat in range(args.repeats):
             for path in paths if repeat % 2 == 0 else paths[::-1]:
                 spec = {
-                    "path": path, "tokens": tokens, "model": model_dir, "device": args.device,
-                    "threads": args.threads, "steps": args.steps, "entropy": args.entropy,
-                    "chunk_tokens": args.chunk_tokens, "seq_len": args.seq_len,
-                }  # fmt: skip
+                    "path": path,
+                    "tokens": tokens,
+                    "model": model_dir,
+                    "device": args.device,
+                    "threads": args.threads,
+                    "steps": args.steps,
+                    "entropy": args.entropy,
+                    "chunk_tokens": args.chunk_tokens,
+                    "seq_len": args.seq_len,
+                }
                 result = _run_worker(spec)
                 runs[path].append(result)
                 console.print(
@@ -488,10 +517,19 @@ def _print_logprob_memory(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"log-prob step at vocab {result['vocab']} ({result['body']}, chunk {result['chunk_tokens']}, "
-                        f"entropy {result['entropy']}, {result['threads']} threads)")  # fmt: skip
-    for column in ("tokens", "unchunked peak GiB", "chunked peak GiB", "peak ratio", "unchunked tok/s",
-                   "chunked tok/s", "speed ratio"):  # fmt: skip
+    table = Table(
+        title=f"log-prob step at vocab {result['vocab']} ({result['body']}, chunk {result['chunk_tokens']}, "
+        f"entropy {result['entropy']}, {result['threads']} threads)"
+    )
+    for column in (
+        "tokens",
+        "unchunked peak GiB",
+        "chunked peak GiB",
+        "peak ratio",
+        "unchunked tok/s",
+        "chunked tok/s",
+        "speed ratio",
+    ):
         table.add_column(column, justify="right")
     for row in result["sizes"]:
         cells = {key: format(row[key], fmt) if key in row else "-" for key, fmt in _TABLE_CELLS}
@@ -546,8 +584,13 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
         default=None,
         help=f"peak FLOP/s for MFU (default on CUDA: {H100_BF16_FLOPS:.0e}, H100 SXM dense bf16)",
     )
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="print the top N ops of one profiled packed step (stderr)")  # fmt: skip
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the top N ops of one profiled packed step (stderr)",
+    )
     memory = parser.add_argument_group(
         "--logprob-memory: the log-prob step's peak memory at a large vocabulary"
     )
@@ -562,9 +605,13 @@ def measure(argv: list[str] | None = None) -> tuple[dict, bool]:
     memory.add_argument("--hidden", type=int, default=128, help="hidden size of the tiny body")
     memory.add_argument("--layers", type=int, default=2, help="decoder layers of the tiny body")
     memory.add_argument("--seq-len", type=int, default=1024, help="tokens per packed sequence")
-    memory.add_argument("--entropy", default="metric", choices=["off", "metric", "grad"],
-                        help="off: log-probs only; metric: entropy without gradient (entropy_coef 0, the default); "
-                        "grad: entropy in the loss")  # fmt: skip
+    memory.add_argument(
+        "--entropy",
+        default="metric",
+        choices=["off", "metric", "grad"],
+        help="off: log-probs only; metric: entropy without gradient (entropy_coef 0, the default); "
+        "grad: entropy in the loss",
+    )
     memory.add_argument("--threads", type=int, default=1, help="torch threads per run (CPU)")
     memory.add_argument("--repeats", type=int, default=2, help="runs per path and size (A-B-B-A order)")
     args = parser.parse_args(argv)

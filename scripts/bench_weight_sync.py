@@ -109,8 +109,10 @@ def measure_publish(args: argparse.Namespace, tensors: list, dtype_name: str) ->
         # Raw baseline moves exactly the bytes a publish moves (alignment padding inside buckets included).
         nbytes = sum(bucket_offsets(b)[1] for b in pub.plan(tensors, dtype))
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=receiver, args=(server.url, f"recv{i}", total_rounds, nbytes), daemon=True)
-                 for i in range(args.receivers)]  # fmt: skip
+        procs = [
+            ctx.Process(target=receiver, args=(server.url, f"recv{i}", total_rounds, nbytes), daemon=True)
+            for i in range(args.receivers)
+        ]
         for p in procs:
             p.start()
         pub.connect(timeout_s=120)
@@ -195,18 +197,24 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     print(f"weight sync benchmark ({NOTE})")
-    print(f"  model: {result['params'] / 1e6:.1f}M fp32 params, buckets of <= {args.bucket_mb} MB, "
-          f"{args.receivers} receiver(s)")  # fmt: skip
+    print(
+        f"  model: {result['params'] / 1e6:.1f}M fp32 params, buckets of <= {args.bucket_mb} MB, "
+        f"{args.receivers} receiver(s)"
+    )
     for name, fig in result["dtypes"].items():
-        print(f"  as {name}: {fig['bytes'] / 2**20:.0f} MiB in {fig['buckets']} buckets "
-              f"({fig['in_place_bytes'] / 2**20:.0f} MiB sent in place), {fig['backend']}")  # fmt: skip
+        print(
+            f"  as {name}: {fig['bytes'] / 2**20:.0f} MiB in {fig['buckets']} buckets "
+            f"({fig['in_place_bytes'] / 2**20:.0f} MiB sent in place), {fig['backend']}"
+        )
         print(f"    raw broadcast: {fig['raw_broadcast_s']:.3f} s  {fig['raw_broadcast_gbps']:.2f} Gbit/s")
         print(f"    full publish:  {fig['publish_s']:.3f} s  {fig['publish_gbps']:.2f} Gbit/s")
         print(f"    ratio publish/raw: {fig['ratio_publish_over_raw']:.2f} (target >= 0.8)")
     if "learner" in result:
         learner = result["learner"]
-        print(f"learner tokens/s: packed {learner['packed/tokens_per_s']:.0f}, padded "
-              f"{learner['padded/tokens_per_s']:.0f} (pad fraction {learner['padded/pad_fraction']:.2f})")  # fmt: skip
+        print(
+            f"learner tokens/s: packed {learner['packed/tokens_per_s']:.0f}, padded "
+            f"{learner['padded/tokens_per_s']:.0f} (pad fraction {learner['padded/pad_fraction']:.2f})"
+        )
         print(f"  ratio packed/padded: {learner['ratio_packed_over_padded']:.2f} (target >= 1.5)")
     return 0
 

@@ -143,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     # bench_async.py's balanced layout: no evaluations or checkpoints inside the timed steps
     from scripts.bench_async import BALANCED
 
-    extra = [f"learner.total_steps={args.steps}", *BALANCED,
-             f"generators.cpu_cores=[{gen_core}]", f"learner.cpu_cores=[{learner_core}]"]  # fmt: skip
+    extra = [
+        f"learner.total_steps={args.steps}",
+        *BALANCED,
+        f"generators.cpu_cores=[{gen_core}]",
+        f"learner.cpu_cores=[{learner_core}]",
+    ]
     profile = load_profile(args.profile)
     rows = []
     for case in cases:
@@ -158,21 +162,38 @@ def main(argv: list[str] | None = None) -> int:
                 profile = profile_from_run(run_dir, profile)
         predicted = predict(case, profile, args.steps, args.warmup, extra)
         error = predicted["steps_per_min"] / measured["steps_per_min"] - 1
-        rows.append({"case": case.name, "label": case.label, "measured": measured, "predicted": predicted,
-                     "error": error, "within": abs(error) <= args.tolerance})  # fmt: skip
+        rows.append(
+            {
+                "case": case.name,
+                "label": case.label,
+                "measured": measured,
+                "predicted": predicted,
+                "error": error,
+                "within": abs(error) <= args.tolerance,
+            }
+        )
     print(f"\nprofile: {profile.name}")
-    print(f"| case | steps/min measured | predicted | error | within ±{args.tolerance:.0%} "
-          "| learner busy measured / predicted | generator busy measured / predicted |")  # fmt: skip
+    print(
+        f"| case | steps/min measured | predicted | error | within ±{args.tolerance:.0%} "
+        "| learner busy measured / predicted | generator busy measured / predicted |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         m, p = row["measured"], row["predicted"]
 
-        print(f"| {row['label']} | {_shown(m, 'steps_per_min', '.1f')} | {p['steps_per_min']:.1f} | {row['error']:+.0%} "
-              f"| {'yes' if row['within'] else 'NO'} | {_shown(m, 'learner_busy', '.2f')} / {p['learner_busy']:.2f} "
-              f"| {_shown(m, 'generator_busy', '.2f')} / {p['generator_busy']:.2f} |")  # fmt: skip
+        print(
+            f"| {row['label']} | {_shown(m, 'steps_per_min', '.1f')} | {p['steps_per_min']:.1f} | {row['error']:+.0%} "
+            f"| {'yes' if row['within'] else 'NO'} | {_shown(m, 'learner_busy', '.2f')} / {p['learner_busy']:.2f} "
+            f"| {_shown(m, 'generator_busy', '.2f')} / {p['generator_busy']:.2f} |"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    conditions = {"recorded": args.recorded, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
-                  "overrides": extra}  # fmt: skip
+    conditions = {
+        "recorded": args.recorded,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "overrides": extra,
+    }
     out = {"rows": rows, "profile": json.loads(profile.model_dump_json()), "conditions": conditions}
     (args.out / "calibration.json").write_text(json.dumps(out, indent=2, default=str))
     print(f"\nwrote {args.out}/calibration.json")

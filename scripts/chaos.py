@@ -77,8 +77,14 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return (self.completed and not self.lost and not self.trained_twice and self.versions_increase
-                and self.max_staleness_seen <= self.max_staleness and not self.orphans)  # fmt: skip
+        return (
+            self.completed
+            and not self.lost
+            and not self.trained_twice
+            and self.versions_increase
+            and self.max_staleness_seen <= self.max_staleness
+            and not self.orphans
+        )
 
 
 class ChaosRun:
@@ -99,8 +105,11 @@ class ChaosRun:
     def version(self) -> int | None:
         """The published version, read through the run's own Redis (None while it is down)."""
         try:
-            client = redis.Redis.from_url((self.run_dir / "redis" / "url").read_text().strip(),
-                                          socket_timeout=1, socket_connect_timeout=1)  # fmt: skip
+            client = redis.Redis.from_url(
+                (self.run_dir / "redis" / "url").read_text().strip(),
+                socket_timeout=1,
+                socket_connect_timeout=1,
+            )
             value = client.get("sr1:version")
             client.close()
             return int(value or 0)
@@ -156,8 +165,11 @@ class ChaosRun:
         else:
             (victim,) = self.processes(part)
             victim.send_signal(signal.SIGKILL)
-            self.wait(lambda: [p.pid for p in self.processes(part)] not in ([], [victim.pid]), 120,
-                      f"a new {part} process")  # fmt: skip
+            self.wait(
+                lambda: [p.pid for p in self.processes(part)] not in ([], [victim.pid]),
+                120,
+                f"a new {part} process",
+            )
         new_process_s = time.monotonic() - started
         self.wait(lambda: (self.version() or 0) > at, 900, f"training to go on after the {part} died")
         return Recovery(part, at, new_process_s, time.monotonic() - started)
@@ -228,8 +240,17 @@ def verify(chaos: ChaosRun, returncode: int, steps: int, max_staleness: int, pub
     )
 
 
-def run_chaos(run_dir: Path, parts: list[str], *, steps: int, checkpoint_every: int, max_staleness: int,
-              seed: int, first_step: int = 2, spacing: int = 3) -> tuple[list[Recovery], Verdict]:  # fmt: skip
+def run_chaos(
+    run_dir: Path,
+    parts: list[str],
+    *,
+    steps: int,
+    checkpoint_every: int,
+    max_staleness: int,
+    seed: int,
+    first_step: int = 2,
+    spacing: int = 3,
+) -> tuple[list[Recovery], Verdict]:
     """One run with `parts` killed in turn, one every `spacing` steps or so (each at a random one of two steps)."""
     rng = random.Random(seed)
     kill_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(parts))]
@@ -238,9 +259,14 @@ def run_chaos(run_dir: Path, parts: list[str], *, steps: int, checkpoint_every: 
             f"{len(parts)} kills need more than {steps} steps (the last lands at {kill_steps[-1]})"
         )
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    overrides = [f"learner.total_steps={steps}", f"learner.checkpoint_every={checkpoint_every}",
-                 f"learner.max_staleness={max_staleness}", "eval.max_prompts=8", "eval.every_steps=0",
-                 "buffer.lease_s=30"]  # fmt: skip
+    overrides = [
+        f"learner.total_steps={steps}",
+        f"learner.checkpoint_every={checkpoint_every}",
+        f"learner.max_staleness={max_staleness}",
+        "eval.max_prompts=8",
+        "eval.every_steps=0",
+        "buffer.lease_s=30",
+    ]
     chaos = ChaosRun(run_dir, overrides)
     recoveries, published = [], []
     try:
@@ -277,10 +303,19 @@ class FaultInjector:
 
         buf = self._buffer()
         index = self.injected
-        buf.release_prompts([PromptRecord(
-            group_id=make_group_id("chaos", "train", index), question="", prompt=[{"role": "user", "content": ""}],
-            ground_truth=["nothing"], data_source="chaos", index=index, release_version=buf.version(),
-        )])  # fmt: skip
+        buf.release_prompts(
+            [
+                PromptRecord(
+                    group_id=make_group_id("chaos", "train", index),
+                    question="",
+                    prompt=[{"role": "user", "content": ""}],
+                    ground_truth=["nothing"],
+                    data_source="chaos",
+                    index=index,
+                    release_version=buf.version(),
+                )
+            ]
+        )
         buf.close()
 
     def malformed_group(self) -> None:
@@ -341,9 +376,12 @@ class FaultCounts:
 
     def missing(self, faults: list[str]) -> list[str]:
         """The faults injected whose events the run did not count."""
-        expected = {"poison-prompt": self.failed_prompts >= 1, "malformed-group": self.malformed_groups >= 1,
-                    "malformed-eval": self.malformed_eval_requests >= 1 and self.eval_error_answers >= 1,
-                    "retriever-down": self.generator_tool_errors >= 1}  # fmt: skip
+        expected = {
+            "poison-prompt": self.failed_prompts >= 1,
+            "malformed-group": self.malformed_groups >= 1,
+            "malformed-eval": self.malformed_eval_requests >= 1 and self.eval_error_answers >= 1,
+            "retriever-down": self.generator_tool_errors >= 1,
+        }
         replaced = sum(f in faults for f in ("poison-prompt", "malformed-group"))
         missing = [f for f in faults if not expected[f]]
         return missing + ([f"replaced ({self.replaced} < {replaced})"] if self.replaced < replaced else [])
@@ -371,8 +409,16 @@ def count_faults(run_dir: Path) -> FaultCounts:
     )
 
 
-def run_faults(run_dir: Path, faults: list[str], *, steps: int, seed: int, retriever_down_s: float,
-               first_step: int = 2, spacing: int = 2) -> tuple[Verdict, FaultCounts]:  # fmt: skip
+def run_faults(
+    run_dir: Path,
+    faults: list[str],
+    *,
+    steps: int,
+    seed: int,
+    retriever_down_s: float,
+    first_step: int = 2,
+    spacing: int = 2,
+) -> tuple[Verdict, FaultCounts]:
     """One synchronous run (max_staleness 0) with `faults` injected in turn, one every `spacing` steps or so."""
     rng = random.Random(seed)
     at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(faults))]
@@ -381,11 +427,19 @@ def run_faults(run_dir: Path, faults: list[str], *, steps: int, seed: int, retri
             f"{len(faults)} faults need more than {steps} steps (the last lands at {at_steps[-1]})"
         )
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    overrides = [f"learner.total_steps={steps}", "learner.max_staleness=0", "eval.max_prompts=8",
-                 "eval.every_steps=0", "buffer.lease_s=30", "buffer.max_prompt_deliveries=2",
-                 # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
-                 "retrieval.timeout_s=1", "retrieval.max_retries=0", "generators.tool_pause.min_calls=4",
-                 "generators.tool_pause.probe_s=2"]  # fmt: skip
+    overrides = [
+        f"learner.total_steps={steps}",
+        "learner.max_staleness=0",
+        "eval.max_prompts=8",
+        "eval.every_steps=0",
+        "buffer.lease_s=30",
+        "buffer.max_prompt_deliveries=2",
+        # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
+        "retrieval.timeout_s=1",
+        "retrieval.max_retries=0",
+        "generators.tool_pause.min_calls=4",
+        "generators.tool_pause.probe_s=2",
+    ]
     chaos = ChaosRun(run_dir, overrides)
     injector = FaultInjector(chaos, retriever_down_s)
     try:
@@ -400,9 +454,11 @@ def run_faults(run_dir: Path, faults: list[str], *, steps: int, seed: int, retri
 
 
 def table(rows: list[tuple[Recovery, Verdict]]) -> str:
-    lines = ["| killed | at version | new process after (s) | next version after (s) | completed | lost | "
-             "trained twice | versions only go up | max staleness (bound) | orphans |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| killed | at version | new process after (s) | next version after (s) | completed | lost | "
+        "trained twice | versions only go up | max staleness (bound) | orphans |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for recovery, verdict in rows:
         lines.append(
             f"| {recovery.part} | {recovery.at_version} | {recovery.new_process_s:.1f} | "
@@ -424,9 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="where the runs go")
-    parser.add_argument("--faults", nargs="?", const=",".join(FAULTS), default=None,
-                        help=f"inject these faults (comma-separated; default all: {', '.join(FAULTS)}) in one "
-                        "synchronous run instead of killing parts")  # fmt: skip
+    parser.add_argument(
+        "--faults",
+        nargs="?",
+        const=",".join(FAULTS),
+        default=None,
+        help=f"inject these faults (comma-separated; default all: {', '.join(FAULTS)}) in one "
+        "synchronous run instead of killing parts",
+    )
     parser.add_argument("--retriever-down-s", type=float, default=60.0, help="how long retriever-down lasts")
     args = parser.parse_args(argv)
     if args.faults is not None:
@@ -434,8 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown := sorted(set(faults) - set(FAULTS)):
             parser.error(f"unknown fault(s) {unknown}; choose from {', '.join(FAULTS)}")
         run_dir = args.out / f"faults-{time.strftime('%Y%m%d-%H%M%S')}"
-        verdict, counts = run_faults(run_dir, faults, steps=args.steps, seed=args.seed,
-                                     retriever_down_s=args.retriever_down_s)  # fmt: skip
+        verdict, counts = run_faults(
+            run_dir, faults, steps=args.steps, seed=args.seed, retriever_down_s=args.retriever_down_s
+        )
         print(verdict)
         print(counts)
         missing = counts.missing(faults)
@@ -456,8 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         middle = args.steps // 2  # each part dies mid-run, between two checkpoints when the interval allows
         for part in parts:
             print(f"killing the {part} (run {len(rows) + 1}/{len(parts)})", flush=True)
-            recoveries, verdict = run_chaos(args.out / f"{part}-{stamp}", [part], seed=args.seed,
-                                            first_step=middle - 1, **common)  # fmt: skip
+            recoveries, verdict = run_chaos(
+                args.out / f"{part}-{stamp}", [part], seed=args.seed, first_step=middle - 1, **common
+            )
             rows.append((recoveries[0], verdict))
     print(table(rows))
     return 0 if all(v.ok for _, v in rows) else 1

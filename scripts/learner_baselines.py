@@ -26,13 +26,28 @@ import torch
 QWEN_VOCAB = 151_936
 # Qwen2.5's published configs (all three tie the LM head to the embeddings)
 SHAPES = {
-    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-                     "num_attention_heads": 14, "num_key_value_heads": 2},
-    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-                     "num_attention_heads": 12, "num_key_value_heads": 2},
-    "qwen2.5-3b": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-                   "num_attention_heads": 16, "num_key_value_heads": 2},
-}  # fmt: skip
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+    },
+    "qwen2.5-3b": {
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+    },
+}
 # gradient checkpointing from 1.5B on, as the GPU presets run them (0.5B fits a 16k micro-batch without it)
 CHECKPOINTED_SHAPES = {"qwen2.5-1.5b", "qwen2.5-3b"}
 
@@ -101,9 +116,13 @@ def _padded_loss(learner, seqs, device):
     hidden = final_hidden_states(model, input_ids=ids.to(device), attention_mask=mask.to(device))
     sel = has_target.to(device)
     logprobs, entropy = chunked_logprobs(
-        hidden[sel], lm_head_weight(model), target.to(device)[sel], temperature=learner.temperature,
-        chunk_tokens=learner.cfg.logprob_chunk_tokens, with_entropy=True,
-    )  # fmt: skip
+        hidden[sel],
+        lm_head_weight(model),
+        target.to(device)[sel],
+        temperature=learner.temperature,
+        chunk_tokens=learner.cfg.logprob_chunk_tokens,
+        with_entropy=True,
+    )
     lm = loss_mask.to(device)[sel]
     per_token, _ = learner.algorithm.loss(
         logprobs,

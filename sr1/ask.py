@@ -44,8 +44,13 @@ async def ask(
 
         from generators.engine import VLLMEngine
 
-        engine = VLLMEngine.create(str(checkpoint), cfg.generators.engine, dtype=cfg.model.dtype,
-                                   max_model_len=cfg.model.max_seq_len, weight_sync=False)  # fmt: skip
+        engine = VLLMEngine.create(
+            str(checkpoint),
+            cfg.generators.engine,
+            dtype=cfg.model.dtype,
+            max_model_len=cfg.model.max_seq_len,
+            weight_sync=False,
+        )
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     else:
         from generators.hf_engine import TransformersEngine

@@ -39,8 +39,9 @@ class EvalInputError(ValueError):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sr1 eval", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="sr1 eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--checkpoint", help="HF model directory (a run's checkpoints/step_N) or a cached hub id"
@@ -113,8 +114,10 @@ async def _baseline_prompts(prompts: list, task: Any, mode: str) -> list:
     contexts = [""] * len(prompts)
     if mode == "rag":
         contexts = list(await asyncio.gather(*(task.retrieve_context(p.question) for p in prompts)))
-    return [dataclasses.replace(p, prompt=task.baseline_messages(p.question, mode, c))
-            for p, c in zip(prompts, contexts, strict=True)]  # fmt: skip
+    return [
+        dataclasses.replace(p, prompt=task.baseline_messages(p.question, mode, c))
+        for p, c in zip(prompts, contexts, strict=True)
+    ]
 
 
 async def _evaluate(
@@ -142,12 +145,24 @@ async def _evaluate(
                 progress.advance(bar)
 
             max_turns = 0 if args.mode != "search" else cfg.eval.max_turns
-            await asyncio.gather(*(
-                answer_shard(engine, shard(prompts, i, len(engines)), task, tokenizer, cfg.generators,
-                         greedy=args.samples == 1, samples=args.samples, max_model_len=cfg.model.max_seq_len,
-                         max_turns=max_turns, chat_template=cfg.model.chat_template, on_item=done)
-                for i, engine in enumerate(engines)
-            ))  # fmt: skip
+            await asyncio.gather(
+                *(
+                    answer_shard(
+                        engine,
+                        shard(prompts, i, len(engines)),
+                        task,
+                        tokenizer,
+                        cfg.generators,
+                        greedy=args.samples == 1,
+                        samples=args.samples,
+                        max_model_len=cfg.model.max_seq_len,
+                        max_turns=max_turns,
+                        chat_template=cfg.model.chat_template,
+                        on_item=done,
+                    )
+                    for i, engine in enumerate(engines)
+                )
+            )
     finally:
         await task.close()
         for engine in engines:
@@ -171,10 +186,16 @@ def _start_engines(args, cfg, checkpoint: Path) -> tuple[list, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     engines = [
-        VLLMEngine.create(str(checkpoint), cfg.generators.engine, dtype=cfg.model.dtype,
-                          max_model_len=cfg.model.max_seq_len, seed_offset=i, weight_sync=False)
+        VLLMEngine.create(
+            str(checkpoint),
+            cfg.generators.engine,
+            dtype=cfg.model.dtype,
+            max_model_len=cfg.model.max_seq_len,
+            seed_offset=i,
+            weight_sync=False,
+        )
         for i in range(args.engines)
-    ]  # fmt: skip
+    ]
     return engines, tokenizer
 
 
@@ -192,13 +213,29 @@ def _print_table(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="evaluation per data source")
-    for col in ("source", "n", "EM", "F1", *(["pass@k EM"] if any("pass@k" in r for r in rows) else []),
-                "searches/q", "turns", "finish"):  # fmt: skip
+    for col in (
+        "source",
+        "n",
+        "EM",
+        "F1",
+        *(["pass@k EM"] if any("pass@k" in r for r in rows) else []),
+        "searches/q",
+        "turns",
+        "finish",
+    ):
         table.add_column(col)
     for r in rows:
         passk = [format_value(r.get("pass@k"))] if any("pass@k" in x for x in rows) else []
-        table.add_row(r["source"], str(r["n"]), format_value(r["em"]), format_value(r["f1"]), *passk, f"{r['searches']:.2f}",
-                      f"{r['turns']:.2f}", r["finish"])  # fmt: skip
+        table.add_row(
+            r["source"],
+            str(r["n"]),
+            format_value(r["em"]),
+            format_value(r["f1"]),
+            *passk,
+            f"{r['searches']:.2f}",
+            f"{r['turns']:.2f}",
+            r["finish"],
+        )
     Console().print(table)
 
 
@@ -220,13 +257,18 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
     port = free_port()
     local = cfg.retrieval.model_copy(update={"port": port, "url": f"http://127.0.0.1:{port}/retrieve"})
     out = args.out_dir
-    job = save_job(cfg.model_copy(update={"retrieval": local, "run_dir": out}).retrieval_job(),
-                   out / "retrieval.yaml")  # fmt: skip
-    supervisor.start(Child("retrieval", python_module("retrieval.cli", "serve", "--config", str(job)),
-                           out / "retrieval.log"))  # fmt: skip
+    job = save_job(
+        cfg.model_copy(update={"retrieval": local, "run_dir": out}).retrieval_job(), out / "retrieval.yaml"
+    )
+    supervisor.start(
+        Child(
+            "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), out / "retrieval.log"
+        )
+    )
     print(f"sr1 eval: starting a retrieval server on port {port} ({cfg.retrieval.method})", file=sys.stderr)
-    supervisor.wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s=600,
-                          what="the retrieval server")  # fmt: skip
+    supervisor.wait_until(
+        lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s=600, what="the retrieval server"
+    )
     return local.url
 
 
@@ -244,8 +286,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     args.out_dir = out = Path(args.out or checkpoint / f"eval-{args.mode}")
     out.mkdir(parents=True, exist_ok=True)
     prompts = build_task(cfg.task).load_prompts(test_files, split="test")
-    prompts = select_prompts(prompts, max_prompts=args.max_prompts, max_per_source=args.max_per_source,
-                             seed=cfg.seed)  # fmt: skip
+    prompts = select_prompts(
+        prompts, max_prompts=args.max_prompts, max_per_source=args.max_per_source, seed=cfg.seed
+    )
     supervisor = Supervisor()
     try:
         retrieval_url = _retrieval_for(args, cfg, supervisor)
@@ -255,11 +298,18 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     version = _version_of(checkpoint)
     summary = summarize(items) | {"eval/version": version, "eval/seconds": seconds}
     rows = per_source_table(items, summary)
-    header = {"checkpoint": str(checkpoint), "version": version, "mode": args.mode, "prompts": len(prompts),
-              "samples": args.samples, "decoding": "greedy" if args.samples == 1 else
-              f"sampled at temperature {cfg.generators.temperature}", "test files": ", ".join(map(str, test_files)),
-              "engines": f"{args.engines} × {args.engine}", "seconds": round(seconds, 1),
-              "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    header = {
+        "checkpoint": str(checkpoint),
+        "version": version,
+        "mode": args.mode,
+        "prompts": len(prompts),
+        "samples": args.samples,
+        "decoding": "greedy" if args.samples == 1 else f"sampled at temperature {cfg.generators.temperature}",
+        "test files": ", ".join(map(str, test_files)),
+        "engines": f"{args.engines} × {args.engine}",
+        "seconds": round(seconds, 1),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     record = {"header": header, "summary": summary, "per_source": rows, "items": items}
     _write(out, "eval.json", json.dumps(record, indent=1) + "\n")
     _write(out, "eval.md", markdown(rows, header))

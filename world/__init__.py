@@ -106,8 +106,17 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
     marker_path.unlink(missing_ok=True)
     if not pinned():
         # the build itself runs in a child process with the math libraries pinned (they read these at load time)
-        cmd = [sys.executable, "-m", "world", "--out", str(out_dir), "--seed", str(seed), "--sizes",
-               json.dumps(sizes)] + ([] if progress else ["--quiet"])  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "world",
+            "--out",
+            str(out_dir),
+            "--seed",
+            str(seed),
+            "--sizes",
+            json.dumps(sizes),
+        ] + ([] if progress else ["--quiet"])
         subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True)
         if not marker_path.exists():
             raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")

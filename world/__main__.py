@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not pinned():
         missing = " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())
-        print(f"python -m world: run with the pinned environment ({missing}), or call build_world()",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"python -m world: run with the pinned environment ({missing}), or call build_world()",
+            file=sys.stderr,
+        )
         return 2
     import torch
 

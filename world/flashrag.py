@@ -20,13 +20,24 @@ from pathlib import Path
 from world.kb import KnowledgeBase, Question, WorldSizes, build_kb, write_corpus
 
 TRAIN_SPLITS = (("nq", "train"), ("hotpotqa", "train"))
-TEST_SPLITS = (("nq", "test"), ("triviaqa", "test"), ("popqa", "test"), ("hotpotqa", "dev"),
-               ("2wikimultihopqa", "dev"), ("musique", "dev"), ("bamboogle", "test"))  # fmt: skip
+TEST_SPLITS = (
+    ("nq", "test"),
+    ("triviaqa", "test"),
+    ("popqa", "test"),
+    ("hotpotqa", "dev"),
+    ("2wikimultihopqa", "dev"),
+    ("musique", "dev"),
+    ("bamboogle", "test"),
+)
 
 
 def _row(q: Question, kb: KnowledgeBase, split: str, k: int) -> dict:
-    return {"id": f"{split}_{k}", "question": q.question.rstrip("?"),  # FlashRAG's questions often lack the '?'
-            "golden_answers": [q.answer], "metadata": {"person": kb.people[q.person].name}}  # fmt: skip
+    return {
+        "id": f"{split}_{k}",
+        "question": q.question.rstrip("?"),  # FlashRAG's questions often lack the '?'
+        "golden_answers": [q.answer],
+        "metadata": {"person": kb.people[q.person].name},
+    }
 
 
 def write_flashrag(kb: KnowledgeBase, out_dir: Path) -> dict[str, int]:
@@ -80,7 +91,11 @@ def build_rehearsal(out_dir: Path, seed: int = 0) -> tuple[Path, Path, Path]:
     if marker.is_file() and json.loads(marker.read_text()) == wanted and train.is_file() and test.is_file():
         return train, test, corpus
     write_rehearsal(out_dir, seed)
-    prepare(LocalFlashRAG(out_dir / "flashrag"), out_dir, train=[d for d, _ in TRAIN_SPLITS],
-            test=[d for d, _ in TEST_SPLITS])  # fmt: skip
+    prepare(
+        LocalFlashRAG(out_dir / "flashrag"),
+        out_dir,
+        train=[d for d, _ in TRAIN_SPLITS],
+        test=[d for d, _ in TEST_SPLITS],
+    )
     marker.write_text(json.dumps(wanted) + "\n")
     return train, test, corpus

@@ -88,15 +88,19 @@ def check_fits(plan: Plan, on: dict[str, str], cluster: dict[str, float]) -> Non
             have = ", ".join(
                 sorted(k for k in cluster if not k.startswith(("node:", "memory", "object_store")))
             )
-            raise ValueError(f"--on {part}={resource}: no node of the Ray cluster has the resource {resource!r} "
-                             f"(it has: {have}; add one with `ray start --resources='{{\"{resource}\": 1}}'`)")  # fmt: skip
+            raise ValueError(
+                f"--on {part}={resource}: no node of the Ray cluster has the resource {resource!r} "
+                f"(it has: {have}; add one with `ray start --resources='{{\"{resource}\": 1}}'`)"
+            )
     for resource in ("CPU", "GPU"):
         need = {pool: count * bundle.get(resource, 0.0) for pool, (count, bundle) in plan.items()}
         total = sum(need.values())
         if total > cluster.get(resource, 0.0):
             parts = " + ".join(f"{pool} {amount:g}" for pool, amount in need.items() if amount)
-            raise ValueError(f"the run needs {total:g} {resource} ({parts}); the Ray cluster has "
-                             f"{cluster.get(resource, 0.0):g}")  # fmt: skip
+            raise ValueError(
+                f"the run needs {total:g} {resource} ({parts}); the Ray cluster has "
+                f"{cluster.get(resource, 0.0):g}"
+            )
 
 
 def reachable_redis_command(command: list[str], ip: str) -> list[str]:
@@ -136,8 +140,16 @@ class ClusterOrchestrator(Orchestrator):
 
     command = "sr1 launch"
 
-    def __init__(self, cfg: Config, run_dir: Path, *, address: str | None = None, on: dict[str, str] | None = None,
-                 retrieval_gpus: float = 0.0, **kwargs: Any):  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        *,
+        address: str | None = None,
+        on: dict[str, str] | None = None,
+        retrieval_gpus: float = 0.0,
+        **kwargs: Any,
+    ):
         cfg = _update(_update(cfg, "generators", use_ray=True), "learner", use_ray=True)
         super().__init__(cfg, run_dir, **kwargs)
         self.lock = _LockOnce(self.run_dir, self.command)
@@ -184,8 +196,9 @@ class ClusterOrchestrator(Orchestrator):
         slot = self.supervisor.slots("retrieval")[0]
         port = self.supervisor.free_port(slot)
         token = cfg.retrieval.token or secrets.token_urlsafe(32)  # the server listens beyond loopback
-        return _update(cfg, "retrieval", host=slot.ip, port=port, url=f"http://{slot.ip}:{port}/retrieve",
-                       token=token)  # fmt: skip
+        return _update(
+            cfg, "retrieval", host=slot.ip, port=port, url=f"http://{slot.ip}:{port}/retrieve", token=token
+        )
 
     def _start_redis(self, cfg: Config) -> Config:
         """redis-server in its slot, on the run's AOF (`<run_dir>/redis` on that node), restarted when it dies."""
@@ -193,16 +206,21 @@ class ClusterOrchestrator(Orchestrator):
         from sr1.launch.redis_server import LocalRedis
 
         slot = self.supervisor.slots("redis")[0]
-        server = LocalRedis(local_redis_dir(self.run_dir), port=self.supervisor.free_port(slot),
-                            appendfsync=cfg.buffer.local_appendfsync, password=secrets.token_urlsafe(32),
-                            namespace=cfg.buffer.namespace)  # fmt: skip
+        server = LocalRedis(
+            local_redis_dir(self.run_dir),
+            port=self.supervisor.free_port(slot),
+            appendfsync=cfg.buffer.local_appendfsync,
+            password=secrets.token_urlsafe(32),
+            namespace=cfg.buffer.namespace,
+        )
         cmd = reachable_redis_command(server.command(), slot.ip)
         self.supervisor.start(
             Child("redis", cmd, server.data_dir / "redis.stdout.log", restart=RestartPolicy())
         )
         url = server.url_on(slot.ip)
-        self.supervisor.wait_until(lambda: _redis_answers(url), timeout_s=self.startup_timeout_s,
-                                   what=f"Redis at {mask_url(url)}")  # fmt: skip
+        self.supervisor.wait_until(
+            lambda: _redis_answers(url), timeout_s=self.startup_timeout_s, what=f"Redis at {mask_url(url)}"
+        )
         self.redis_url_file = server.url_file  # where `sr1 buffer watch --run-dir` finds it (owner-only)
         write_private(self.redis_url_file, url + "\n")
         return _update(cfg, "buffer", redis_url=url)
@@ -244,13 +262,15 @@ def part_rows(children: list[Child], heartbeats: list[dict]) -> list[dict[str, s
         beat = beats.get(worker)
         last = f"heartbeat {beat.get('age_s', 0.0):.1f}s ago" if beat else ""
         line = child.last_line if isinstance(child, RemoteChild) else ""
-        rows.append({
-            "part": child.name,
-            "node": slot.node if slot else "local",
-            "pid / actor": f"{child.pid or '-'} / {slot.where.get('actor_pid', '-') if slot else '-'}",
-            "state": part_state(child),
-            "heartbeat / last log line": " · ".join(x for x in (last, line[-90:]) if x) or "-",
-        })  # fmt: skip
+        rows.append(
+            {
+                "part": child.name,
+                "node": slot.node if slot else "local",
+                "pid / actor": f"{child.pid or '-'} / {slot.where.get('actor_pid', '-') if slot else '-'}",
+                "state": part_state(child),
+                "heartbeat / last log line": " · ".join(x for x in (last, line[-90:]) if x) or "-",
+            }
+        )
     return rows
 
 
@@ -303,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--retrieval-gpus", type=float, default=0.0, help="GPUs for the retrieval server (dense)"
     )
-    parser.add_argument("--ray-address", default=None, help="Ray cluster (default: RAY_ADDRESS, else a local Ray)")  # fmt: skip
+    parser.add_argument(
+        "--ray-address", default=None, help="Ray cluster (default: RAY_ADDRESS, else a local Ray)"
+    )
     args = parse_args(parser, argv)
     try:
         on = parse_on(args.on)

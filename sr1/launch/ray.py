@@ -150,8 +150,9 @@ class PartHost:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str], log_path: str | None,
-              files: dict[str, str]) -> int:  # fmt: skip
+    def start(
+        self, name: str, cmd: list[str], env: dict[str, str], log_path: str | None, files: dict[str, str]
+    ) -> int:
         for path, text in files.items():
             target = Path(path)
             if not target.is_file() or target.read_text() != text:
@@ -167,8 +168,12 @@ class PartHost:
         if child is None:
             return {"pid": None, "returncode": None, "group_alive": False, "last_line": ""}
         last = tail(child.log_path, 1) if child.log_path else ""
-        return {"pid": child.pid, "returncode": child.returncode, "group_alive": child.group_alive(),
-                "last_line": last}  # fmt: skip
+        return {
+            "pid": child.pid,
+            "returncode": child.returncode,
+            "group_alive": child.group_alive(),
+            "last_line": last,
+        }
 
     def tail(self, lines: int) -> str:
         if self.child is None or self.child.log_path is None:
@@ -219,8 +224,9 @@ class RemoteChild(Child):
     slot: Slot | None = None
     supervisor: RaySupervisor | None = None
     lost: str = ""  # why the slot's actor is gone, when it is
-    _status: dict[str, Any] = field(default_factory=lambda: {"pid": None, "returncode": None, "group_alive": False,
-                                                             "last_line": ""})  # fmt: skip
+    _status: dict[str, Any] = field(
+        default_factory=lambda: {"pid": None, "returncode": None, "group_alive": False, "last_line": ""}
+    )
     _status_at: float = 0.0
 
     @classmethod
@@ -255,8 +261,11 @@ class RemoteChild(Child):
             self.apply_status(None, lost=f"its Ray actor was lost ({type(err).__name__}: {err})"[:400])
 
     def _state(self) -> dict[str, Any]:
-        if self.slot is not None and self.slot.actor is not None and (
-                time.monotonic() - self._status_at > STATUS_TTL_S):  # fmt: skip
+        if (
+            self.slot is not None
+            and self.slot.actor is not None
+            and (time.monotonic() - self._status_at > STATUS_TTL_S)
+        ):
             self.refresh()
         return self._status
 
@@ -336,8 +345,12 @@ class RemoteChild(Child):
 class RaySupervisor(Supervisor):
     """A `Supervisor` whose children run in Ray placement-group slots (see the module docstring)."""
 
-    def __init__(self, address: str | None = None, placement_file: Path | None = None,
-                 local_num_cpus: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: str | None = None,
+        placement_file: Path | None = None,
+        local_num_cpus: int | None = None,
+    ) -> None:
         super().__init__()
         self.address = address
         self.placement_file = placement_file  # rewritten whenever a part starts: where each one runs
@@ -377,8 +390,15 @@ class RaySupervisor(Supervisor):
         return float(ray.cluster_resources().get("GPU", 0.0))
 
     # -- placement ---------------------------------------------------------------------------------------------
-    def reserve(self, pool: str, count: int, bundle: dict[str, float], *, on: str | None = None,
-                timeout_s: float = 600.0) -> list[Slot]:  # fmt: skip
+    def reserve(
+        self,
+        pool: str,
+        count: int,
+        bundle: dict[str, float],
+        *,
+        on: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> list[Slot]:
         """A placement group of `count` bundles for `pool` (PACK: as few nodes as fit), an actor in each; returns
         the slots once every actor answers from its node."""
         import ray
@@ -409,11 +429,20 @@ class RaySupervisor(Supervisor):
     def _new_actor(self, slot: Slot):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        strategy = PlacementGroupSchedulingStrategy(placement_group=slot.placement_group,
-                                                    placement_group_bundle_index=slot.index)  # fmt: skip
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=slot.placement_group, placement_group_bundle_index=slot.index
+        )
         custom = {k: v for k, v in slot.bundle.items() if k not in ("CPU", "GPU")}
-        return _host_class().options(num_cpus=slot.bundle.get("CPU", 0.0), num_gpus=slot.bundle.get("GPU", 0.0),
-                                     resources=custom, scheduling_strategy=strategy).remote(os.getcwd())  # fmt: skip
+        return (
+            _host_class()
+            .options(
+                num_cpus=slot.bundle.get("CPU", 0.0),
+                num_gpus=slot.bundle.get("GPU", 0.0),
+                resources=custom,
+                scheduling_strategy=strategy,
+            )
+            .remote(os.getcwd())
+        )
 
     def replace_actor(self, slot: Slot, timeout_s: float = 600.0) -> None:
         """A new actor in the slot's bundle (the old one was lost; Ray re-places a bundle whose node died)."""
@@ -482,8 +511,11 @@ class RaySupervisor(Supervisor):
 
     def placement(self) -> dict[str, dict[str, Any]]:
         """Where each part runs: pool, slot, pid, and its node (ip, node_id, hostname, actor_pid, gpus)."""
-        return {c.name: {"pool": c.slot.pool, "slot": c.slot.index, "pid": c.pid, **c.slot.where}
-                for c in self.children if isinstance(c, RemoteChild)}  # fmt: skip
+        return {
+            c.name: {"pool": c.slot.pool, "slot": c.slot.index, "pid": c.pid, **c.slot.where}
+            for c in self.children
+            if isinstance(c, RemoteChild)
+        }
 
     def write_placement(self) -> None:
         """`placement_file`, rewritten whole (a temp file, then a rename)."""
@@ -498,8 +530,9 @@ class RaySupervisor(Supervisor):
         """Ask every slot's actor about its process at once (one round of calls, not one per property read)."""
         import ray
 
-        remote = [c for c in self.children if isinstance(c, RemoteChild) and c.slot.actor is not None
-                  and not c.lost]  # fmt: skip
+        remote = [
+            c for c in self.children if isinstance(c, RemoteChild) and c.slot.actor is not None and not c.lost
+        ]
         calls = [c.slot.actor.status.remote() for c in remote]
         if calls:
             ray.wait(calls, num_returns=len(calls), timeout=CALL_TIMEOUT_S)

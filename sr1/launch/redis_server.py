@@ -128,17 +128,26 @@ class LocalRedis:
             acl = ["--aclfile", str(self.acl_file.resolve())]
         return [
             find_redis_server(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(data),
-            "--appendonly", "yes",
-            "--appendfsync", self.appendfsync,
-            "--save", "",
-            "--protected-mode", "yes",
-            "--loglevel", "warning",
-            "--logfile", str(data / "redis.log"),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(data),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            self.appendfsync,
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(data / "redis.log"),
             *acl,
-        ]  # fmt: skip
+        ]
 
     def start(self, timeout_s: float = 10.0) -> LocalRedis:
         """Start the server (on its port and AOF, again after a crash) and wait until it answers PING."""

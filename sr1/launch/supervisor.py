@@ -298,11 +298,17 @@ class Supervisor:
         delay = min(policy.backoff_s * 2 ** len(recent), policy.max_backoff_s)
         child.restart_at = now + delay
         why = f"exited with code {code}" if child is cause else f"is restarted with {cause.name}"
-        log.warning("%s %s; restarting it in %.1fs (%s)", child.name, why, delay,
-                    tail(child.log_path, 1) if child.log_path else "")  # fmt: skip
+        log.warning(
+            "%s %s; restarting it in %.1fs (%s)",
+            child.name,
+            why,
+            delay,
+            tail(child.log_path, 1) if child.log_path else "",
+        )
 
-    def wait_until(self, predicate: Callable[[], bool], *, timeout_s: float, what: str,
-                   interval_s: float = 0.2) -> None:  # fmt: skip
+    def wait_until(
+        self, predicate: Callable[[], bool], *, timeout_s: float, what: str, interval_s: float = 0.2
+    ) -> None:
         """Poll `predicate` until true; fail early (with its log) if a child dies meanwhile."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -80,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         profile = resolve_profile(args.profile, args.from_run, args.learner_bench)
         if args.figure:
             profile = with_figures(profile, _figures(args.figure))
-        plan = make_plan(cfg, profile, gpus=args.gpus, kind=args.gpu_kind, bounds=bounds, steps=args.steps,
-                         warmup=args.warmup, seed=args.seed, preset=str(args.preset))  # fmt: skip
+        plan = make_plan(
+            cfg,
+            profile,
+            gpus=args.gpus,
+            kind=args.gpu_kind,
+            bounds=bounds,
+            steps=args.steps,
+            warmup=args.warmup,
+            seed=args.seed,
+            preset=str(args.preset),
+        )
     except (ConfigError, ProfileError, ValueError) as err:
         print(f"sr1 plan: {err}", file=sys.stderr)
         return 2

@@ -38,8 +38,11 @@ class Figure(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     value: float = Field(description="The number, in the unit its field names.")
-    source: str = Field(min_length=1, description="Where it came from: a measurement with its command and date, a "
-                        "published figure with its reference, or 'assumption: <why>'.")  # fmt: skip
+    source: str = Field(
+        min_length=1,
+        description="Where it came from: a measurement with its command and date, a "
+        "published figure with its reference, or 'assumption: <why>'.",
+    )
 
 
 class Curve(BaseModel):
@@ -77,10 +80,14 @@ class Curve(BaseModel):
 class GeneratorProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tokens_per_s: Curve = Field(description="One engine (of the config's tensor-parallel size): aggregate sampled "
-                                "tokens/s against concurrent sequences.")  # fmt: skip
-    prefill_cost: Figure = Field(description="Engine time of one prefilled token (prompt, observation) as a fraction "
-                                 "of one decoded token's, per sequence.")  # fmt: skip
+    tokens_per_s: Curve = Field(
+        description="One engine (of the config's tensor-parallel size): aggregate sampled "
+        "tokens/s against concurrent sequences."
+    )
+    prefill_cost: Figure = Field(
+        description="Engine time of one prefilled token (prompt, observation) as a fraction "
+        "of one decoded token's, per sequence."
+    )
     min_kv_cache_gib: Figure = Field(
         description="KV-cache memory an engine needs beside its weights (GiB per GPU)."
     )
@@ -89,14 +96,20 @@ class GeneratorProfile(BaseModel):
 class LearnerProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tokens_per_s_per_rank: Figure = Field(description="Model tokens (prompt + response, every PPO epoch) per second "
-                                          "of the optimisation step, per learner rank.")  # fmt: skip
-    scaling_efficiency: Figure = Field(description="Per-rank throughput with several ranks as a fraction of one "
-                                       "rank's (FSDP2 all-gathers and reduce-scatters).")  # fmt: skip
-    step_overhead_s: Figure = Field(description="Seconds per step beside the token work (batch forwarding, "
-                                    "optimizer, bookkeeping).")  # fmt: skip
-    bytes_per_param: Figure = Field(description="Sharded training state per parameter (fp32 master, gradient, "
-                                    "two AdamW moments: 16).")  # fmt: skip
+    tokens_per_s_per_rank: Figure = Field(
+        description="Model tokens (prompt + response, every PPO epoch) per second "
+        "of the optimisation step, per learner rank."
+    )
+    scaling_efficiency: Figure = Field(
+        description="Per-rank throughput with several ranks as a fraction of one "
+        "rank's (FSDP2 all-gathers and reduce-scatters)."
+    )
+    step_overhead_s: Figure = Field(
+        description="Seconds per step beside the token work (batch forwarding, optimizer, bookkeeping)."
+    )
+    bytes_per_param: Figure = Field(
+        description="Sharded training state per parameter (fp32 master, gradient, two AdamW moments: 16)."
+    )
     activation_gib: Figure = Field(description="Peak memory per rank beside the sharded state (GiB).")
     checkpoint_s: Figure = Field(
         description="Seconds to save one checkpoint (every `learner.checkpoint_every` steps)."
@@ -108,8 +121,9 @@ class WorkloadProfile(BaseModel):
 
     prompt_tokens: Figure = Field(description="Mean prompt tokens of a trajectory.")
     tokens_per_turn: Figure = Field(description="Mean tokens the model samples in one turn.")
-    tokens_per_turn_cv: Figure = Field(description="Coefficient of variation of tokens per turn (lognormal; 0: "
-                                       "every turn the same length).")  # fmt: skip
+    tokens_per_turn_cv: Figure = Field(
+        description="Coefficient of variation of tokens per turn (lognormal; 0: every turn the same length)."
+    )
     searches_per_trajectory: Figure = Field(
         description="Mean searches per trajectory (binomial over max_turns)."
     )
@@ -118,8 +132,10 @@ class WorkloadProfile(BaseModel):
     search_latency_cv: Figure = Field(
         description="Coefficient of variation of the search latency (lognormal)."
     )
-    dropped_group_fraction: Figure = Field(description="Share of groups dynamic sampling drops (all rewards "
-                                           "equal); used only when the config enables it.")  # fmt: skip
+    dropped_group_fraction: Figure = Field(
+        description="Share of groups dynamic sampling drops (all rewards "
+        "equal); used only when the config enables it."
+    )
 
 
 class Profile(BaseModel):
@@ -134,8 +150,10 @@ class Profile(BaseModel):
     learner: LearnerProfile = Field(description="One learner rank.")
     workload: WorkloadProfile = Field(description="The trajectories: lengths, searches, latencies.")
     weight_sync_s: Figure = Field(description="Seconds one publish pauses the engines (and the learner).")
-    handoff_s: Figure = Field(description="Seconds from a prompt's release until its group runs in an engine, "
-                              "plus a finished group's way to the learner (claim, put, take), lumped together.")  # fmt: skip
+    handoff_s: Figure = Field(
+        description="Seconds from a prompt's release until its group runs in an engine, "
+        "plus a finished group's way to the learner (claim, put, take), lumped together."
+    )
     notes: list[str] = Field(
         default_factory=list, description="Assumptions and caveats, printed with the plan."
     )
@@ -307,12 +325,17 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
         "scaling_efficiency", {"value": 1.0, "source": f"the run had {ranks} rank(s): assumption"}
     )
     overhead = statistics.fmean(
-        float(r["perf/step_s"]) - float(r["perf/wait_s"]) - float(r["perf/train_s"])
-        - float(r.get("weight_sync/seconds", 0.0)) - float(r.get("perf/checkpoint_s", 0.0))
+        float(r["perf/step_s"])
+        - float(r["perf/wait_s"])
+        - float(r["perf/train_s"])
+        - float(r.get("weight_sync/seconds", 0.0))
+        - float(r.get("perf/checkpoint_s", 0.0))
         for r in rows
-    )  # fmt: skip
-    learner["step_overhead_s"] = {"value": max(overhead, 0.0), "source": f"{where}: perf/step_s - wait - train - "
-                                  "publish - checkpoint"}  # fmt: skip
+    )
+    learner["step_overhead_s"] = {
+        "value": max(overhead, 0.0),
+        "source": f"{where}: perf/step_s - wait - train - publish - checkpoint",
+    }
     checkpoints = [float(r["perf/checkpoint_s"]) for r in rows if "perf/checkpoint_s" in r]
     if checkpoints:
         learner["checkpoint_s"] = {
@@ -325,7 +348,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
         tokens_per_turn={
             "value": loss_tokens / turns,
             "source": f"{where}: batch/loss_tokens per trajectory / (batch/tool_calls_per_traj + 1)",
-        },  # fmt: skip
+        },
         searches_per_trajectory={"value": searches, "source": f"{where}: batch/tool_calls_per_traj"},
         obs_tokens_per_search={
             "value": max(response - loss_tokens, 0.0) / searches if searches > 0 else 0.0,
@@ -338,8 +361,10 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
             "value": float(last.get("buffer/dropped_groups", 0)) / float(last["buffer/produced"]),
             "source": f"{where}: buffer/dropped_groups / buffer/produced at the last step",
         }
-    data["weight_sync_s"] = {"value": _mean(rows, "weight_sync/seconds", metrics),
-                             "source": f"{where}: weight_sync/seconds"}  # fmt: skip
+    data["weight_sync_s"] = {
+        "value": _mean(rows, "weight_sync/seconds", metrics),
+        "source": f"{where}: weight_sync/seconds",
+    }
     return _validate(data, f"from run {run_dir} (give the missing figures with --profile)")
 
 

@@ -68,8 +68,17 @@ def print_plan(plan: Plan, console=None) -> None:
 
     console = console or Console(width=160)
     table = Table(title=f"sr1 plan: {plan.preset} on {plan.gpus} x {plan.gpu_kind} ({plan.profile.name})")
-    for name in ("split", "bound", "steps/h", "s/step", "gen busy", "learner busy", "staleness (tokens)",
-                 "vs sync split", "vs colocated sync"):  # fmt: skip
+    for name in (
+        "split",
+        "bound",
+        "steps/h",
+        "s/step",
+        "gen busy",
+        "learner busy",
+        "staleness (tokens)",
+        "vs sync split",
+        "vs colocated sync",
+    ):
         table.add_column(name, justify="left" if name in ("split", "staleness (tokens)") else "right")
     shown_excluded: set[str] = set()
     for r in plan.rows:
@@ -147,8 +156,15 @@ def save_png(plan: Plan, path: Path) -> None:
         ax.axhline(plan.colocated.steps_per_hour, color="tab:gray", linestyle="--", label="colocated sync")
     if plan.recommended is not None:
         rec = plan.recommended
-        ax.scatter([rec.generator_gpus], [rec.result.steps_per_hour], s=160, facecolors="none",
-                   edgecolors="tab:red", label="recommended", zorder=3)  # fmt: skip
+        ax.scatter(
+            [rec.generator_gpus],
+            [rec.result.steps_per_hour],
+            s=160,
+            facecolors="none",
+            edgecolors="tab:red",
+            label="recommended",
+            zorder=3,
+        )
     ax.set_xticks(sorted({r.generator_gpus for r in plan.rows}))
     ax.set_xlabel(f"generator GPUs (of {plan.gpus}; the rest train)")
     ax.set_ylabel("steps / hour (simulated)")

@@ -240,8 +240,14 @@ def load_prompts(
                     f"{path} row {position}: no 'reward_model' (expected reward_model.ground_truth.target, "
                     "the gold answers of Search-R1's parquet layout)"
                 )
-            record = row_to_record(row, position=position, split=split, epoch=epoch, where=f"{path} row {position}",
-                                   data_sources=data_sources)  # fmt: skip
+            record = row_to_record(
+                row,
+                position=position,
+                split=split,
+                epoch=epoch,
+                where=f"{path} row {position}",
+                data_sources=data_sources,
+            )
             if record.group_id in seen:
                 duplicates += 1
                 base, k = record.group_id, 1

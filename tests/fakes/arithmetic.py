@@ -39,8 +39,12 @@ class ArithmeticTask(Task):
     def load_prompts(
         self, paths: Path | str | Iterable[Path | str], *, split=None, epoch=0
     ) -> list[PromptRecord]:
-        questions = [line.split("=") for p in ([paths] if isinstance(paths, (str, Path)) else paths)
-                     for line in Path(p).read_text().splitlines() if line]  # fmt: skip
+        questions = [
+            line.split("=")
+            for p in ([paths] if isinstance(paths, (str, Path)) else paths)
+            for line in Path(p).read_text().splitlines()
+            if line
+        ]
         return [
             PromptRecord(
                 make_group_id("arith", split or "train", i, epoch),
@@ -50,7 +54,7 @@ class ArithmeticTask(Task):
                 "arith",
                 i,
                 split or "train",
-            )  # fmt: skip
+            )
             for i, (q, a) in enumerate(questions)
         ]
 

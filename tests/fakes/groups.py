@@ -17,8 +17,14 @@ import numpy as np
 from buffer.records import Group, PromptRecord, Trajectory, make_group_id
 
 
-def make_prompt(index: int, *, data_source: str = "synthetic", split: str = "train", epoch: int = 0,
-                release_version: int = 0) -> PromptRecord:  # fmt: skip
+def make_prompt(
+    index: int,
+    *,
+    data_source: str = "synthetic",
+    split: str = "train",
+    epoch: int = 0,
+    release_version: int = 0,
+) -> PromptRecord:
     question = f"who founded company number {index}?"
     return PromptRecord(
         group_id=make_group_id(data_source, split, index, epoch),
@@ -32,8 +38,9 @@ def make_prompt(index: int, *, data_source: str = "synthetic", split: str = "tra
     )
 
 
-def make_trajectory(rng: np.random.Generator, *, prompt_len: int, response_len: int, version: int,
-                    info_every: int = 300) -> Trajectory:  # fmt: skip
+def make_trajectory(
+    rng: np.random.Generator, *, prompt_len: int, response_len: int, version: int, info_every: int = 300
+) -> Trajectory:
     """Sampled tokens at `version`, with an observation block (mask 0, version -1) every `info_every` tokens."""
     mask = np.ones(response_len, dtype=np.uint8)
     for start in range(info_every // 2, response_len, info_every):
@@ -51,8 +58,16 @@ def make_trajectory(rng: np.random.Generator, *, prompt_len: int, response_len: 
     )
 
 
-def make_group(prompt: PromptRecord, *, n: int = 5, prompt_len: int = 200, response_len: int = 1300,
-               version: int | None = None, worker_id: str = "synthetic", seed: int | None = None) -> Group:  # fmt: skip
+def make_group(
+    prompt: PromptRecord,
+    *,
+    n: int = 5,
+    prompt_len: int = 200,
+    response_len: int = 1300,
+    version: int | None = None,
+    worker_id: str = "synthetic",
+    seed: int | None = None,
+) -> Group:
     """A group of `n` trajectories for `prompt`; tokens sampled at `version` (default: its release_version)."""
     rng = np.random.default_rng(prompt.index if seed is None else seed)
     version = prompt.release_version if version is None else version

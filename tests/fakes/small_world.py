@@ -24,8 +24,12 @@ def _facts(count: int) -> list[tuple[str, str]]:
 def write_questions(path: Path, facts: list[tuple[str, str]], offset: int = 0) -> Path:
     with path.open("w") as f:
         for i, (company, founder) in enumerate(facts):
-            row = {"prompt": f"Question: who founded {company}?\n", "golden_answers": [founder],
-                   "data_source": "nq", "id": offset + i}  # fmt: skip
+            row = {
+                "prompt": f"Question: who founded {company}?\n",
+                "golden_answers": [founder],
+                "data_source": "nq",
+                "id": offset + i,
+            }
             f.write(json.dumps(row) + "\n")
     return path
 

@@ -24,9 +24,23 @@ def test_stats_json_from_a_separate_process(redis_url):
     buf.publish_version(1)
     buf.heartbeat("learner-0", "learner", {"loss/total": 0.5})
     out = subprocess.run(
-        [sys.executable, "-m", "sr1", "buffer", "stats", "--json", "--url", redis_url, "--namespace", "cli-run"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sr1",
+            "buffer",
+            "stats",
+            "--json",
+            "--url",
+            redis_url,
+            "--namespace",
+            "cli-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     report = json.loads(out.stdout)
     stats = report["stats"]
     assert stats["buffer/version"] == 1 and stats["buffer/consumed"] == 2 and stats["buffer/released"] == 4

@@ -32,8 +32,17 @@ def test_state_survives_a_killed_redis(tmp_path):
     try:
         buf = ReplayBuffer(server.url, "run")
         after = buf.stats()
-        for key in ("buffer/released", "buffer/produced", "buffer/consumed", "buffer/depth", "buffer/version",
-                    "buffer/inflight_groups", "buffer/leased_prompts", "buffer/pending_prompts", "buffer/staleness_tokens"):  # fmt: skip
+        for key in (
+            "buffer/released",
+            "buffer/produced",
+            "buffer/consumed",
+            "buffer/depth",
+            "buffer/version",
+            "buffer/inflight_groups",
+            "buffer/leased_prompts",
+            "buffer/pending_prompts",
+            "buffer/staleness_tokens",
+        ):
             assert after[key] == before[key], key
         assert (after["buffer/depth"], after["buffer/leased_prompts"], after["buffer/pending_prompts"]) == (
             1,

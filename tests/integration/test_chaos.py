@@ -43,9 +43,14 @@ def test_kill_every_part_in_turn_and_finish(tmp_path):
 
     chaos = _chaos_script()
     run_dir = tmp_path / "chaos"
-    recoveries, verdict = chaos.run_chaos(run_dir, ["generator", "learner", "redis", "retrieval", "parent"],
-                                          steps=STEPS, checkpoint_every=4, max_staleness=MAX_STALENESS,
-                                          seed=int(os.environ.get("CHAOS_SEED", "7")))  # fmt: skip
+    recoveries, verdict = chaos.run_chaos(
+        run_dir,
+        ["generator", "learner", "redis", "retrieval", "parent"],
+        steps=STEPS,
+        checkpoint_every=4,
+        max_staleness=MAX_STALENESS,
+        seed=int(os.environ.get("CHAOS_SEED", "7")),
+    )
     print("\n" + chaos.table([(r, verdict) for r in recoveries]))
 
     last_log = sorted(tmp_path.glob("chaos-sr1-run-*.log"))[-1]
@@ -71,9 +76,13 @@ def test_faults_that_kill_nothing_are_survived_and_counted(tmp_path):
     with nothing lost or trained twice, and every event is counted where the run reports it."""
     chaos = _chaos_script()
     run_dir = tmp_path / "faults"
-    verdict, counts = chaos.run_faults(run_dir, list(chaos.FAULTS), steps=FAULT_STEPS,
-                                       seed=int(os.environ.get("CHAOS_SEED", "7")),
-                                       retriever_down_s=RETRIEVER_DOWN_S)  # fmt: skip
+    verdict, counts = chaos.run_faults(
+        run_dir,
+        list(chaos.FAULTS),
+        steps=FAULT_STEPS,
+        seed=int(os.environ.get("CHAOS_SEED", "7")),
+        retriever_down_s=RETRIEVER_DOWN_S,
+    )
     print("\n", verdict, "\n", counts)
 
     last_log = sorted(tmp_path.glob("faults-sr1-run-*.log"))[-1]

@@ -71,8 +71,24 @@ class Watch:
 
     def stats(self) -> dict:
         """`sr1 buffer stats --json` (the command users run, as a separate process)."""
-        out = subprocess.run([sys.executable, "-m", "sr1", "buffer", "stats", "--json", "--url", self.url,
-                              "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sr1",
+                "buffer",
+                "stats",
+                "--json",
+                "--url",
+                self.url,
+                "--namespace",
+                NAMESPACE,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         return json.loads(out.stdout)
 
     def workers(self) -> dict[str, dict]:
@@ -118,9 +134,11 @@ def run_overrides(tmp_path: Path, model_dir: Path, port: int, run_dir: Path, *ex
     from tests.fakes.small_world import small_world_overrides
 
     return small_world_overrides(tmp_path / "world", model_dir) + [
-        f"run_dir={run_dir}", f"buffer.namespace={NAMESPACE}", f"retrieval.url=http://127.0.0.1:{port}/retrieve",
+        f"run_dir={run_dir}",
+        f"buffer.namespace={NAMESPACE}",
+        f"retrieval.url=http://127.0.0.1:{port}/retrieve",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def serve_retrieval(stack: Stack, watch: Watch, overrides: list[str], port: int) -> None:
@@ -147,11 +165,19 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
 
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    overrides = run_overrides(tmp_path, tiny_model_dir, free_port, run_dir,
-        f"learner.total_steps={STEPS}", f"learner.checkpoint_every={STEPS}", f"learner.max_staleness={MAX_STALENESS}",
+    overrides = run_overrides(
+        tmp_path,
+        tiny_model_dir,
+        free_port,
+        run_dir,
+        f"learner.total_steps={STEPS}",
+        f"learner.checkpoint_every={STEPS}",
+        f"learner.max_staleness={MAX_STALENESS}",
         "learner.num_engines=1",  # the first group waits for one engine; later ones take whoever is alive
-        "buffer.lease_s=10", "buffer.heartbeat_ttl_s=8", "weight_sync.timeout_s=30",
-    )  # fmt: skip
+        "buffer.lease_s=10",
+        "buffer.heartbeat_ttl_s=8",
+        "weight_sync.timeout_s=30",
+    )
     stack = Stack(logs)
     server = LocalRedis(tmp_path / "redis").start()
     url = server.url
@@ -176,12 +202,20 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
         stack.start("gen-late", "generators", *pool, "--worker-prefix", "late-", *overrides)
         engine_s = watch.until(lambda: "late-0" in watch.workers(), 600, "late-0's engine to start", stack)
         rank.resume()
-        join_s = watch.until(lambda: watch.workers()["late-0"]["metrics"]["rollout/version"] >= paused_at, 300,
-                             "late-0 to hold the learner's weights", stack)  # fmt: skip
+        join_s = watch.until(
+            lambda: watch.workers()["late-0"]["metrics"]["rollout/version"] >= paused_at,
+            300,
+            "late-0 to hold the learner's weights",
+            stack,
+        )
         first_weights = watch.workers()["late-0"]["metrics"]["rollout/version"]
         watch.until(lambda: "late-0" in watch.worker_of.values(), 300, "a group of late-0", stack)
-        watch.until(lambda: watch.workers()["late-0"]["metrics"]["rollout/version"] > first_weights, 300,
-                    "late-0 to receive a later version", stack)  # fmt: skip
+        watch.until(
+            lambda: watch.workers()["late-0"]["metrics"]["rollout/version"] > first_weights,
+            300,
+            "late-0 to receive a later version",
+            stack,
+        )
 
         # 2. the first pool's worker dies (SIGKILL): its leases expire and late-0 takes them
         victim = _process(stack.procs["gen-first"], "generators.main")
@@ -211,8 +245,10 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
     assert set(trained) <= released
 
     # the late worker's groups were trained, and after the kill it carried the run alone
-    by_worker = {w: [s["version"] for s in steps for g in s["group_ids"] if watch.worker_of.get(g) == w]
-                 for w in ("first-0", "late-0")}  # fmt: skip
+    by_worker = {
+        w: [s["version"] for s in steps for g in s["group_ids"] if watch.worker_of.get(g) == w]
+        for w in ("first-0", "late-0")
+    }
     assert by_worker["late-0"], "no group of the late worker was trained"
     assert by_worker["first-0"] and min(by_worker["first-0"]) < min(by_worker["late-0"])
     assert max(by_worker["late-0"]) == STEPS
@@ -247,18 +283,39 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
     steps = 4
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    overrides = run_overrides(tmp_path, tiny_model_dir, free_port, run_dir,
-        f"learner.total_steps={steps}", f"learner.checkpoint_every={steps}", "learner.max_staleness=2",
-        "learner.num_engines=1", f"eval.every_steps={steps}", "eval.timeout_s=300",
-        "buffer.lease_s=120", "buffer.heartbeat_ttl_s=120", "weight_sync.timeout_s=10",
-    )  # fmt: skip
+    overrides = run_overrides(
+        tmp_path,
+        tiny_model_dir,
+        free_port,
+        run_dir,
+        f"learner.total_steps={steps}",
+        f"learner.checkpoint_every={steps}",
+        "learner.max_staleness=2",
+        "learner.num_engines=1",
+        f"eval.every_steps={steps}",
+        "eval.timeout_s=300",
+        "buffer.lease_s=120",
+        "buffer.heartbeat_ttl_s=120",
+        "weight_sync.timeout_s=10",
+    )
     stack = Stack(logs)
     server = LocalRedis(tmp_path / "redis").start()
     watch = Watch(server.url)
     try:
         serve_retrieval(stack, watch, overrides, free_port)
-        stack.start("gen", "generators", "--config", "tiny", "--redis-url", server.url, "--num-engines", "1",
-                    "--worker-prefix", "gen-", *overrides)  # fmt: skip
+        stack.start(
+            "gen",
+            "generators",
+            "--config",
+            "tiny",
+            "--redis-url",
+            server.url,
+            "--num-engines",
+            "1",
+            "--worker-prefix",
+            "gen-",
+            *overrides,
+        )
         stack.start("learner", "learner", "--config", "tiny", "--redis-url", server.url, *overrides)
         # the learner paused right after publishing the next-to-last version, with a batch for the last step queued
         watch.until(lambda: watch.version() >= 1, 600, "version 1", stack)
@@ -271,8 +328,12 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
         generator = _process(stack.procs["gen"], "generators.main")
         generator.suspend()
         rank.resume()
-        watch.until(lambda: f"weight sync of version {steps} failed" in stack.log("learner", 100_000), 300,
-                    "the last publish to fail", stack)  # fmt: skip
+        watch.until(
+            lambda: f"weight sync of version {steps} failed" in stack.log("learner", 100_000),
+            300,
+            "the last publish to fail",
+            stack,
+        )
         generator.resume()
         learner = stack.procs["learner"]
         waited = watch.until(lambda: learner.poll() is not None, 600, "the learner to finish", stack)

@@ -40,13 +40,23 @@ def _free_port() -> int:
 
 def _ray_start(*args: str, log: Path) -> subprocess.Popen:
     """`ray start ...` in its own process group (the node's daemons stay in it after `ray start` returns)."""
-    ports = ["--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-             "--runtime-env-agent-port", "--metrics-export-port"]  # fmt: skip
+    ports = [
+        "--ray-client-server-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+        "--metrics-export-port",
+    ]
     cmd = [RAY, "start", *args, "--disable-usage-stats", "--object-store-memory", str(100 << 20)]
     cmd += [x for port in ports for x in (port, str(_free_port()))]
     with log.open("a") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        )
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     return proc
 
@@ -72,9 +82,21 @@ def ray_cluster(tmp_path_factory):
     log = tmp_path_factory.mktemp("ray") / "ray-start.log"
     groups = []
     try:
-        head = _ray_start("--head", "--port", str(_free_port()), "--num-cpus", "3", "--resources", '{"head": 1}',
-                          "--temp-dir", str(temp), "--include-dashboard=false",
-                          "--dashboard-port", str(_free_port()), log=log)  # fmt: skip
+        head = _ray_start(
+            "--head",
+            "--port",
+            str(_free_port()),
+            "--num-cpus",
+            "3",
+            "--resources",
+            '{"head": 1}',
+            "--temp-dir",
+            str(temp),
+            "--include-dashboard=false",
+            "--dashboard-port",
+            str(_free_port()),
+            log=log,
+        )
         groups.append(head.pid)
         address = re.findall(r"ray start --address='([^']+)'", log.read_text())[-1]
         groups.append(
@@ -90,8 +112,13 @@ def ray_cluster(tmp_path_factory):
 def _launch(address: str, *args: str, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "sr1", "launch", *args, "--no-live", "--startup-timeout", "600"]
     with log.open("a") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "RAY_ADDRESS": address})  # fmt: skip
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "RAY_ADDRESS": address},
+        )
 
 
 def _left_running(placement: dict[str, dict], wait_s: float = 30.0) -> list[str]:
@@ -121,10 +148,13 @@ def _last_time(log: Path, text: str) -> str:
 
 def _nodes(address: str) -> dict[str, dict]:
     """node id -> its resources, as the cluster reports them (`ray list nodes` would need the dashboard)."""
-    script = ("import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-              "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", script, address], capture_output=True, text=True, timeout=300,
-                         check=True)  # fmt: skip
+    script = (
+        "import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+        "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, address], capture_output=True, text=True, timeout=300, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -134,7 +164,9 @@ def test_launch_runs_every_part_on_the_cluster_then_stops_in_order(ray_cluster, 
 
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
     overrides = small_world_overrides(tmp_path / "world", tiny_model_dir) + [
-        f"learner.total_steps={STEPS}", f"learner.checkpoint_every={STEPS}"]  # fmt: skip
+        f"learner.total_steps={STEPS}",
+        f"learner.checkpoint_every={STEPS}",
+    ]
     pinned = ["--on", "generators=node2", "--on", "learner=head"]
     started = time.monotonic()
     proc = _launch(ray_cluster, "tiny", *overrides, "--run-dir", str(run_dir), *pinned, log=log)
@@ -192,5 +224,7 @@ def test_launch_runs_every_part_on_the_cluster_then_stops_in_order(ray_cluster, 
     assert _last_time(logs / "learner.log", "learner stopped at version") <= _last_time(
         logs / "generator-0.log", "stopping (no new claims"
     )
-    print(f"\nsr1 launch: {STEPS} steps in {run_s:.0f}s; resumed, interrupted at step {last} after "
-          f"{time.monotonic() - started2:.0f}s")  # fmt: skip
+    print(
+        f"\nsr1 launch: {STEPS} steps in {run_s:.0f}s; resumed, interrupted at step {last} after "
+        f"{time.monotonic() - started2:.0f}s"
+    )

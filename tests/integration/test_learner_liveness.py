@@ -62,11 +62,19 @@ def test_an_overlong_group_is_dead_lettered_and_replaced_under_sync_training(
     from tests.fakes.toy_generator import ToyGenerator
 
     steps = 3
-    job = _job(tiny_model_dir, redis_url, tmp_path, "live-overlong", f"learner.total_steps={steps}",
-               "learner.micro_batch_tokens=512", "learner.checkpoint_every=1000")  # fmt: skip
+    job = _job(
+        tiny_model_dir,
+        redis_url,
+        tmp_path,
+        "live-overlong",
+        f"learner.total_steps={steps}",
+        "learner.micro_batch_tokens=512",
+        "learner.checkpoint_every=1000",
+    )
     # every third question is padded to 600 tokens: more than one micro-batch (512) can hold
-    generator = ToyGenerator(redis_url, "live-overlong", group_size=2, targets={1}, overlong_every=3,
-                             overlong_tokens=600).start()  # fmt: skip
+    generator = ToyGenerator(
+        redis_url, "live-overlong", group_size=2, targets={1}, overlong_every=3, overlong_tokens=600
+    ).start()
     assert _run(job, generator) == steps
     rows = [json.loads(x) for x in (tmp_path / "run" / "learner_groups.jsonl").read_text().splitlines()]
     trained = [gid for r in rows if "group_ids" in r for gid in r["group_ids"]]
@@ -101,8 +109,15 @@ def test_non_finite_steps_in_a_row_stop_the_run_before_a_checkpoint(
         return metrics | {NONFINITE_KEY: 1.0 if self.version > 1 else 0.0}
 
     monkeypatch.setattr(Learner, "train_step", train_step)
-    job = _job(tiny_model_dir, redis_url, tmp_path, "live-nan", "learner.total_steps=10",
-               "learner.checkpoint_every=1", "learner.max_nonfinite_steps=2")  # fmt: skip
+    job = _job(
+        tiny_model_dir,
+        redis_url,
+        tmp_path,
+        "live-nan",
+        "learner.total_steps=10",
+        "learner.checkpoint_every=1",
+        "learner.max_nonfinite_steps=2",
+    )
     generator = ToyGenerator(redis_url, "live-nan", group_size=2, targets={1}).start()
     with pytest.raises(NonFiniteTrainingError) as err:
         _run(job, generator)

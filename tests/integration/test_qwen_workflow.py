@@ -18,8 +18,9 @@ STEPS = 2
 
 
 def _sr1(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sr1", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "sr1", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     assert proc.returncode == 0, f"sr1 {args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -30,10 +31,19 @@ def test_prepare_run_and_evaluate_on_qwen_shapes(tmp_path):
     write_rehearsal(tmp_path, seed=3)
     _sr1("data", "prepare", "--flashrag", str(tmp_path / "flashrag"), "--out", str(tmp_path / "data"))
     run_dir = tmp_path / "run"
-    _sr1("run", "qwen2.5-cpu", f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]",
-         f"data.test_files=[{tmp_path / 'data' / 'test.parquet'}]", f"retrieval.corpus_path={tmp_path / 'corpus.jsonl'}",
-         f"learner.total_steps={STEPS}", "learner.checkpoint_every=1", "eval.max_per_source=2", "--run-dir",
-         str(run_dir), "--no-live")  # fmt: skip
+    _sr1(
+        "run",
+        "qwen2.5-cpu",
+        f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]",
+        f"data.test_files=[{tmp_path / 'data' / 'test.parquet'}]",
+        f"retrieval.corpus_path={tmp_path / 'corpus.jsonl'}",
+        f"learner.total_steps={STEPS}",
+        "learner.checkpoint_every=1",
+        "eval.max_per_source=2",
+        "--run-dir",
+        str(run_dir),
+        "--no-live",
+    )
     report = json.loads((run_dir / "report.json").read_text())
     assert report["steps"] == STEPS
     config = json.loads((Path(report["checkpoint"]) / "config.json").read_text())

@@ -150,8 +150,18 @@ def test_fuzzer_cases_over_a_socket(bm25_server):
 
 def _build_bm25_index(corpus: Path, out: Path, timeout_s: float) -> subprocess.CompletedProcess:
     """`python -m retrieval.cli build-index --method bm25` as a separate process."""
-    cmd = [sys.executable, "-m", "retrieval.cli", "build-index", "--method", "bm25", "--corpus", str(corpus),
-           "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "retrieval.cli",
+        "build-index",
+        "--method",
+        "bm25",
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 
@@ -285,8 +295,22 @@ def test_workers_refuse_a_port_another_server_holds(corpus, bm25_index):
         stale.bind(("127.0.0.1", 0))
         stale.listen()
         port = stale.getsockname()[1]
-        cmd = [sys.executable, "-m", "retrieval.cli", "serve", "--method", "bm25", "--corpus", str(corpus),
-               "--index", str(bm25_index), "--workers", "2", "--port", str(port)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "retrieval.cli",
+            "serve",
+            "--method",
+            "bm25",
+            "--corpus",
+            str(corpus),
+            "--index",
+            str(bm25_index),
+            "--workers",
+            "2",
+            "--port",
+            str(port),
+        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

@@ -22,8 +22,20 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "tiny-e2e"
-    cmd = [sys.executable, "-m", "sr1", "run", "tiny", f"learner.total_steps={STEPS}", "learner.checkpoint_every=2",
-           "eval.max_prompts=16", "eval.every_steps=2", "--run-dir", str(run_dir), "--no-live"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sr1",
+        "run",
+        "tiny",
+        f"learner.total_steps={STEPS}",
+        "learner.checkpoint_every=2",
+        "eval.max_prompts=16",
+        "eval.every_steps=2",
+        "--run-dir",
+        str(run_dir),
+        "--no-live",
+    ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -105,8 +117,18 @@ def test_the_run_logs_sr1_and_search_r1_metric_names(finished_run):
 def test_sr1_eval_of_the_checkpoint_matches_the_runs_final_evaluation(finished_run, tmp_path):
     run_dir, _ = finished_run
     report = json.loads((run_dir / "report.json").read_text())
-    cmd = [sys.executable, "-m", "sr1", "eval", "--run-dir", str(run_dir), "--max-prompts", "16", "--out",
-           str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sr1",
+        "eval",
+        "--run-dir",
+        str(run_dir),
+        "--max-prompts",
+        "16",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "eval.json").read_text())

@@ -28,8 +28,11 @@ def test_a_hub_id_resolves_to_its_cached_snapshot_offline(tmp_path):
 
 
 def test_a_hub_id_missing_from_the_cache_names_the_id_and_the_cache(tmp_path):
-    with pytest.raises(ModelPathError, match=r"'Qwen/Qwen2.5-7B' is not a directory and not in the Hugging Face "
-                       r"cache at .*hub.*huggingface-cli download Qwen/Qwen2.5-7B"):  # fmt: skip
+    with pytest.raises(
+        ModelPathError,
+        match=r"'Qwen/Qwen2.5-7B' is not a directory and not in the Hugging Face "
+        r"cache at .*hub.*huggingface-cli download Qwen/Qwen2.5-7B",
+    ):
         resolve_model_path("Qwen/Qwen2.5-7B", cache_dir=tmp_path / "hub")
 
 

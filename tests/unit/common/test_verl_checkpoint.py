@@ -53,8 +53,9 @@ def verl_checkpoint(tiny_model_dir, tmp_path_factory) -> Path:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_save_rank, args=(str(tiny_model_dir), str(actor), port), nprocs=WORLD_SIZE,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _save_rank, args=(str(tiny_model_dir), str(actor), port), nprocs=WORLD_SIZE, start_method="spawn"
+    )
     for rank in range(WORLD_SIZE):
         torch.save({}, actor / f"optim_world_size_{WORLD_SIZE}_rank_{rank}.pt")
     return step
@@ -117,8 +118,20 @@ def test_sr1_eval_takes_a_verl_checkpoint(verl_checkpoint, tmp_path, cache):
     rows = [{"question": f"who founded alpha {w}?", "golden_answers": ["cedar"]} for w in ("bravo", "delta")]
     test_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "eval"
-    argv = ["--checkpoint", str(verl_checkpoint), "--engine", "hf", "--mode", "direct", "--test-files",
-            str(test_file), "--out", str(out), "model.chat_template=false", "generators.max_tokens_per_turn=8"]  # fmt: skip
+    argv = [
+        "--checkpoint",
+        str(verl_checkpoint),
+        "--engine",
+        "hf",
+        "--mode",
+        "direct",
+        "--test-files",
+        str(test_file),
+        "--out",
+        str(out),
+        "model.chat_template=false",
+        "generators.max_tokens_per_turn=8",
+    ]
     assert main(argv) == 0
     assert list(out.iterdir())  # the evaluation wrote its results
 
@@ -141,8 +154,9 @@ def test_sr1_checkpoints_load_as_search_r1_infer_loads_a_model(tiny_model_dir, w
     assert out.shape[1] == ids.shape[1] + 4
 
 
-def test_sr1_ask_merges_a_verl_checkpoint_or_names_what_is_wrong(verl_checkpoint, tmp_path, cache, capsys,
-                                                                  monkeypatch):  # fmt: skip
+def test_sr1_ask_merges_a_verl_checkpoint_or_names_what_is_wrong(
+    verl_checkpoint, tmp_path, cache, capsys, monkeypatch
+):
     import sr1.ask
 
     asked = {}

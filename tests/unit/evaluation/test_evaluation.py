@@ -12,10 +12,18 @@ from evaluation import merge_answers, select_prompts, shard
 
 def _prompts(counts: dict[str, int]) -> list[PromptRecord]:
     return [
-        PromptRecord(group_id=f"{source}/test/{i}/e0", question="q", prompt=[{"role": "user", "content": f"q {i}"}],
-                     ground_truth=["x"], data_source=source, index=i, split="test")
-        for source, n in counts.items() for i in range(n)
-    ]  # fmt: skip
+        PromptRecord(
+            group_id=f"{source}/test/{i}/e0",
+            question="q",
+            prompt=[{"role": "user", "content": f"q {i}"}],
+            ground_truth=["x"],
+            data_source=source,
+            index=i,
+            split="test",
+        )
+        for source, n in counts.items()
+        for i in range(n)
+    ]
 
 
 def test_a_capped_evaluation_shares_the_prompts_equally_between_sources():
@@ -40,15 +48,32 @@ def test_a_capped_evaluation_shares_the_prompts_equally_between_sources():
 
 
 def _item(group: str, source: str, em: float, sample: int = 0, reason: str = "answer") -> dict:
-    return {"group_id": group, "data_source": source, "sample": sample, "metrics": {"em": em, "reward": em},
-            "tool_calls": 1, "turns": 2, "finish_reason": reason}  # fmt: skip
+    return {
+        "group_id": group,
+        "data_source": source,
+        "sample": sample,
+        "metrics": {"em": em, "reward": em},
+        "tool_calls": 1,
+        "turns": 2,
+        "finish_reason": reason,
+    }
 
 
 def test_shards_merge_into_the_summary_of_one_evaluation_with_pass_at_k():
-    shard_a = {"items": [_item("q1", "nq", 0.0, 0), _item("q1", "nq", 1.0, 1), _item("q2", "nq", 0.0, 0)],
-               "eval/version": 7, "eval/seconds": 3.0}  # fmt: skip
-    shard_b = {"items": [_item("q2", "nq", 0.0, 1, "budget"), _item("q3", "hotpotqa", 1.0, 0),
-                         _item("q3", "hotpotqa", 1.0, 1)], "eval/version": 8, "eval/seconds": 5.0}  # fmt: skip
+    shard_a = {
+        "items": [_item("q1", "nq", 0.0, 0), _item("q1", "nq", 1.0, 1), _item("q2", "nq", 0.0, 0)],
+        "eval/version": 7,
+        "eval/seconds": 3.0,
+    }
+    shard_b = {
+        "items": [
+            _item("q2", "nq", 0.0, 1, "budget"),
+            _item("q3", "hotpotqa", 1.0, 0),
+            _item("q3", "hotpotqa", 1.0, 1),
+        ],
+        "eval/version": 8,
+        "eval/seconds": 5.0,
+    }
     out = merge_answers([shard_a, shard_b])
     assert out["eval/n"] == 6 and out["eval/em"] == pytest.approx(3 / 6)
     assert out["eval/pass@2/em"] == pytest.approx(2 / 3) and out["eval/pass@2/em/nq"] == 0.5

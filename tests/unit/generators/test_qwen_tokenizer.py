@@ -12,8 +12,15 @@ from tasks.prompt_tokens import encode_prompt
 from tasks.search_r1 import SearchR1Task
 from tasks.search_r1.protocol import make_prompt_messages
 
-SETTINGS = AgentSettings(max_turns=2, max_tokens_per_turn=64, max_obs_tokens=64, max_response_tokens=256,
-                         max_model_len=1024, temperature=1.0, top_p=1.0)  # fmt: skip
+SETTINGS = AgentSettings(
+    max_turns=2,
+    max_tokens_per_turn=64,
+    max_obs_tokens=64,
+    max_response_tokens=256,
+    max_model_len=1024,
+    temperature=1.0,
+    top_p=1.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,14 @@ def test_the_vocabulary_and_special_tokens_are_qwen25s(qwen):
     assert qwen.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>"]) == [151_643, 151_644]
     # protocol tags are plain text here: several tokens each, never special
     assert [qwen.decode([i]) for i in qwen.encode("<search> x </search>", add_special_tokens=False)] == [
-        "<", "search", ">", " x", " </", "search", ">"
-    ]  # fmt: skip
+        "<",
+        "search",
+        ">",
+        " x",
+        " </",
+        "search",
+        ">",
+    ]
 
 
 async def test_a_stop_string_that_ends_inside_a_token_keeps_the_sampled_token(qwen):
@@ -72,8 +85,11 @@ async def test_sampled_ids_are_kept_even_when_they_are_not_how_the_text_would_en
     canonical = qwen.encode(" cedar", add_special_tokens=False)
     pieces = qwen.encode(" ced", add_special_tokens=False) + qwen.encode("ar", add_special_tokens=False)
     assert pieces != canonical and qwen.decode(pieces) == qwen.decode(canonical)
-    turn = (qwen.encode("<think> x </think> <answer>", add_special_tokens=False) + pieces +
-            qwen.encode(" </answer>", add_special_tokens=False))  # fmt: skip
+    turn = (
+        qwen.encode("<think> x </think> <answer>", add_special_tokens=False)
+        + pieces
+        + qwen.encode(" </answer>", add_special_tokens=False)
+    )
     rollout = await run_agent(IdEngine([(turn, "stop")]), [1, 2], SearchR1Task(), qwen, SETTINGS)
     assert rollout.response_ids == turn  # what the learner trains on is what the engine sampled
     assert SearchR1Task().score(rollout, ["cedar"]).reward == 1.0

@@ -19,11 +19,27 @@ from tests.unit.generators.test_worker import ANSWER, SEARCH, _prompts, _take_al
 
 
 def _worker(buffer, engine, tok, search, eval_prompts=None, **cfg_kw) -> GeneratorWorker:
-    settings = dict(group_size=2, max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128,
-                    max_inflight_groups=2, heartbeat_s=0.05, claim_block_ms=50)  # fmt: skip
-    return GeneratorWorker(GeneratorsConfig(**(settings | cfg_kw)), buffer, engine, tok, SearchR1Task(search=search),
-                           worker_id="gen-live", max_model_len=512, chat_template=False,
-                           eval_prompts=eval_prompts)  # fmt: skip
+    settings = dict(
+        group_size=2,
+        max_turns=2,
+        max_tokens_per_turn=32,
+        max_obs_tokens=32,
+        max_response_tokens=128,
+        max_inflight_groups=2,
+        heartbeat_s=0.05,
+        claim_block_ms=50,
+    )
+    return GeneratorWorker(
+        GeneratorsConfig(**(settings | cfg_kw)),
+        buffer,
+        engine,
+        tok,
+        SearchR1Task(search=search),
+        worker_id="gen-live",
+        max_model_len=512,
+        chat_template=False,
+        eval_prompts=eval_prompts,
+    )
 
 
 async def _found(search: str) -> str:
@@ -106,8 +122,14 @@ async def test_a_failing_retriever_pauses_sampling_until_it_answers_again(redis_
         return await _found(query)
 
     engine = ScriptedEngine(toy_tokenizer, [], repeat=[(SEARCH, "stop"), (ANSWER, "stop")], delay_s=0.001)
-    worker = _worker(buffer, engine, toy_tokenizer, search, max_inflight_groups=1,
-                     tool_pause={"min_calls": 2, "max_error_rate": 0.5, "probe_s": 0.1})  # fmt: skip
+    worker = _worker(
+        buffer,
+        engine,
+        toy_tokenizer,
+        search,
+        max_inflight_groups=1,
+        tool_pause={"min_calls": 2, "max_error_rate": 0.5, "probe_s": 0.1},
+    )
     run = asyncio.create_task(worker.run())
     await _until(lambda: worker.tools.paused)
     await asyncio.sleep(0.3)  # paused: no new claims, only test calls

@@ -59,9 +59,21 @@ def test_build_index_refuses_an_online_method(tmp_path):
 
 
 def test_search_r1_retrieval_server_flags_and_keys_are_aliases(tmp_path):
-    argv = ["serve", "--index_path", str(tmp_path / "e5_Flat.index"), "--corpus_path", str(tmp_path / "c.jsonl"),
-            "--topk", "5", "--retriever_name", "e5", "--retriever_model", "intfloat/e5-base-v2", "--faiss_gpu",
-            "retriever.url=http://h:9/retrieve"]  # fmt: skip
+    argv = [
+        "serve",
+        "--index_path",
+        str(tmp_path / "e5_Flat.index"),
+        "--corpus_path",
+        str(tmp_path / "c.jsonl"),
+        "--topk",
+        "5",
+        "--retriever_name",
+        "e5",
+        "--retriever_model",
+        "intfloat/e5-base-v2",
+        "--faiss_gpu",
+        "retriever.url=http://h:9/retrieve",
+    ]
     cfg = load_retrieval_config(parse_args(argv))
     assert (cfg.index_path, cfg.corpus_path) == (tmp_path / "e5_Flat.index", tmp_path / "c.jsonl")
     assert (cfg.topk, cfg.method, cfg.encoder.model, cfg.faiss_gpu) == (

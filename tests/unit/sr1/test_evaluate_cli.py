@@ -6,8 +6,13 @@ from sr1.evaluate import main, markdown, per_source_table
 
 
 def _item(source: str, em: float, reason: str = "answer", calls: int = 1) -> dict:
-    return {"data_source": source, "finish_reason": reason, "tool_calls": calls, "turns": calls + 1,
-            "metrics": {"em": em}}  # fmt: skip
+    return {
+        "data_source": source,
+        "finish_reason": reason,
+        "tool_calls": calls,
+        "turns": calls + 1,
+        "metrics": {"em": em},
+    }
 
 
 def test_the_table_has_a_row_per_source_and_one_for_all():

@@ -42,8 +42,21 @@ def test_plan_on_the_tiny_preset(capsys, tmp_path):
 
 
 def test_plan_on_the_8xh100_preset_excludes_splits_with_their_reasons(capsys):
-    out = plan_json(capsys, "qwen2.5-3b-8xh100", *SMALL_QWEN, "--gpus", "8", "--gpu-kind", "h100",
-                    "--profile", "qwen2.5-3b-h100", "--figure", "params_billion=7", "--bounds", "0,2")  # fmt: skip
+    out = plan_json(
+        capsys,
+        "qwen2.5-3b-8xh100",
+        *SMALL_QWEN,
+        "--gpus",
+        "8",
+        "--gpu-kind",
+        "h100",
+        "--profile",
+        "qwen2.5-3b-h100",
+        "--figure",
+        "params_billion=7",
+        "--bounds",
+        "0,2",
+    )
     by_split = {(r["generator_gpus"], r["max_staleness"]): r for r in out["rows"]}
     assert len(by_split) == 7 * 2
     assert by_split[(5, 0)]["excluded"] == "groups_per_step (16) must be divisible by learner ranks (3)"
@@ -60,8 +73,18 @@ def test_plan_on_a_run_directory(capsys, tmp_path):
     out = plan_json(capsys, "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--from-run", str(run_dir))
     assert str(run_dir) in out["profile"]["learner"]["tokens_per_s_per_rank"]["source"]
     assert out["recommended"] is not None
-    out = plan_json(capsys, "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--from-run", str(run_dir),
-                    "--learner-bench", str(bench))  # fmt: skip
+    out = plan_json(
+        capsys,
+        "tiny",
+        "--gpus",
+        "2",
+        "--gpu-kind",
+        "cpu",
+        "--from-run",
+        str(run_dir),
+        "--learner-bench",
+        str(bench),
+    )
     assert out["profile"]["learner"]["tokens_per_s_per_rank"]["value"] == 9000.0
 
 
@@ -79,31 +102,47 @@ def test_bad_input_is_refused_with_the_reason(capsys, tmp_path):
         assert sr1_main(["plan", *argv, *QUICK]) == 2
         return capsys.readouterr().err
 
-    assert "unknown GPU kind 'tpu'; known: h100, h200, a100-80gb" in refused("tiny", "--gpus", "2", "--gpu-kind",
-                                                                            "tpu", "--profile", "cpu-tiny")  # fmt: skip
+    assert "unknown GPU kind 'tpu'; known: h100, h200, a100-80gb" in refused(
+        "tiny", "--gpus", "2", "--gpu-kind", "tpu", "--profile", "cpu-tiny"
+    )
     assert "give a profile" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu")
     data = yaml.safe_load((PROFILES_DIR / "cpu-tiny.yaml").read_text())
     del data["learner"]["tokens_per_s_per_rank"]
     partial = tmp_path / "partial.yaml"
     partial.write_text(yaml.safe_dump(data))
-    assert "missing number learner.tokens_per_s_per_rank" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu",
-                                                                    "--profile", str(partial))  # fmt: skip
-    assert "no figure 'learner.speed'" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile",
-                                                  "cpu-tiny", "--figure", "learner.speed=3")  # fmt: skip
-    assert "expected KEY=NUMBER" in refused("tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny",
-                                            "--figure", "weight_sync_s")  # fmt: skip
-    assert "--gpus must be at least 2" in refused("tiny", "--gpus", "1", "--gpu-kind", "cpu", "--profile",
-                                                  "cpu-tiny")  # fmt: skip
-    assert "learner.nope" in refused("tiny", "learner.nope=1", "--gpus", "2", "--gpu-kind", "cpu", "--profile",
-                                     "cpu-tiny")  # fmt: skip
+    assert "missing number learner.tokens_per_s_per_rank" in refused(
+        "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", str(partial)
+    )
+    assert "no figure 'learner.speed'" in refused(
+        "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny", "--figure", "learner.speed=3"
+    )
+    assert "expected KEY=NUMBER" in refused(
+        "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny", "--figure", "weight_sync_s"
+    )
+    assert "--gpus must be at least 2" in refused(
+        "tiny", "--gpus", "1", "--gpu-kind", "cpu", "--profile", "cpu-tiny"
+    )
+    assert "learner.nope" in refused(
+        "tiny", "learner.nope=1", "--gpus", "2", "--gpu-kind", "cpu", "--profile", "cpu-tiny"
+    )
     assert "no config.yaml" in refused(
         "tiny", "--gpus", "2", "--gpu-kind", "cpu", "--from-run", str(tmp_path)
     )
 
 
 def test_no_split_fits_exits_1_with_the_reasons(capsys):
-    argv = ["plan", "qwen2.5-3b-8xh100", *SMALL_QWEN, "--gpus", "2", "--gpu-kind", "a100-40gb", "--profile",
-            "qwen2.5-3b-h100", *QUICK]  # fmt: skip
+    argv = [
+        "plan",
+        "qwen2.5-3b-8xh100",
+        *SMALL_QWEN,
+        "--gpus",
+        "2",
+        "--gpu-kind",
+        "a100-40gb",
+        "--profile",
+        "qwen2.5-3b-h100",
+        *QUICK,
+    ]
     assert sr1_main(argv) == 1
     out = capsys.readouterr().out
     assert "excluded: learner needs" in out and "no split can run this config" in out

@@ -51,8 +51,11 @@ def write_run_dir(run_dir: Path, steps: int = 5) -> Path:
     groups = [{"start": 0, "resumed_from": None, "weights": 0, "recalled": []}]
     for step in range(1, steps + 1):
         first_wait = 3.0 if step == 1 else 0.0  # the first step waits for a cold system: left out
-        row = STEP | {"learner/version": step, "perf/wait_s": STEP["perf/wait_s"] + first_wait,
-                      "perf/step_s": STEP["perf/step_s"] + first_wait}  # fmt: skip
+        row = STEP | {
+            "learner/version": step,
+            "perf/wait_s": STEP["perf/wait_s"] + first_wait,
+            "perf/step_s": STEP["perf/step_s"] + first_wait,
+        }
         if step % 4 == 0:  # a checkpoint's time is part of its step's
             row |= {"perf/checkpoint_s": 0.1, "perf/step_s": row["perf/step_s"] + 0.1}
         lines.append({"step": step, "time": 1000.0 + 1.3 * step} | row)
@@ -143,8 +146,9 @@ def test_run_directory_errors_name_the_problem(tmp_path):
         profile_from_run(run_dir)
     run_dir = write_run_dir(tmp_path / "old")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "batch/groups"})
-                                                   + "\n" for r in rows))  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "batch/groups"}) + "\n" for r in rows)
+    )
     with pytest.raises(ProfileError, match="a step row has no batch/groups"):
         profile_from_run(run_dir)
 
@@ -166,8 +170,17 @@ def test_a_run_with_dynamic_sampling_measures_the_dropped_share(tmp_path):
 
 def test_learner_bench_output_replaces_the_learner_figure(tmp_path):
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"device": "cuda", "micro_batch_tokens": 16384, "mean_seq_len": 700.0,
-                                 "packed/tokens_per_s": 5730.0, "padded/tokens_per_s": 4000.0}))  # fmt: skip
+    bench.write_text(
+        json.dumps(
+            {
+                "device": "cuda",
+                "micro_batch_tokens": 16384,
+                "mean_seq_len": 700.0,
+                "packed/tokens_per_s": 5730.0,
+                "padded/tokens_per_s": 4000.0,
+            }
+        )
+    )
     profile = resolve_profile("cpu-tiny", learner_bench=bench)
     assert profile.learner.tokens_per_s_per_rank.value == 5730.0
     assert "bench_learner.py --json" in profile.learner.tokens_per_s_per_rank.source

@@ -133,16 +133,26 @@ def test_bad_shapes_are_refused():
     seed=st.integers(0, 1_000),
 )
 def test_staleness_never_exceeds_the_bound(
-    max_staleness, groups_per_step, group_size, engines, searches, turn_cv, latency, learner_rate,
-    dynamic_sampling, seed,
-):  # fmt: skip
-    profile = fixed_profile(**{
-        "workload.searches_per_trajectory": searches,
-        "workload.tokens_per_turn_cv": turn_cv,
-        "workload.search_latency_s": latency,
-        "learner.tokens_per_s_per_rank": learner_rate,
-        "workload.dropped_group_fraction": 0.3,
-    })  # fmt: skip
+    max_staleness,
+    groups_per_step,
+    group_size,
+    engines,
+    searches,
+    turn_cv,
+    latency,
+    learner_rate,
+    dynamic_sampling,
+    seed,
+):
+    profile = fixed_profile(
+        **{
+            "workload.searches_per_trajectory": searches,
+            "workload.tokens_per_turn_cv": turn_cv,
+            "workload.search_latency_s": latency,
+            "learner.tokens_per_s_per_rank": learner_rate,
+            "workload.dropped_group_fraction": 0.3,
+        }
+    )
     shape = pipe(
         engines=engines,
         groups_per_step=groups_per_step,

@@ -17,12 +17,17 @@ def _rows(n: int, empty_gold_at: int | None = None, padded_at: int | None = None
     rows = []
     for i in range(n):
         question = f"who founded alpha {i}" + (" bravo cedar" * 4000 if i == padded_at else "")
-        rows.append({
-            "data_source": "nq",
-            "prompt": [{"role": "user", "content": f"Question: {question}"}],
-            "reward_model": {"style": "rule", "ground_truth": {"target": [] if i == empty_gold_at else ["cedar"]}},
-            "extra_info": {"split": "train", "index": i},
-        })  # fmt: skip
+        rows.append(
+            {
+                "data_source": "nq",
+                "prompt": [{"role": "user", "content": f"Question: {question}"}],
+                "reward_model": {
+                    "style": "rule",
+                    "ground_truth": {"target": [] if i == empty_gold_at else ["cedar"]},
+                },
+                "extra_info": {"split": "train", "index": i},
+            }
+        )
     return rows
 
 
@@ -42,8 +47,15 @@ def files(tmp_path):
 
 
 def _cfg(tiny_model_dir, train, test=(), *extra):
-    return load_config("tiny", [f"model.path={tiny_model_dir}", f"data.train_files=[{', '.join(map(str, train))}]",
-                                f"data.test_files=[{', '.join(map(str, test))}]", *extra])  # fmt: skip
+    return load_config(
+        "tiny",
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{', '.join(map(str, train))}]",
+            f"data.test_files=[{', '.join(map(str, test))}]",
+            *extra,
+        ],
+    )
 
 
 def test_every_problem_is_one_line_naming_file_and_row(tiny_model_dir, files):
@@ -83,8 +95,14 @@ def test_sr1_run_stops_before_redis_with_the_bad_input_status(
     from sr1.run import main
 
     run_dir = tmp_path / "run"
-    argv = [f"model.path={tiny_model_dir}", f"data.train_files=[{files['empty_gold']}]", "learner.max_staleness=0",
-            "--run-dir", str(run_dir), "--no-live"]  # fmt: skip
+    argv = [
+        f"model.path={tiny_model_dir}",
+        f"data.train_files=[{files['empty_gold']}]",
+        "learner.max_staleness=0",
+        "--run-dir",
+        str(run_dir),
+        "--no-live",
+    ]
     assert main(argv) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
@@ -107,8 +125,15 @@ def test_the_learner_process_exits_with_the_bad_input_status(
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # restored after the test, whatever main sets
 
-    argv = ["--config", "tiny", f"model.path={tiny_model_dir}", f"data.train_files=[{files['empty_gold']}]",
-            f"run_dir={tmp_path}", "--redis-url", "redis://127.0.0.1:1/0"]  # fmt: skip
+    argv = [
+        "--config",
+        "tiny",
+        f"model.path={tiny_model_dir}",
+        f"data.train_files=[{files['empty_gold']}]",
+        f"run_dir={tmp_path}",
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+    ]
     assert main(argv) == EXIT_BAD_INPUT  # before Redis or torch.distributed: that URL answers nothing
     assert "empty_gold.parquet row 7: the list of gold answers is empty" in capsys.readouterr().err
 
@@ -121,7 +146,14 @@ def test_the_generator_process_exits_with_the_bad_input_status(
 
     monkeypatch.delenv(DIE_WITH_PARENT_ENV, raising=False)  # restored after the test, whatever main sets
 
-    argv = ["--config", "tiny", f"model.path={tiny_model_dir}", f"data.test_files=[{files['corrupt']}]",
-            f"run_dir={tmp_path}", "--redis-url", "redis://127.0.0.1:1/0"]  # fmt: skip
+    argv = [
+        "--config",
+        "tiny",
+        f"model.path={tiny_model_dir}",
+        f"data.test_files=[{files['corrupt']}]",
+        f"run_dir={tmp_path}",
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+    ]
     assert main(argv) == EXIT_BAD_INPUT  # before its engine starts
     assert "corrupt.parquet: not a readable parquet file" in capsys.readouterr().err

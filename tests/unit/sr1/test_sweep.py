@@ -16,13 +16,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 
 def _fake_run(run_dir: Path, em_before: float, em_after: float) -> None:
     run_dir.mkdir(parents=True)
-    report = {"em_before": em_before, "em_after": em_after, "step_s_mean": 2.0, "wall_s": 80.0,
-              "learner_idle_fraction": 0.1, "generator_idle_fraction": 0.5,
-              "evals": [{"step": 0, "eval/em": em_before}, {"step": 40, "eval/em": em_after}],
-              "staleness_histogram": {"0": 30, "1": 10}}  # fmt: skip
+    report = {
+        "em_before": em_before,
+        "em_after": em_after,
+        "step_s_mean": 2.0,
+        "wall_s": 80.0,
+        "learner_idle_fraction": 0.1,
+        "generator_idle_fraction": 0.5,
+        "evals": [{"step": 0, "eval/em": em_before}, {"step": 40, "eval/em": em_after}],
+        "staleness_histogram": {"0": 30, "1": 10},
+    }
     (run_dir / "report.json").write_text(json.dumps(report))
-    rows = [{"eval_step": 0, "time": 1000.0, "eval/em": em_before}, {"step": 1, "time": 1010.0},
-            {"eval_step": 40, "time": 1090.5, "eval/em": em_after}]  # fmt: skip
+    rows = [
+        {"eval_step": 0, "time": 1000.0, "eval/em": em_before},
+        {"step": 1, "time": 1010.0},
+        {"eval_step": 40, "time": 1090.5, "eval/em": em_after},
+    ]
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 

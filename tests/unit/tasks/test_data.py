@@ -155,8 +155,10 @@ def test_missing_or_empty_gold_answers_name_the_file_row_and_field(tmp_path, tar
 @pytest.mark.parametrize("bad_id", ["q1_v2", "abc", "-3", "1.5", True])
 def test_a_malformed_id_is_refused_not_read_as_its_digits(tmp_path, bad_id):
     path = tmp_path / "test.jsonl"
-    lines = [{"id": "test_7", "question": "q", "golden_answers": ["a"]}, {"id": bad_id, "question": "r",
-                                                                            "golden_answers": ["b"]}]  # fmt: skip
+    lines = [
+        {"id": "test_7", "question": "q", "golden_answers": ["a"]},
+        {"id": bad_id, "question": "r", "golden_answers": ["b"]},
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     with pytest.raises(DataError, match=r"test.jsonl row 1: id .* is not an index"):
         load_prompts(path)

@@ -19,12 +19,14 @@ def _padded_parquet(path, n: int = 12, every: int = 4):
     rows = []
     for i in range(n):
         question = f"who founded alpha {i}" + (" bravo cedar delta" * 3000 if i % every == 0 else "")
-        rows.append({
-            "data_source": "nq",
-            "prompt": [{"role": "user", "content": make_prompt_text(question)}],
-            "reward_model": {"style": "rule", "ground_truth": {"target": ["cedar"]}},
-            "extra_info": {"split": "train", "index": i},
-        })  # fmt: skip
+        rows.append(
+            {
+                "data_source": "nq",
+                "prompt": [{"role": "user", "content": make_prompt_text(question)}],
+                "reward_model": {"style": "rule", "ground_truth": {"target": ["cedar"]}},
+                "extra_info": {"split": "train", "index": i},
+            }
+        )
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
@@ -35,8 +37,15 @@ def tokenizer(tiny_model_dir):
 
 
 def _load(path, tokenizer, drop: bool):
-    return load_fitting_prompts(build_task(SearchR1Config()), [path], split="train", tokenizer=tokenizer,
-                                max_tokens=512, chat_template=False, drop_overlong=drop)  # fmt: skip
+    return load_fitting_prompts(
+        build_task(SearchR1Config()),
+        [path],
+        split="train",
+        tokenizer=tokenizer,
+        max_tokens=512,
+        chat_template=False,
+        drop_overlong=drop,
+    )
 
 
 def test_overlong_prompts_are_dropped_counted_and_named(tmp_path, tokenizer):

@@ -11,9 +11,14 @@ from tests.fakes.arithmetic import ArithmeticTask, calculate
 from tests.fakes.engine import ScriptedEngine
 
 SETTINGS = AgentSettings(
-    max_turns=3, max_tokens_per_turn=32, max_obs_tokens=16, max_response_tokens=200, max_model_len=512,
-    temperature=1.0, top_p=1.0,
-)  # fmt: skip
+    max_turns=3,
+    max_tokens_per_turn=32,
+    max_obs_tokens=16,
+    max_response_tokens=200,
+    max_model_len=512,
+    temperature=1.0,
+    top_p=1.0,
+)
 
 
 def test_the_calculator():

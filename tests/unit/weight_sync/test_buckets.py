@@ -76,8 +76,13 @@ def test_offsets_are_aligned_and_do_not_overlap():
 def test_pack_unpack_round_trip_converts_dtypes_exactly():
     g = torch.Generator().manual_seed(0)
     entries = _entries()
-    tensors = [torch.randn(10, 3, generator=g), torch.randn(7, generator=g), torch.randn(1000, generator=g),
-               torch.arange(4).view(2, 2), torch.tensor(3.5)]  # fmt: skip
+    tensors = [
+        torch.randn(10, 3, generator=g),
+        torch.randn(7, generator=g),
+        torch.randn(1000, generator=g),
+        torch.arange(4).view(2, 2),
+        torch.tensor(3.5),
+    ]
     buffer = torch.zeros(bucket_offsets(entries)[1], dtype=torch.uint8)
     pack_into(buffer, entries, tensors)
     out = unpack(buffer.clone(), entries)

@@ -30,8 +30,12 @@ def _cfg(*overrides: str):
 
 
 def test_gpus_split_by_engines_times_tensor_parallel_and_learner_ranks():
-    cfg = _cfg("generators.num_engines=2", "generators.engine.tensor_parallel_size=2", "learner.num_ranks=4",
-               "learner.groups_per_step=8")  # fmt: skip
+    cfg = _cfg(
+        "generators.num_engines=2",
+        "generators.engine.tensor_parallel_size=2",
+        "learner.num_ranks=4",
+        "learner.groups_per_step=8",
+    )
     plan = plan_pools(cfg, gpus=True)
     assert plan["generators"] == (2, {"CPU": 1.0, "GPU": 2.0})
     assert plan["learner"] == (4, {"CPU": 1.0, "GPU": 1.0})
@@ -53,8 +57,11 @@ def test_without_gpus_every_slot_is_one_cpu_and_given_parts_are_not_placed():
 def test_a_cluster_too_small_or_without_the_named_resource_fails_at_once_with_the_numbers():
     plan = plan_pools(_cfg("generators.num_engines=2"), gpus=False)
     check_fits(plan, {"generators": "node2"}, {"CPU": 5.0, "node2": 1.0})
-    with pytest.raises(ValueError, match=r"needs 5 CPU \(redis 1 \+ retrieval 1 \+ generators 2 \+ learner 1\); "
-                                         r"the Ray cluster has 4"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"needs 5 CPU \(redis 1 \+ retrieval 1 \+ generators 2 \+ learner 1\); "
+        r"the Ray cluster has 4",
+    ):
         check_fits(plan, {}, {"CPU": 4.0})
     with pytest.raises(
         ValueError, match=r"--on learner=gpu-box: no node .* has the resource 'gpu-box' \(it has: CPU"
@@ -66,8 +73,10 @@ def test_a_cluster_too_small_or_without_the_named_resource_fails_at_once_with_th
 
 
 def test_on_names_a_part_and_a_resource():
-    assert parse_on(["generators=node2", "learner=node:10.0.0.1"]) == {"generators": "node2",
-                                                                      "learner": "node:10.0.0.1"}  # fmt: skip
+    assert parse_on(["generators=node2", "learner=node:10.0.0.1"]) == {
+        "generators": "node2",
+        "learner": "node:10.0.0.1",
+    }
     for bad in ("generators", "engines=node2", "learner="):
         with pytest.raises(ValueError, match="expected PART=RESOURCE with PART one of redis, retrieval"):
             parse_on([bad])
@@ -104,10 +113,20 @@ def test_each_part_runs_in_its_own_pool():
 
 
 def test_the_parts_get_the_drivers_library_settings_and_nothing_else():
-    env = {"HF_HOME": "/hf", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "HOME": "/root",
-           "RAY_ADDRESS": "x:1", "NCCL_DEBUG": "INFO"}  # fmt: skip
-    assert forwarded_env(env) == {"HF_HOME": "/hf", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2",
-                                  "NCCL_DEBUG": "INFO"}  # fmt: skip
+    env = {
+        "HF_HOME": "/hf",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "2",
+        "HOME": "/root",
+        "RAY_ADDRESS": "x:1",
+        "NCCL_DEBUG": "INFO",
+    }
+    assert forwarded_env(env) == {
+        "HF_HOME": "/hf",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "2",
+        "NCCL_DEBUG": "INFO",
+    }
 
 
 def test_the_run_lock_is_taken_before_placing_and_once(tmp_path):
@@ -120,8 +139,13 @@ def test_the_run_lock_is_taken_before_placing_and_once(tmp_path):
 
 
 def _remote(name: str, status: dict | None, lost: str = "", **env: str) -> RemoteChild:
-    slot = Slot("generators", 0, None, {"CPU": 1.0}, where={"ip": "10.0.0.2", "hostname": "node2",
-                                                            "node_id": "abcdef123456", "actor_pid": 77})  # fmt: skip
+    slot = Slot(
+        "generators",
+        0,
+        None,
+        {"CPU": 1.0},
+        where={"ip": "10.0.0.2", "hostname": "node2", "node_id": "abcdef123456", "actor_pid": 77},
+    )
     child = RemoteChild(name, ["python"], env=dict(env), slot=slot)
     child.apply_status(status, lost=lost)
     return child

@@ -85,8 +85,12 @@ def test_a_client_without_the_password_is_refused(protected):
 def test_the_run_user_runs_sr1_and_nothing_else(protected):
     exercise_sr1_commands(protected.url, "run1")
     client = redis.Redis.from_url(protected.url)
-    for forbidden in (lambda: client.flushall(), lambda: client.config_get("*"), lambda: client.keys("*"),
-                      lambda: client.get("another-run:version")):  # fmt: skip
+    for forbidden in (
+        lambda: client.flushall(),
+        lambda: client.config_get("*"),
+        lambda: client.keys("*"),
+        lambda: client.get("another-run:version"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             forbidden()
 
@@ -155,8 +159,21 @@ def _tls_files(tmp_path):
     def run(*args):
         subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-        "-subj", "/CN=sr1-test-ca")  # fmt: skip
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=sr1-test-ca",
+    )
     run(
         "req",
         "-newkey",
@@ -170,8 +187,23 @@ def _tls_files(tmp_path):
         "/CN=127.0.0.1",
     )
     (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-        "server.pem", "-days", "1", "-extfile", "san.ext")  # fmt: skip
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    )
     return tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
 
 
@@ -180,9 +212,29 @@ def test_rediss_urls_reach_a_tls_redis(tmp_path, free_port):
         ca, cert, key = _tls_files(tmp_path)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("openssl cannot make a test certificate here")
-    cmd = [find_redis_server(), "--port", "0", "--tls-port", str(free_port), "--bind", "127.0.0.1",
-           "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
-           "--tls-auth-clients", "no", "--requirepass", PASSWORD, "--save", "", "--dir", str(tmp_path)]  # fmt: skip
+    cmd = [
+        find_redis_server(),
+        "--port",
+        "0",
+        "--tls-port",
+        str(free_port),
+        "--bind",
+        "127.0.0.1",
+        "--tls-cert-file",
+        str(cert),
+        "--tls-key-file",
+        str(key),
+        "--tls-ca-cert-file",
+        str(ca),
+        "--tls-auth-clients",
+        "no",
+        "--requirepass",
+        PASSWORD,
+        "--save",
+        "",
+        "--dir",
+        str(tmp_path),
+    ]
     child = Child("redis-tls", cmd, tmp_path / "redis.log").start()
     try:
         url = f"rediss://:{PASSWORD}@127.0.0.1:{free_port}/0?ssl_ca_certs={ca}"

@@ -37,8 +37,14 @@ def _until(predicate, timeout_s: float = 15.0) -> None:
 
 def test_a_dead_child_is_restarted_with_backoff_then_given_up_on(tmp_path):
     sup = Supervisor()
-    child = sup.start(Child("crasher", _py("import sys; print('boom'); sys.exit(3)"), tmp_path / "c.log",
-                            restart=RestartPolicy(max_restarts=2, backoff_s=0.2, window_s=60)))  # fmt: skip
+    child = sup.start(
+        Child(
+            "crasher",
+            _py("import sys; print('boom'); sys.exit(3)"),
+            tmp_path / "c.log",
+            restart=RestartPolicy(max_restarts=2, backoff_s=0.2, window_s=60),
+        )
+    )
     restarted = []
     with pytest.raises(ChildFailed, match=r"(?s)crasher died 3 times within 60s.*exited with code 3.*boom"):
         deadline = time.monotonic() + 20
@@ -99,8 +105,10 @@ def test_a_gang_restarts_together(tmp_path):
 def test_stop_kills_the_whole_group_even_after_its_leader_exited(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     # the leader starts a grandchild in its own group and exits at once
-    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            f"open({str(pid_file)!r}, 'w').write(str(p.pid))")  # fmt: skip
+    code = (
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))"
+    )
     child = Child("leader", _py(code), tmp_path / "l.log").start()
     _until(lambda: pid_file.exists() and pid_file.read_text() and child.returncode is not None)
     grandchild = int(pid_file.read_text())
@@ -113,9 +121,11 @@ def test_stop_kills_the_whole_group_even_after_its_leader_exited(tmp_path):
 
 def test_children_die_with_their_parent(tmp_path):
     pid_file = tmp_path / "child.pid"
-    code = ("from pathlib import Path; import sys, time; from sr1.launch.supervisor import Child; "
-            "c = Child('sleeper', [sys.executable, '-c', 'import time; time.sleep(60)']).start(); "
-            f"Path({str(pid_file)!r}).write_text(str(c.pid)); time.sleep(60)")  # fmt: skip
+    code = (
+        "from pathlib import Path; import sys, time; from sr1.launch.supervisor import Child; "
+        "c = Child('sleeper', [sys.executable, '-c', 'import time; time.sleep(60)']).start(); "
+        f"Path({str(pid_file)!r}).write_text(str(c.pid)); time.sleep(60)"
+    )
     parent = subprocess.Popen(_py(code), cwd=os.getcwd())
     _until(lambda: pid_file.exists() and pid_file.read_text())
     child = int(pid_file.read_text())
@@ -133,8 +143,11 @@ def test_a_child_started_with_sigint_blocked_still_stops_on_sigint(tmp_path):
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     _until(lambda: Path(f"/proc/{child.pid}/status").exists())
-    blocked = next(line for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
-                   if line.startswith("SigBlk:"))  # fmt: skip
+    blocked = next(
+        line
+        for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+        if line.startswith("SigBlk:")
+    )
     assert int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)) == 0
     time.sleep(1.0)  # its handler is installed
     assert child.stop(grace_s=10.0) == 0
@@ -158,8 +171,10 @@ def test_the_run_lock_names_its_live_owner_and_is_held_by_its_children(tmp_path)
 
 
 def test_a_lock_whose_owner_died_is_taken_over(tmp_path):
-    code = (f"from sr1.launch.lock import RunLock; RunLock({str(tmp_path)!r}, 'sr1 run').acquire(); "
-            "import os; os._exit(0)")  # fmt: skip
+    code = (
+        f"from sr1.launch.lock import RunLock; RunLock({str(tmp_path)!r}, 'sr1 run').acquire(); "
+        "import os; os._exit(0)"
+    )
     subprocess.run(_py(code), check=True)
     RunLock(tmp_path, "sr1 run").acquire(wait_for_dead_owner_s=0).release()
 
