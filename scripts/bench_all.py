@@ -42,6 +42,10 @@ BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         ["scripts/bench_buffer.py", "--json"],
         {"buffer put->take->ack vs raw streams": ("ratio_ours_vs_raw", "groups/s ratio")},
     ),
+    "buffer_producers": (
+        ["scripts/bench_buffer.py", "--producers", "8", "--json"],
+        {"buffer, 8 producer processes vs 1": ("ratio_vs_1_producer", "groups/s ratio")},
+    ),
     "retrieval": (
         ["scripts/bench_retrieval.py", "--json"],
         {
