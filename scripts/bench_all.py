@@ -152,7 +152,7 @@ def table(rounds: list[dict[str, dict]], header: dict) -> str:
                     continue
                 try:
                     values.append(_get(result, path))
-                except (KeyError, TypeError, ValueError):
+                except (KeyError, IndexError, TypeError, ValueError):
                     errors.append(result.get("error", f"no {path}"))
             if not values and not errors:
                 continue
