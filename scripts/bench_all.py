@@ -3,6 +3,7 @@
     python scripts/bench_all.py                         # 3 rounds, each a fresh `git clone` of HEAD; ~1 h here
     python scripts/bench_all.py --rounds 1 --only buffer,learner --out runs/bench-all-quick
     python scripts/bench_all.py --rev 1b8fd12 --out runs/bench-all-before   # an earlier commit, to compare
+    python scripts/bench_all.py --rounds 2 --append --out runs/bench-all      # two more rounds into the same table
 
 A round clones the repository's committed HEAD (or `--rev`) into a temporary directory (no index, world or cache
 of this checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`.
@@ -10,6 +11,8 @@ The scripts measure sr1 and its baseline in the same run, so each round gives on
 the lowest and highest over the rounds (never a best run), with the date, the commit and the CPU model, in
 `<out>/table.md` and `<out>/results.json` (with each benchmark's seconds and the load average before and after it,
 so a round that shared the machine shows). A benchmark that fails is reported with its error and the others go on.
+The tiny world `bench_generators.py` samples from is built once, in `<out>/world`, and reused by later rounds: it is
+the benchmark's input, identical on every build (docs/tiny-world.md), not what it measures.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         },
     ),
     "generators": (
-        ["scripts/bench_generators.py", "--json"],
+        ["scripts/bench_generators.py", "--json", "--world", "{world}"],
         {
             "agent loop vs raw generation": ("ratio", "tokens/s ratio"),
             "replay vs raw (the engine's multi-turn work)": ("replay_ratio", "tokens/s ratio"),
@@ -115,8 +118,9 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def run_one(clone: Path, argv: list[str], timeout_s: float) -> dict:
+def run_one(clone: Path, argv: list[str], timeout_s: float, world: Path) -> dict:
     """One benchmark in `clone`: its --json object (the last line it prints), or {"error": ...}."""
+    argv = [arg.replace("{world}", str(world)) for arg in argv]
     started, load_before = time.monotonic(), os.getloadavg()[0]
     proc = subprocess.run(
         [sys.executable, *argv], cwd=clone, capture_output=True, text=True, timeout=timeout_s, check=False
@@ -174,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=Path("runs/bench-all"), help="where table.md and results go"
     )
     parser.add_argument("--rev", default="HEAD", help="the commit to clone and measure (default: HEAD)")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add the rounds to <out>/results.json (same commit) instead of starting anew",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -194,20 +203,31 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/bench_all.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
+    world = (args.out / "world").resolve()
     rounds: list[dict[str, dict]] = []
+    if args.append and (args.out / "results.json").exists():
+        earlier = json.loads((args.out / "results.json").read_text())
+        if earlier["header"]["commit"] != header["commit"]:
+            parser.error(
+                f"--append: {args.out} holds rounds of commit {earlier['header']['commit']}, not {header['commit']}"
+            )
+        rounds = earlier["rounds"]
+        header["command"] = f"{earlier['header']['command']}; then {header['command']}"
+    header["rounds"] = len(rounds) + args.rounds
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
         bar = progress.add_task("benchmarks", total=args.rounds * len(names))
-        for i in range(args.rounds):
+        first = len(rounds)
+        for i in range(first, first + args.rounds):
             with tempfile.TemporaryDirectory(prefix="sr1-bench-clone-") as tmp:
                 clone = Path(tmp) / "sr1"
                 subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
                 subprocess.run(["git", "checkout", "-q", header["commit"]], cwd=clone, check=True)
                 results: dict[str, dict] = {}
                 for name in names:
-                    progress.update(bar, description=f"round {i + 1}/{args.rounds}: {name}")
+                    progress.update(bar, description=f"round {i + 1}/{header['rounds']}: {name}")
                     try:
-                        results[name] = run_one(clone, BENCHMARKS[name][0], args.timeout)
+                        results[name] = run_one(clone, BENCHMARKS[name][0], args.timeout, world)
                     except subprocess.TimeoutExpired:
                         results[name] = {"error": f"timed out after {args.timeout:.0f} s"}
                     progress.advance(bar)
