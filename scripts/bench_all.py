@@ -11,8 +11,9 @@ The scripts measure sr1 and its baseline in the same run, so each round gives on
 the lowest and highest over the rounds (never a best run), with the date, the commit and the CPU model, in
 `<out>/table.md` and `<out>/results.json` (with each benchmark's seconds and the load average before and after it,
 so a round that shared the machine shows). A benchmark that fails is reported with its error and the others go on.
-The tiny world `bench_generators.py` samples from is built once, in `<out>/world`, and reused by later rounds: it is
-the benchmark's input, identical on every build (docs/tiny-world.md), not what it measures.
+The tiny world `bench_generators.py` samples from is built once, in `<out>/world` (copied from this checkout's
+`runs/.world-cache/seed0` when it holds one: a build on this machine gives the same bytes, docs/tiny-world.md), and
+reused by every round: it is the benchmark's input, not what it measures.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     world = (args.out / "world").resolve()
+    if not world.exists() and (ROOT / "runs" / ".world-cache" / "seed0" / "tiny_world.json").exists():
+        shutil.copytree(ROOT / "runs" / ".world-cache" / "seed0", world)
     rounds: list[dict[str, dict]] = []
     if args.append and (args.out / "results.json").exists():
         earlier = json.loads((args.out / "results.json").read_text())
