@@ -124,8 +124,19 @@ def run_one(clone: Path, argv: list[str], timeout_s: float, world: Path) -> dict
     """One benchmark in `clone`: its --json object (the last line it prints), or {"error": ...}."""
     argv = [arg.replace("{world}", str(world)) for arg in argv]
     started, load_before = time.monotonic(), os.getloadavg()[0]
+    # the clone's packages first, in this process and in every process it starts (servers, engines, receivers),
+    # ahead of whatever checkout this Python's editable install points at
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(clone), os.environ.get("PYTHONPATH")]))
+    }
     proc = subprocess.run(
-        [sys.executable, *argv], cwd=clone, capture_output=True, text=True, timeout=timeout_s, check=False
+        [sys.executable, *argv],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
     seconds = round(time.monotonic() - started, 1)
     load = {
