@@ -273,7 +273,13 @@ def bench_producers(url: str, producers: int, batch: int, seconds: float, rounds
     for process in pool["processes"]:
         process.start()
     try:
-        scale_phase(buf, client, pool, producers, min(seconds, 1.0), batch)  # warm up: imports, connections
+        # warm up until every producer process has started and put a group (imports, connections): on a busy
+        # machine spawning them takes longer than a phase, and a phase timed before that would measure nothing
+        deadline = time.monotonic() + 300
+        while not all(count.value > 0 for count in pool["produced"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {producers} producer processes did not all start within 300 s")
+            scale_phase(buf, client, pool, producers, min(seconds, 1.0), batch)
         phases: dict[int, list[dict]] = {1: [], producers: []}
         for _ in range(rounds):
             for k in (1, producers):
