@@ -55,6 +55,10 @@ BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         ["scripts/bench_retrieval.py", "--json"],
         {
             "retrieval BM25 vs one-request-at-a-time": ("methods.bm25.ratio_qps_c128", "q/s ratio at c=128"),
+            "retrieval BM25, one worker, vs one-request-at-a-time": (
+                "methods.bm25.ratio_qps_c128_1_worker",
+                "q/s ratio at c=128",
+            ),
             "retrieval dense-Flat vs one-request-at-a-time": (
                 "methods.dense_flat.ratio_qps_c128",
                 "q/s ratio at c=128",
@@ -67,6 +71,18 @@ BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
             "agent loop vs raw generation": ("ratio", "tokens/s ratio"),
             "replay vs raw (the engine's multi-turn work)": ("replay_ratio", "tokens/s ratio"),
             "agent vs replay (the agent loop itself)": ("agent_over_replay_ratio", "tokens/s ratio"),
+            "engine wrapper vs raw (log-probs, streaming)": ("wrapper_ratio", "tokens/s ratio"),
+        },
+    ),
+    "generators_costly_forward": (
+        ["scripts/bench_generators.py", "--json", "--world", "{world}", "--identity-layers", "14"],
+        {
+            "agent loop vs raw, a forward as costly as 16 layers": ("ratio", "tokens/s ratio"),
+            "agent vs replay, a forward as costly as 16 layers": (
+                "agent_over_replay_ratio",
+                "tokens/s ratio",
+            ),
+            "replay vs raw, a forward as costly as 16 layers": ("replay_ratio", "tokens/s ratio"),
         },
     ),
     "weight_sync": (
