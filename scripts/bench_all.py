@@ -4,6 +4,7 @@
     python scripts/bench_all.py --rounds 1 --only buffer,learner --out runs/bench-all-quick
     python scripts/bench_all.py --rev 1b8fd12 --out runs/bench-all-before   # an earlier commit, to compare
     python scripts/bench_all.py --rounds 2 --append --out runs/bench-all      # two more rounds into the same table
+    python scripts/bench_all.py --report-only --out runs/bench-all            # the table again, from results.json
 
 A round clones the repository's committed HEAD (or `--rev`) into a temporary directory (no index, world or cache
 of this checkout comes along) and runs each benchmark script there with this Python, one after another, `--json`.
@@ -212,8 +213,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add the rounds to <out>/results.json (same commit) instead of starting anew",
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write <out>/table.md again from <out>/results.json, run nothing",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take")
     args = parser.parse_args(argv)
+    if args.report_only:
+        recorded = json.loads((args.out / "results.json").read_text())
+        (args.out / "table.md").write_text(table(recorded["rounds"], recorded["header"]))
+        print((args.out / "table.md").read_text())
+        return 0
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     names = [n.strip() for n in args.only.split(",") if n.strip()]
