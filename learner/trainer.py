@@ -41,7 +41,8 @@ from learner.settings import LearnerConfig
 log = logging.getLogger(__name__)
 
 # per-token statistics summed over loss tokens (then divided by their count), in all-reduce order
-_SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness"]
+_SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness",
+             "raw_weight", "raw_weight_sq"]  # fmt: skip
 _MAX_KEYS = ["is_weight", "staleness", "ratio"]
 _CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
 
@@ -52,7 +53,28 @@ def _mean(values: list[torch.Tensor]) -> float:
 
 
 class StalenessError(RuntimeError):
-    """A batch holds a loss token older than max_staleness versions: admission control was bypassed."""
+    """A batch holds a loss token older than the staleness bound: admission control was bypassed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBounds:
+    """The staleness bounds a step keeps (buffer/admission.py, "A bound that changes"): `in_force`, the bound in force
+    for the step (`staleness/bound`), and `by_release`, release version -> the bound prompts released at it were given.
+    A fixed `learner.max_staleness` is `StepBounds(s)`; rank 0 sends the others its schedule's figures."""
+
+    in_force: int
+    by_release: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def of(self, group: Group) -> int:
+        """The largest staleness a loss token of `group` may have at this step."""
+        return min(self.in_force, self.by_release.get(group.release_version, self.in_force))
+
+    def to_json(self) -> dict:
+        return {"in_force": self.in_force, "by_release": {str(k): v for k, v in self.by_release.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepBounds:
+        return cls(int(data["in_force"]), {int(k): int(v) for k, v in data.get("by_release", {}).items()})
 
 
 def batch_staleness(groups: list[Group], version: int) -> np.ndarray:
@@ -61,18 +83,32 @@ def batch_staleness(groups: list[Group], version: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def check_staleness(groups: list[Group], version: int, max_staleness: int) -> np.ndarray:
-    """Per-token staleness of the batch; raise StalenessError if a loss token is older than allowed."""
+def check_staleness(groups: list[Group], version: int, max_staleness: int | StepBounds) -> np.ndarray:
+    """Per-token staleness of the batch; raise StalenessError if a loss token is older than its bound: the bound its
+    prompt was released under, and the bound in force for the step (`max_staleness`: one bound for every token, or
+    a step's StepBounds)."""
+    bounds = StepBounds(max_staleness) if isinstance(max_staleness, int) else max_staleness
     for g in groups:
         oldest = g.min_version()
         if oldest is None:
             continue
-        if version - oldest > max_staleness:
+        allowed = bounds.of(g)
+        if version - oldest > allowed:
+            released = bounds.by_release.get(g.release_version)
             raise StalenessError(
-                f"batch at version {version} has a token {version - oldest} versions old in group {g.group_id} "
-                f"(max_staleness {max_staleness}); the group was released at version {g.release_version}"
+                f"batch at version {version} has a token {version - oldest} versions old in group {g.group_id}, "
+                f"more than its bound {allowed} (bound in force {bounds.in_force}; released at version "
+                f"{g.release_version}" + (f" under bound {released}" if released is not None else "") + ")"
             )
     return batch_staleness(groups, version)
+
+
+def effective_sample_size(weight_sum: float, weight_sq_sum: float, count: float) -> float:
+    """(sum w)^2 / (n sum w^2): the share of n weighted samples that n unweighted ones are worth, in (0, 1] (1: every
+    weight equal, on-policy; 1/n: one sample carries everything). 1 for no samples."""
+    if count <= 0 or weight_sq_sum <= 0:
+        return 1.0
+    return float(min(1.0, weight_sum * weight_sum / (count * weight_sq_sum)))
 
 
 @dataclasses.dataclass
@@ -176,12 +212,14 @@ class Learner:
         )
 
     # -- the step ---------------------------------------------------------------------------------------------
-    def train_step(self, groups: list[Group]) -> dict[str, float]:
-        """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics."""
+    def train_step(self, groups: list[Group], bounds: StepBounds | None = None) -> dict[str, float]:
+        """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics. `bounds`:
+        the staleness bounds to assert (default: learner.max_staleness, or auto's ceiling)."""
         start = time.perf_counter()
         cfg, world, version, algorithm = self.cfg, self.world, self.version, self.algorithm
         # 1. staleness bound (per loss token); DAPO's reward shaping and overlong filtering
-        staleness = check_staleness(groups, version, cfg.max_staleness)
+        bounds = bounds if bounds is not None else StepBounds(cfg.staleness_ceiling)
+        staleness = check_staleness(groups, version, bounds)
         rewards = shaped_rewards(groups, algorithm.cfg.overlong, self.max_response_tokens)
         sequences, owners = self._sequences(groups)
 
@@ -242,12 +280,18 @@ class Learner:
             "loss/ratio_max": peak["ratio"],
             "is/weight_mean": mean["is_weight"],
             "is/weight_max": peak["is_weight"],
+            "loss/is_ess": effective_sample_size(
+                totals.sums[_SUM_KEYS.index("raw_weight")].item(),
+                totals.sums[_SUM_KEYS.index("raw_weight_sq")].item(),
+                totals.tokens,
+            ),
             "loss/grad_norm": _mean(totals.grad_norms),
             "loss/nonfinite_skipped": 1.0 if totals.skipped_updates else 0.0,
             "loss/lr": lr,
             "kl/coef": algorithm.kl_controller.value,
             "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
             "staleness/max": int(staleness.max()) if staleness.size else 0,
+            "staleness/bound": bounds.in_force,
             "batch/reward_mean": float(raw.mean()),
             "batch/overlong_penalty_mean": float((shaped - raw).mean()),
             "batch/truncated_frac": float(np.mean([truncated(t) for t in trajectories]))
