@@ -176,6 +176,11 @@ def _tool_gauges(generators: list[dict]):
 # (learner/loop.py puts them in its heartbeat; docs/metrics.md has the thresholds)
 LEARNER_GAUGES = [
     (
+        "loss/offpolicy_kl",
+        "sr1_learner_offpolicy_kl",
+        "k3 KL(behaviour || the step's starting policy) of the last step's loss tokens",
+    ),
+    (
         "loss/mismatch_kl",
         "sr1_learner_mismatch_kl",
         "k3 KL(behaviour || learner) of the last step's loss tokens",

@@ -58,8 +58,8 @@ CONSUMER = "learner-0"
 NONFINITE_KEY = "loss/nonfinite_skipped"
 REGROUP = "regroup"  # next_batch's answer when the weight-sync group must be re-formed before the next step
 # the off-policy figures of the last step that the learner's heartbeat carries (`sr1 buffer watch`, Prometheus)
-DIAGNOSTICS = ("loss/mismatch_kl", "loss/is_ess", "loss/clipped_frac", "loss/masked_frac", "staleness/bound",
-               "staleness/mean", "staleness/max")  # fmt: skip
+DIAGNOSTICS = ("loss/offpolicy_kl", "loss/mismatch_kl", "loss/is_ess", "loss/clipped_frac", "loss/masked_frac",
+               "staleness/bound", "staleness/mean", "staleness/max")  # fmt: skip
 WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
 
 
@@ -519,8 +519,8 @@ class _Rank0:
             return
         bound = self.controller.observe(metrics)
         if bound != self.schedule.at(version):
-            log.info("staleness bound %d -> %d for prompts released from version %d (mismatch KL %.4f, ESS %.3f)",
-                     self.schedule.at(version), bound, version, metrics.get("loss/mismatch_kl", float("nan")),
+            log.info("staleness bound %d -> %d for prompts released from version %d (off-policy KL %.4f, ESS %.3f)",
+                     self.schedule.at(version), bound, version, metrics.get("loss/offpolicy_kl", float("nan")),
                      metrics.get("loss/is_ess", float("nan")))  # fmt: skip
             self.schedule.set(version, bound)
             self.buffer.set_staleness_bound(version, bound)

@@ -32,8 +32,8 @@ class StalenessAutoConfig(BaseModel):
     target_kl: float = Field(
         0.05,
         gt=0,
-        description="The largest `loss/mismatch_kl` (k3 KL of the behaviour policy to the learner's, per loss token) "
-        "a step may show before the bound is lowered.",
+        description="The largest `loss/offpolicy_kl` (k3 KL of the behaviour policy to the learner's at the step's "
+        "start, per loss token) a step may show before the bound is lowered.",
     )
     min_ess: float | None = Field(
         None,

@@ -4,8 +4,8 @@
     bound = controller.bound                           # for the first versions
     bound = controller.observe(train_metrics)          # after each step: the bound of releases from the next version
 
-The signal is the step's `loss/mismatch_kl` (k3 KL of the behaviour policy to the learner's on the loss tokens), and
-`loss/is_ess` when `min_ess` is set. Above target the bound is halved (multiplicative decrease, not below `floor`)
+The signal is the step's `loss/offpolicy_kl` (k3 KL of the behaviour policy to the learner's at the step's start, on
+the loss tokens: staleness and engine mismatch, not the step's own updates), and `loss/is_ess` when `min_ess` is set. Above target the bound is halved (multiplicative decrease, not below `floor`)
 and then held for as many steps as the old bound: groups released under it are still being trained for that long
 (buffer/admission.py, "A bound that changes"), so the mismatch they show says nothing about the new bound yet.
 Within target for `patience` steps in a row the bound rises by one (additive increase, not above `ceiling`). The
@@ -31,7 +31,7 @@ class StalenessController:
 
     def over_target(self, metrics: dict[str, Any]) -> bool:
         """Whether a step's mismatch calls for a lower bound (a non-finite measure counts as over)."""
-        kl = float(metrics.get("loss/mismatch_kl", 0.0))
+        kl = float(metrics.get("loss/offpolicy_kl", 0.0))
         if not math.isfinite(kl) or kl > self.cfg.target_kl:
             return True
         if self.cfg.min_ess is not None:

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 # per-token statistics summed over loss tokens (then divided by their count), in all-reduce order
 _SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness",
-             "raw_weight", "raw_weight_sq"]  # fmt: skip
+             "start_tokens", "start_kl", "start_weight", "start_weight_sq"]  # fmt: skip
 _MAX_KEYS = ["is_weight", "staleness", "ratio"]
 _CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
 
@@ -101,6 +101,25 @@ def check_staleness(groups: list[Group], version: int, max_staleness: int | Step
                 f"{g.release_version}" + (f" under bound {released}" if released is not None else "") + ")"
             )
     return batch_staleness(groups, version)
+
+
+def offpolicy_stats(
+    start_logprobs: torch.Tensor | None, behavior_logprobs: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per token, how far the behaviour policy mu is from the policy the step starts from (pi_0: the proximal policy,
+    before any of the step's updates): k3 KL(mu || pi_0) and the raw importance weight w = pi_0 / mu (before any
+    truncation or masking, so the same under every correction) with its square, for `loss/offpolicy_kl` and
+    `loss/is_ess`. Zero, and not counted (`start_tokens` 0), where pi_0's log-probs are not known (a later update
+    of a step that computed no proximal pass)."""
+    zeros = torch.zeros_like(behavior_logprobs, dtype=torch.float64)
+    if start_logprobs is None:
+        return {"start_tokens": zeros, "start_kl": zeros, "start_weight": zeros, "start_weight_sq": zeros}
+    delta = (start_logprobs.detach().double() - behavior_logprobs.double()).clamp(
+        -30.0, 30.0
+    )  # e^60 is finite
+    weight = torch.exp(delta)
+    return {"start_tokens": zeros + 1.0, "start_kl": weight - 1.0 - delta, "start_weight": weight,
+            "start_weight_sq": weight * weight}  # fmt: skip
 
 
 def effective_sample_size(weight_sum: float, weight_sq_sum: float, count: float) -> float:
@@ -239,9 +258,9 @@ class Learner:
             maxes=torch.full((len(_MAX_KEYS),), -1e30, dtype=torch.float64, device=world.device),
             critic=torch.zeros(len(_CRITIC_KEYS), dtype=torch.float64, device=world.device),
         )
-        for _ in range(cfg.ppo_epochs):
-            for mini in updates:
-                self._update(mini, version, totals, train_policy)
+        for epoch in range(cfg.ppo_epochs):
+            for i, mini in enumerate(updates):  # the first update runs at the step's starting weights
+                self._update(mini, version, totals, train_policy, at_start=epoch == 0 and i == 0)
 
         # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
@@ -262,7 +281,8 @@ class Learner:
         model_tokens = torch.tensor([totals.model_tokens], dtype=torch.float64, device=world.device)
         all_reduce(model_tokens, world, "sum")
         denominator = max(totals.tokens, 1.0)
-        mean = {k: float(v) / denominator for k, v in zip(_SUM_KEYS, totals.sums.tolist(), strict=True)}
+        sums = dict(zip(_SUM_KEYS, totals.sums.tolist(), strict=True))
+        mean = {k: float(v) / denominator for k, v in sums.items()}
         peak = dict(zip(_MAX_KEYS, totals.maxes.tolist(), strict=True))
         if self.reference is not None and train_policy:
             algorithm.kl_controller.update(mean["kl"], sum(len(g.trajectories) for g in groups))
@@ -280,10 +300,9 @@ class Learner:
             "loss/ratio_max": peak["ratio"],
             "is/weight_mean": mean["is_weight"],
             "is/weight_max": peak["is_weight"],
+            "loss/offpolicy_kl": sums["start_kl"] / max(sums["start_tokens"], 1.0),
             "loss/is_ess": effective_sample_size(
-                totals.sums[_SUM_KEYS.index("raw_weight")].item(),
-                totals.sums[_SUM_KEYS.index("raw_weight_sq")].item(),
-                totals.tokens,
+                sums["start_weight"], sums["start_weight_sq"], sums["start_tokens"]
             ),
             "loss/grad_norm": _mean(totals.grad_norms),
             "loss/nonfinite_skipped": 1.0 if totals.skipped_updates else 0.0,
@@ -422,8 +441,11 @@ class Learner:
                         part.returns = torch.zeros(len(part.mb.keep), device=self.world.device)
         return result
 
-    def _update(self, mini: MiniBatch, version: int, totals: _Totals, train_policy: bool) -> None:
-        """One optimizer update on a mini-batch: backward per micro-batch (gradient sync on the last), then step."""
+    def _update(
+        self, mini: MiniBatch, version: int, totals: _Totals, train_policy: bool, at_start: bool = False
+    ) -> None:
+        """One optimizer update on a mini-batch: backward per micro-batch (gradient sync on the last), then step.
+        `at_start`: the weights are still the step's starting ones (its first update)."""
         world = self.world
         # FSDP2 averages gradients over ranks; scaling by world_size makes the result the global token mean.
         scale = world.world_size / mini.loss_tokens
@@ -434,7 +456,7 @@ class Learner:
             mb = part.mb.to(world.device)
             if train_policy:
                 self.model.set_requires_gradient_sync(last)
-                loss, stats = self._micro_batch_loss(mb, version, part)
+                loss, stats = self._micro_batch_loss(mb, version, part, at_start)
                 (loss * scale).backward()
                 nonfinite[0] += (~torch.isfinite(loss.detach())).float()
                 totals.model_tokens += mb.num_tokens
@@ -504,7 +526,7 @@ class Learner:
         }
 
     def _micro_batch_loss(
-        self, mb: MicroBatch, version: int, part: PackedPart
+        self, mb: MicroBatch, version: int, part: PackedPart, at_start: bool = False
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # the entropy is computed for the `loss/entropy` metric in any case (one pass over each chunk of logits in the
         # forward); it gets a gradient, in the backward, only when the algorithm's loss uses it (see below)
@@ -532,6 +554,11 @@ class Learner:
         stats["entropy"] = entropy.detach()
         stats["staleness"] = staleness.to(torch.float64)
         stats["loss_mask"] = loss_mask
+        # behaviour against the step's starting policy: its proximal pass, or these log-probs in the first update
+        start = (
+            part.proximal_logprobs if part.proximal_logprobs is not None else (logprobs if at_start else None)
+        )
+        stats |= offpolicy_stats(start, mb.behavior_logprobs[keep])
         return per_token.sum(), stats
 
     @staticmethod

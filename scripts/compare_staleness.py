@@ -10,10 +10,10 @@
 is a `sr1 run <preset>` of its own (`sr1/sweep.py`: finished runs are kept, an interrupted comparison continues).
 `auto` in `--staleness` is `learner.max_staleness: auto` with the preset's `learner.staleness_auto`. Then
 `<out>/table.md` (EM before -> after, mean ± sample std and range over seeds, wall seconds, seconds per step, learner
-and generator idle, mean staleness, and the off-policy diagnostics: mean mismatch KL, mean and lowest importance-weight
+and generator idle, mean staleness, and the off-policy diagnostics: mean off-policy KL, mean and lowest importance-weight
 ESS, clipped share, the bounds in force), `<out>/results.json`, `<out>/em_vs_time.png` and `<out>/em_vs_step.png`
 (greedy test EM against wall seconds since training began and against steps, one line per setting, averaged over
-seeds), `<out>/offpolicy.png` (mismatch KL, ESS and the bound in force against steps, averaged over seeds) and
+seeds), `<out>/offpolicy.png` (off-policy KL, ESS and the bound in force against steps, averaged over seeds) and
 `<out>/staleness.png` (the share of trained tokens at each staleness, per setting). Evaluations every `--eval-every`
 steps give the EM curves their points.
 """
@@ -74,7 +74,7 @@ def _diagnostic(runs: list[dict], name: str, reduce=statistics.fmean) -> list[fl
 def summarize(cases_: list[Case], results: dict[str, dict[int, dict]]) -> str:
     lines = [
         "| setting | EM before | EM after | gain per seed | EM after, range | wall s | s / step | learner idle "
-        "| generator idle | mean staleness | mismatch KL | ESS, mean | ESS, lowest step | clipped | bound in force |",
+        "| generator idle | mean staleness | off-policy KL | ESS, mean | ESS, lowest step | clipped | bound in force |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case in cases_:
@@ -84,7 +84,7 @@ def summarize(cases_: list[Case], results: dict[str, dict[int, dict]]) -> str:
         gains = ", ".join(f"{r['em_after'] - r['em_before']:+.2f}" for r in runs)
         stale = [_mean_staleness(r["staleness_histogram"]) for r in runs]
         after = [r["em_after"] for r in runs]
-        kl, ess = _diagnostic(runs, "mismatch_kl"), _diagnostic(runs, "is_ess")
+        kl, ess = _diagnostic(runs, "offpolicy_kl"), _diagnostic(runs, "is_ess")
         lowest, clipped = _diagnostic(runs, "is_ess", min), _diagnostic(runs, "clipped_frac")
         low, high = _diagnostic(runs, "bound", min), _diagnostic(runs, "bound", max)
         bound = f"{min(low):.0f}-{max(high):.0f}" if low else "n/a"
@@ -143,7 +143,7 @@ def plot(cases_: list[Case], results: dict[str, dict[int, dict]], out: Path) -> 
 
     # the off-policy diagnostics against steps, averaged over seeds
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    panels = (("mismatch_kl", "mismatch KL (k3, per token)"), ("is_ess", "importance-weight ESS"),
+    panels = (("offpolicy_kl", "off-policy KL (k3, per token)"), ("is_ess", "importance-weight ESS"),
               ("bound", "staleness bound in force"))  # fmt: skip
     for ax, (name, title) in zip(axes, panels, strict=True):
         for i, case in enumerate(present):

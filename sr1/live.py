@@ -99,7 +99,8 @@ class LiveView:
             ),
             "staleness mean/max (bound)": f"{_num(m.get('staleness/mean'))} / {_num(m.get('staleness/max'), 0)} "
             f"({_num(m.get('staleness/bound'), 0)}; next releases {_num(stats.get('buffer/staleness_bound'), 0)})",
-            "mismatch KL / IS ESS": f"{_num(m.get('loss/mismatch_kl'), 4)} / {_num(m.get('loss/is_ess'), 3)}",
+            "off-policy KL / mismatch KL / IS ESS": f"{_num(m.get('loss/offpolicy_kl'), 4)} / "
+            f"{_num(m.get('loss/mismatch_kl'), 4)} / {_num(m.get('loss/is_ess'), 3)}",
             "clipped / masked tokens": f"{_num(m.get('loss/clipped_frac'), 3)} / {_num(m.get('loss/masked_frac'), 3)}",
             "staleness of trained tokens": histogram_shares(staleness_histogram(stats)),
             "gen tokens/s": sum(g.get("rollout/tokens_per_s", 0.0) for g in gen_metrics)

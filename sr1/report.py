@@ -32,7 +32,7 @@ class RunSummary:
     generator_tokens_per_s: float | None = None
     tool_calls_per_trajectory: float | None = None
     staleness_histogram: dict[int, int] = field(default_factory=dict)  # staleness -> tokens
-    # per logged step, the off-policy diagnostics: {"step", "mismatch_kl", "is_ess", "clipped_frac", "masked_frac",
+    # per logged step, the off-policy diagnostics: {"step", "offpolicy_kl", "mismatch_kl", "is_ess", "clipped_frac", "masked_frac",
     # "bound", "staleness_mean"} (`offpolicy_curve`)
     offpolicy: list[dict[str, float]] = field(default_factory=list)
     staleness_mean: float | None = None
@@ -108,6 +108,7 @@ def pool_peak(rows: list[dict[str, Any]], key: str) -> int:
 
 # metrics.jsonl key -> the name in RunSummary.offpolicy
 OFFPOLICY_KEYS = {
+    "loss/offpolicy_kl": "offpolicy_kl",
     "loss/mismatch_kl": "mismatch_kl",
     "loss/is_ess": "is_ess",
     "loss/clipped_frac": "clipped_frac",
@@ -142,7 +143,12 @@ def offpolicy_figures(curve: list[dict[str, float]]) -> dict[str, str]:
 
     bounds = values("bound")
     return {
-        "mismatch KL per token, mean / largest step": mean_and("mismatch_kl", max, 4),
+        "off-policy KL per token (behaviour vs step start), mean / largest step": mean_and(
+            "offpolicy_kl", max, 4
+        ),
+        "mismatch KL per token (behaviour vs every update), mean / largest step": mean_and(
+            "mismatch_kl", max, 4
+        ),
         "importance-weight ESS, mean / smallest step": mean_and("is_ess", min, 3),
         "clipped token share, mean / largest step": mean_and("clipped_frac", max, 3),
         "masked token share, mean / largest step": mean_and("masked_frac", max, 3),
@@ -215,10 +221,10 @@ def write_plots(summary: RunSummary, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
     curve = summary.offpolicy
     steps = [c["step"] for c in curve]
-    for ax, name, label in ((axes[0], "mismatch_kl", "mismatch KL (k3, per token)"),
+    for ax, name, label in ((axes[0], "offpolicy_kl", "off-policy KL (k3, per token)"),
                             (axes[1], "is_ess", "importance-weight ESS")):  # fmt: skip
         ax.plot(
-            steps, [c.get(name) for c in curve], color="tab:red" if name == "mismatch_kl" else "tab:green"
+            steps, [c.get(name) for c in curve], color="tab:red" if name == "offpolicy_kl" else "tab:green"
         )
         ax.set_xlabel("learner step")
         ax.set_title(label, fontsize=9)

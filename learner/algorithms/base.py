@@ -127,8 +127,7 @@ def policy_loss(
     All inputs are 1-D over the same tokens. `proximal_logprobs` are the step's starting policy's when the step
     makes several updates (else the correction takes `logprobs` detached); `kl_coef` is the controller's value
     (default: the config's). Returns (loss_per_token, stats) where stats holds per-token tensors (`is_weight`,
-    `clipped`, `masked`, `mismatch_kl`, `raw_weight`, `raw_weight_sq`, `ratio`, `kl`) the trainer reduces over loss
-    tokens.
+    `clipped`, `masked`, `mismatch_kl`, `ratio`, `kl`) the trainer reduces over loss tokens.
     """
     mask = loss_mask.to(logprobs.dtype)
     behavior = behavior_logprobs.to(logprobs.dtype)
@@ -158,16 +157,11 @@ def policy_loss(
     with torch.no_grad():
         # k3 estimate of KL(mu || theta) from tokens sampled by mu: the engine/trainer mismatch (plus staleness)
         delta = (logprobs - behavior).detach()
-        raw_weight = torch.exp(delta.double().clamp(-30.0, 30.0))  # float64: the square of e^30 stays finite
         stats = {
             "is_weight": weight,
             "clipped": ((clipped < unclipped) & ~masked_out).to(logprobs.dtype),
             "masked": masked_out.to(logprobs.dtype),
             "mismatch_kl": torch.exp(delta) - 1.0 - delta,
-            # the raw importance weight pi_theta / mu of every token, before any truncation or masking, and its
-            # square: the trainer's `loss/is_ess` (effective sample size) from their sums
-            "raw_weight": raw_weight,
-            "raw_weight_sq": raw_weight * raw_weight,
             "ratio": ratio.detach(),
             "kl": kl.detach(),
         }

@@ -263,7 +263,7 @@ def test_an_adaptive_bound_keeps_every_token_within_the_bound_in_force(
         groups = [t.group for t in batch]
         bounds = StepBounds(in_force, {gr.release_version: schedule.at(gr.release_version) for gr in groups})
         assert check_staleness(groups, u, bounds).max() <= in_force
-        bound = controller.observe({"loss/mismatch_kl": kls[u]})
+        bound = controller.observe({"loss/offpolicy_kl": kls[u]})
         assert floor <= bound <= ceiling
         schedule.set(u + 1, bound)  # at the step boundary, before version u + 1 is published
         consumed.update(gr.group_id for gr in groups)

@@ -25,35 +25,47 @@ def test_ess_by_hand():
     assert effective_sample_size(0.0, 0.0, 0) == 1.0  # no tokens: nothing to say
 
 
-def test_policy_loss_reports_the_raw_weights_whatever_the_correction():
-    """The ESS uses pi / mu before truncation or masking: the same figure under `none`, `tis` and `icepop`."""
-    from learner.algorithms.base import policy_loss
-    from learner.algorithms.settings import GRPOConfig, IcePopCorrection, NoCorrection, TISCorrection
+def test_offpolicy_stats_by_hand():
+    """k3 KL(mu || pi_0) and the raw weights pi_0 / mu per token; nothing counted without pi_0's log-probs."""
+    from learner.trainer import offpolicy_stats
 
-    logprobs = torch.log(torch.tensor([0.5, 0.2, 0.9, 0.4]))
+    start = torch.log(torch.tensor([0.5, 0.2, 0.9, 0.4]))
     behavior = torch.log(torch.tensor([0.5, 0.4, 0.3, 0.4]))  # weights 1, 0.5, 3, 1
-    n, weights = 4, np.array([1.0, 0.5, 3.0, 1.0])
-    expected = weights.sum() ** 2 / (n * np.square(weights).sum())
-    for correction in (NoCorrection(), TISCorrection(cap=2.0), IcePopCorrection()):
-        _, stats = policy_loss(
-            logprobs, behavior, torch.ones(4), torch.ones(4), torch.zeros(4), GRPOConfig(), correction
-        )
-        ess = effective_sample_size(float(stats["raw_weight"].sum()), float(stats["raw_weight_sq"].sum()), n)
-        assert ess == pytest.approx(expected, rel=1e-6)
-        assert float(stats["raw_weight"][2]) == pytest.approx(3.0, rel=1e-5)  # not capped at 2 by tis
+    stats = offpolicy_stats(start, behavior)
+    weights = np.array([1.0, 0.5, 3.0, 1.0])
+    np.testing.assert_allclose(stats["start_weight"].numpy(), weights, rtol=1e-6)
+    np.testing.assert_allclose(
+        stats["start_kl"].numpy(), weights - 1 - np.log(weights), rtol=1e-6, atol=1e-12
+    )
+    ess = effective_sample_size(float(stats["start_weight"].sum()), float(stats["start_weight_sq"].sum()), 4)
+    assert ess == pytest.approx(weights.sum() ** 2 / (4 * np.square(weights).sum()))
+    assert float(stats["start_tokens"].sum()) == 4
+    assert all(float(v.abs().sum()) == 0 for v in offpolicy_stats(None, behavior).values())
 
 
-def test_the_trainer_reports_ess_and_the_bound(world, tiny_model_dir):
+def test_offpolicy_figures_leave_out_the_steps_own_updates(world, tiny_model_dir):
+    """One update per step, or four (2 mini-batches x 2 epochs at a high learning rate): `loss/offpolicy_kl` and
+    `loss/is_ess` measure the behaviour against the step's starting weights in both (the same figures), while
+    `loss/mismatch_kl` also sees how far the step's own updates moved the policy."""
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
 
-    learner = Learner(LearnerConfig(groups_per_step=2, micro_batch_tokens=512), tiny_model_dir, world)
-    groups = random_groups(np.random.default_rng(3), n_groups=2, group_size=3, version=0)
-    metrics = learner.train_step(groups, StepBounds(5, {0: 4}))
-    assert 0.0 < metrics["loss/is_ess"] <= 1.0
-    assert metrics["staleness/bound"] == 5
+    figures = []
+    for several in (False, True):
+        extra = {"ppo_mini_batch_size": 3, "ppo_epochs": 2} if several else {}
+        cfg = LearnerConfig(groups_per_step=2, micro_batch_tokens=512, lr=1e-2, correction="tis", **extra)
+        learner = Learner(cfg, tiny_model_dir, world)
+        groups = random_groups(np.random.default_rng(3), n_groups=2, group_size=3, version=0)
+        metrics = learner.train_step(groups, StepBounds(5, {0: 4}))
+        assert metrics["perf/updates"] == (4 if several else 1) and metrics["staleness/bound"] == 5
+        figures.append(metrics)
+    one, four = figures
+    assert one["loss/offpolicy_kl"] == pytest.approx(one["loss/mismatch_kl"], rel=1e-6)
+    assert four["loss/offpolicy_kl"] == pytest.approx(one["loss/offpolicy_kl"], rel=1e-3)
+    assert four["loss/is_ess"] == pytest.approx(one["loss/is_ess"], rel=1e-3)
+    assert abs(four["loss/mismatch_kl"] - four["loss/offpolicy_kl"]) > 1e-3 * four["loss/offpolicy_kl"]
     # the fake behaviour log-probs are random, far from the policy's: the weights are uneven
-    assert metrics["loss/is_ess"] < 0.99
+    assert 0.0 < one["loss/is_ess"] < 0.99
 
 
 def test_a_token_over_the_bound_of_its_release_is_refused():
@@ -75,7 +87,7 @@ def _auto(**kw) -> StalenessController:
 
 
 def _kl(value: float) -> dict:
-    return {"loss/mismatch_kl": value, "loss/is_ess": 1.0}
+    return {"loss/offpolicy_kl": value, "loss/is_ess": 1.0}
 
 
 def test_auto_rises_within_target_after_patience():
@@ -98,9 +110,9 @@ def test_auto_halves_over_target_then_holds_for_the_old_bound():
 
 def test_auto_reads_ess_and_non_finite_figures_as_over():
     c = _auto(floor=0, ceiling=4, initial=4, target_kl=1.0, min_ess=0.5)
-    assert c.observe({"loss/mismatch_kl": 0.01, "loss/is_ess": 0.3}) == 2
+    assert c.observe({"loss/offpolicy_kl": 0.01, "loss/is_ess": 0.3}) == 2
     c = _auto(floor=0, ceiling=4, initial=4, target_kl=1.0)
-    assert c.observe({"loss/mismatch_kl": math.nan}) == 2
+    assert c.observe({"loss/offpolicy_kl": math.nan}) == 2
 
 
 def test_auto_state_survives_a_checkpoint_and_a_narrower_config():

@@ -85,7 +85,7 @@ def test_staleness_comparison_takes_auto_and_tabulates_the_off_policy_diagnostic
         _fake_run(run_dir, 0.3, 0.6 if name == "auto-tis" else 0.4)
         with open(run_dir / "metrics.jsonl", "a") as f:
             for step, (kl, bound) in enumerate(zip(kls, bounds, strict=True), start=2):
-                f.write(json.dumps({"step": step, "time": 1020.0 + step, "loss/mismatch_kl": kl, "loss/is_ess": 1 - kl,
+                f.write(json.dumps({"step": step, "time": 1020.0 + step, "loss/offpolicy_kl": kl, "loss/mismatch_kl": kl, "loss/is_ess": 1 - kl,
                                     "loss/clipped_frac": 0.1, "staleness/bound": bound}) + "\n")  # fmt: skip
         results.setdefault(name, {})[seed] = read_run(run_dir)
     assert [c["bound"] for c in results["auto-tis"][1]["offpolicy"]] == [0, 2]
