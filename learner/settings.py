@@ -17,9 +17,9 @@ from learner.algorithms.settings import (
 
 class StalenessAutoConfig(BaseModel):
     """How `learner.max_staleness: auto` moves the bound (learner/staleness.py). After each step the learner reads the
-    step's off-policy mismatch: above target it halves the bound (not below `floor`) and then holds it for as many
-    steps as the old bound (the groups released under it are still being trained); within target for `patience`
-    steps in a row it raises the bound by one (not above `ceiling`). New bounds apply to prompts released from the
+    step's off-policy mismatch: above target it halves the bound (not below `floor`), at every step over target, and
+    does not raise it again for as many steps as the old bound (the groups released under it are still being
+    trained); within target for `patience` steps in a row it raises the bound by one (not above `ceiling`). New bounds apply to prompts released from the
     next version on (buffer/admission.py, "A bound that changes")."""
 
     model_config = ConfigDict(extra="forbid")

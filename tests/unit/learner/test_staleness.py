@@ -96,16 +96,15 @@ def test_auto_rises_within_target_after_patience():
     assert [c.observe(_kl(0.01)) for _ in range(6)] == [1, 2, 2, 3, 3, 3]  # never over the ceiling
 
 
-def test_auto_halves_over_target_then_holds_for_the_old_bound():
+def test_auto_halves_at_every_step_over_target_and_rises_only_after_the_old_bound():
+    c = _auto(floor=1, ceiling=8, initial=8, target_kl=0.1, patience=1)
+    assert [c.observe(_kl(0.5)) for _ in range(4)] == [4, 2, 1, 1]  # never waits to go down; the floor holds
+    # the last decrease (from 2) holds rises for 2 steps (the 4th step above was one): groups released under 2 are
+    # still being trained
+    assert [c.observe(_kl(0.0)) for _ in range(3)] == [1, 2, 3]
     c = _auto(floor=1, ceiling=8, initial=8, target_kl=0.1, patience=1)
     assert c.observe(_kl(0.5)) == 4
-    # the groups released under 8 are trained for 8 more steps: no move on what they show
-    assert [c.observe(_kl(0.5)) for _ in range(8)] == [4] * 8
-    assert c.observe(_kl(0.5)) == 2
-    assert [c.observe(_kl(0.5)) for _ in range(4)] == [2] * 4
-    assert c.observe(_kl(0.5)) == 1
-    assert [c.observe(_kl(0.5)) for _ in range(3)] == [1] * 3  # the floor holds
-    assert c.observe(_kl(0.0)) == 2  # within target again: one up
+    assert [c.observe(_kl(0.0)) for _ in range(9)] == [4] * 8 + [5]  # within target: up only after 8 steps
 
 
 def test_auto_reads_ess_and_non_finite_figures_as_over():
