@@ -147,7 +147,7 @@ def test_dead_lettered_groups_are_replaced_within_the_bound(
     fate_of: dict[str, str] = {}
     next_fate = itertools.cycle([*fates, "train"])  # at least one trainable group in every cycle
     leased = []
-    picks = itertools.cycle(choices)  # the adversary never runs out of choices (failed tries use them up too)
+    picks = iter(choices * 20)
     consumed: Counter[str] = Counter()
     for u in range(steps):
         feeder.pump()
