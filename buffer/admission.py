@@ -45,6 +45,33 @@ one for dropped groups, word for word: an abandoned group is as if never release
 for the groups that remain, and every batch can still be completed. Without the replacement a synchronous run
 (max_staleness 0) would wait forever for a batch one group short; the assembler therefore asks for replacements
 (`replenish`, the feeder's pump) while it waits, not only between steps.
+
+A bound that changes (`learner.max_staleness: auto`; a resume with another bound). Write s(v) for the bound that
+prompts released at version v are given (`StalenessSchedule`: it changes only at step boundaries, before the version
+it applies to is published, and never for a version that has released anything, so every release knows its own
+bound for good). A group released at r has the deadline d = r + s(r): it must be trained at a step <= d, so its
+tokens (sampled at versions >= r) are never more than s(r) versions old when trained. The feeder releases at version v
+only while `released < (s(v) + v + 1) * G` (+ replaced groups, as above). Then, for every D, at most (D + 1) * G groups
+ever released have a deadline <= D: take the last of them to be released, at version v with v + s(v) <= D; when it was
+released fewer than (s(v) + v + 1) * G <= (D + 1) * G groups had been, and every other group with a deadline <= D came
+before it. Steps u, u + 1, ..., u + j consume (j + 1) * G groups, and the steps before u consumed u * G, so at most
+(j + 1) * G unconsumed groups have a deadline <= u + j: exactly the condition under which the quotas below can be met.
+The assembler's quotas are the ones above with "released at version <= u + j - max_staleness" read as "deadline <=
+u + j" (for a constant bound they are the same sets): the step at u takes at least M(u + j) - j * G of the groups with
+a deadline <= u + j, M counting the unconsumed ones, for every j from 0 to the latest deadline - u - 1 (a full batch
+meets the quotas beyond). Earliest deadline first meets all of them at once, and each is at most G by the count above.
+
+Raising the bound at version v is therefore immediate: releases at v get the larger deadline and the window opens by
+(new - old) * G. Lowering it from s to s' < s takes effect over the next s steps and never breaks a promise: the
+feeder releases nothing until the version has caught up with what is already out (the limit (s' + v + 1) * G is below
+what was released at v - 1), groups released earlier keep their deadline r + s, and new releases get v + s'. The
+bound in force for the step at u (`in_force`, the learner's `staleness/bound`) is the largest s(r) of a release
+version r <= u whose deadline r + s(r) >= u: no token a step at u may legally train is older. It falls to s' at step
+v + s, once the last group released under s has met its deadline. The learner asserts, per group, that no loss token
+is older than the bound its prompt was released under, and that none is older than the bound in force for the step
+(learner/trainer.py, `check_staleness`). The schedule lives in Redis beside the version (`ReplayBuffer.
+staleness_bounds`) and in every checkpoint; a resumed learner reads it back and changes the bound from the version
+after the one it resumes at, so the deadlines of the groups still in flight never change.
 """
 
 from __future__ import annotations
@@ -77,6 +104,92 @@ def _check_step_shape(groups_per_step: int, max_staleness: int) -> None:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
 
 
+class StalenessSchedule:
+    """The staleness bound s(v) that prompts released at version v are given, a step function of v (see "A bound that
+    changes" above). `set(v, b)` makes b the bound from version v on; v may not be below a version already set, so a
+    version's bound never changes once something may have been released under it (set it before publishing v).
+
+        schedule = StalenessSchedule(2)             # a constant bound: 2 for every version
+        schedule.set(10, 4); schedule.at(12)        # 4
+        schedule.deadline(9), schedule.in_force(11) # 11 (= 9 + 2), 4
+    """
+
+    def __init__(self, bound: int | dict[int, int]):
+        changes = {0: bound} if isinstance(bound, int) else dict(bound)
+        if not changes:
+            raise ValueError("a staleness schedule needs at least one bound")
+        self._changes: dict[int, int] = {}
+        for version in sorted(changes):
+            self.set(int(version), int(changes[version]))
+
+    @property
+    def changes(self) -> dict[int, int]:
+        """version -> the bound from that version on (what is persisted)."""
+        return dict(self._changes)
+
+    @property
+    def last_version(self) -> int:
+        """The latest version the schedule was set at."""
+        return max(self._changes)
+
+    def set(self, version: int, bound: int) -> None:
+        if bound < 0:
+            raise ValueError(f"a staleness bound must be >= 0, got {bound} (version {version})")
+        if version < 0:
+            raise ValueError(f"a staleness bound needs a version >= 0, got {version}")
+        if self._changes and version < self.last_version:
+            raise ValueError(
+                f"the staleness bound of version {version} cannot change: the schedule is already set from version "
+                f"{self.last_version} (a bound only changes for versions nothing was released at yet)"
+            )
+        if self._changes and self.at(version) == bound:
+            return  # no change: keep the schedule short
+        self._changes[version] = bound
+
+    def at(self, version: int) -> int:
+        """The bound of prompts released at `version` (before the first change: the first bound)."""
+        keys = [v for v in self._changes if v <= version]
+        return self._changes[max(keys)] if keys else self._changes[min(self._changes)]
+
+    def deadline(self, release_version: int) -> int:
+        """The last step that may train a group released at `release_version`."""
+        return release_version + self.at(release_version)
+
+    def in_force(self, version: int) -> int:
+        """The bound in force for the step at `version`: the largest bound of a release version r <= version whose
+        deadline is not past (r + s(r) >= version). No token this step may legally train is older."""
+        versions = sorted(self._changes)
+        best = self.at(version)
+        for i, start in enumerate(versions):
+            if start > version:
+                break
+            end = min(
+                versions[i + 1] - 1 if i + 1 < len(versions) else version, version
+            )  # last r of this piece
+            bound = self._changes[start]
+            if end + bound >= version:
+                best = max(best, bound)
+        return best
+
+    def maximum(self) -> int:
+        """The largest bound ever set (what the assembler reads ahead for)."""
+        return max(self._changes.values())
+
+
+def resumed_schedule(recorded: dict[int, int], version: int, bound: int) -> StalenessSchedule:
+    """The schedule a learner resuming at `version` goes on with: the bounds `recorded` (Redis, the checkpoint) for
+    every version up to `version`, which may have released prompts under them, and `bound` from `version + 1` on."""
+    if not recorded:
+        return StalenessSchedule({version: bound})
+    schedule = StalenessSchedule({v: b for v, b in recorded.items() if v <= version} or recorded)
+    schedule.set(max(version + 1, schedule.last_version), bound)
+    return schedule
+
+
+def _schedule(max_staleness: int | StalenessSchedule) -> StalenessSchedule:
+    return max_staleness if isinstance(max_staleness, StalenessSchedule) else StalenessSchedule(max_staleness)
+
+
 class PromptFeeder:
     """Releases prompts from a dataset into the buffer as fast as the admission rule allows (learner rank 0).
 
@@ -84,6 +197,7 @@ class PromptFeeder:
     group ids) or an iterable (the first `cursor` items are skipped on resume). `cursor` counts prompts taken from
     the dataset; save it in learner checkpoints. A prompt released before a crash and taken again after a resume
     from an older cursor is skipped by the buffer (its group_id was released), so resuming never duplicates.
+    `max_staleness` is a bound or a `StalenessSchedule` (shared with the assembler) whose bound may change.
 
     With `shuffle_seed`, each epoch of a sequence is walked in its own random order, a function of the seed and the
     epoch only: sources merged file after file come out interleaved, and a resume at any cursor continues the same
@@ -96,16 +210,16 @@ class PromptFeeder:
         prompts: Sequence[PromptRecord] | Iterable[PromptRecord],
         *,
         groups_per_step: int,
-        max_staleness: int,
+        max_staleness: int | StalenessSchedule,
         cursor: int = 0,
         shuffle_seed: int | None = None,
     ):
-        _check_step_shape(groups_per_step, max_staleness)
+        self.schedule = _schedule(max_staleness)
+        _check_step_shape(groups_per_step, self.schedule.at(0))
         self.buffer = buffer
         self.shuffle_seed = shuffle_seed
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
         self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
         self.cursor = cursor
         self.exhausted = False
         self._by_id: dict[str, PromptRecord] | None = (
@@ -162,15 +276,15 @@ class PromptFeeder:
         return prompt.in_epoch(int(match["epoch"]))
 
     def pump(self) -> int:
-        """Release as many prompts as the rule allows now, stamped with the current version; return how many.
-        Groups that left without being trained (dropped by dynamic sampling, dead-lettered) are replaced: each one
-        raises the limit by one."""
+        """Release as many prompts as the rule allows now, stamped with the current version, under the bound the
+        schedule gives that version; return how many. Groups that left without being trained (dropped by dynamic
+        sampling, dead-lettered) are replaced: each one raises the limit by one."""
         released = 0
         while not self.exhausted:
             version = self.buffer.version()
             limit = (
                 admission_limit(
-                    version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness
+                    version, groups_per_step=self.groups_per_step, max_staleness=self.schedule.at(version)
                 )
                 + self.buffer.replaced_count()
             )
@@ -206,20 +320,20 @@ class BatchAssembler:
         buffer: ReplayBuffer,
         *,
         groups_per_step: int,
-        max_staleness: int,
+        max_staleness: int | StalenessSchedule,
         consumer: str = "learner-0",
         take_count: int | None = None,
         keep_group: Callable[[Group], bool] | None = None,
         untrainable: Callable[[Group], str | None] | None = None,
         replenish: Callable[[], object] | None = None,
     ):
-        _check_step_shape(groups_per_step, max_staleness)
+        self.schedule = _schedule(max_staleness)
+        _check_step_shape(groups_per_step, self.schedule.at(0))
         self.buffer = buffer
         self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
         self.consumer = consumer
-        # admission bounds unconsumed groups by (max_staleness + 1) * G, so this takes everything available
-        self.take_count = take_count or (max_staleness + 2) * groups_per_step
+        # admission bounds unconsumed groups by (bound + 1) * G, so this takes everything available
+        self.take_count = take_count
         self.keep_group = keep_group
         self.untrainable = untrainable
         self.replenish = replenish
@@ -261,7 +375,8 @@ class BatchAssembler:
             self.replenish()
 
     def _pull(self, block_ms: int) -> None:
-        self._hold(self.buffer.take(self.take_count, consumer=self.consumer, block_ms=block_ms))
+        count = self.take_count or (self.schedule.maximum() + 2) * self.groups_per_step
+        self._hold(self.buffer.take(count, consumer=self.consumer, block_ms=block_ms))
         if self.buffer.reconnects.count != self._reconnects:
             # Redis went away: a read whose reply was lost delivered entries to us that we never saw; they are in
             # our pending list (a live learner never reclaims its own entries), so take them back from there
@@ -272,28 +387,31 @@ class BatchAssembler:
 
     def _select(self, version: int, unconsumed: dict[str, int]) -> list[TakenGroup] | None:
         """The batch for `version` from the held groups, or None if it needs groups that are not finished yet."""
-        s, g = self.max_staleness, self.groups_per_step
+        g = self.groups_per_step
+        deadline = {gid: self.schedule.deadline(rv) for gid, rv in unconsumed.items()}
         held = list(self._held.values())  # stream order: oldest finished first
-        release = {t.entry_id: unconsumed[t.group.group_id] for t in held}
-        by_release = sorted(held, key=lambda t: release[t.entry_id])  # stable: stream order within a version
+        due = {t.entry_id: deadline[t.group.group_id] for t in held}
+        by_deadline = sorted(held, key=lambda t: due[t.entry_id])  # stable: stream order within a deadline
+        # for a constant bound s the latest deadline is version + s: the quotas j = 0..s-1 of the module docstring
+        horizon = max(max(deadline.values(), default=version), version + self.schedule.at(version)) - version
         chosen: dict[str, TakenGroup] = {}
-        for j in range(max(s, 1)):
-            threshold = version + j - s
-            quota = sum(1 for rv in unconsumed.values() if rv <= threshold) - j * g
-            have = sum(1 for eid in chosen if release[eid] <= threshold)
-            for t in by_release:
+        for j in range(max(horizon, 1)):
+            threshold = version + j
+            quota = sum(1 for d in deadline.values() if d <= threshold) - j * g
+            have = sum(1 for eid in chosen if due[eid] <= threshold)
+            for t in by_deadline:
                 if have >= quota:
                     break
-                if release[t.entry_id] <= threshold and t.entry_id not in chosen:
+                if due[t.entry_id] <= threshold and t.entry_id not in chosen:
                     chosen[t.entry_id] = t
                     have += 1
             if have < quota:
                 return None
         if len(chosen) > g:
             log.warning(
-                "step at version %d needs %d groups to keep max_staleness=%d, more than groups_per_step=%d "
-                "(admission was not followed, e.g. a resume at another version); taking them all",
-                version, len(chosen), s, g,
+                "step at version %d needs %d groups to keep the staleness bound (%d in force), more than "
+                "groups_per_step=%d (admission was not followed, e.g. a resume at another version); taking them all",
+                version, len(chosen), self.schedule.in_force(version), g,
             )  # fmt: skip
         for t in held:
             if len(chosen) >= g:

@@ -49,6 +49,11 @@ GAUGES: list[tuple[str, str, str]] = [
     ("buffer/untrainable", "untrainable", "groups the learner dead-lettered (over its token budget)"),
     ("buffer/abandoned_groups", "replaced", "dead-lettered groups replaced by a new release"),
     ("buffer/dead_letters", "dead letters", "entries in the dead-letter stream"),
+    (
+        "buffer/staleness_bound",
+        "staleness bound",
+        "staleness bound of prompts released at the current version (learner.max_staleness, or what auto set)",
+    ),
     ("buffer/staleness_mean", "staleness mean", "mean per-token staleness of every trained token"),
     ("buffer/staleness_max", "staleness max", "max per-token staleness of every trained token"),
 ]
@@ -59,7 +64,9 @@ def _fmt(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:,.2f}"
-    return f"{value:,}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)  # a heartbeat's text fields (a worker's state, the learner's status)
 
 
 def staleness_histogram(stats: dict[str, Any]) -> dict[int, int]:
@@ -136,6 +143,7 @@ class BufferCollector:
             age.add_metric([w.get("worker_id", "?"), w.get("role", "?")], float(w.get("age_s", 0.0)))
         yield age
         yield from _tool_gauges([w for w in workers if w.get("role") == "generator"])
+        yield from _learner_gauges([w for w in workers if w.get("role") == "learner"])
 
 
 # (heartbeat key, Prometheus name, help) per generator worker: its tool (retriever) health
@@ -162,6 +170,51 @@ def _tool_gauges(generators: list[dict]):
             [w.get("worker_id", "?")], float(w.get("metrics", {}).get("rollout/state") == "paused")
         )
     yield paused
+
+
+# (learner heartbeat key, Prometheus name, help): the off-policy diagnostics of the learner's last step
+# (learner/loop.py puts them in its heartbeat; docs/metrics.md has the thresholds)
+LEARNER_GAUGES = [
+    (
+        "loss/offpolicy_kl",
+        "sr1_learner_offpolicy_kl",
+        "k3 KL(behaviour || the step's starting policy) of the last step's loss tokens",
+    ),
+    (
+        "loss/mismatch_kl",
+        "sr1_learner_mismatch_kl",
+        "k3 KL(behaviour || learner) of the last step's loss tokens",
+    ),
+    (
+        "loss/is_ess",
+        "sr1_learner_is_ess",
+        "effective sample size of the last step's importance weights, in [0, 1]",
+    ),
+    (
+        "loss/clipped_frac",
+        "sr1_learner_clipped_frac",
+        "share of the last step's loss tokens whose ratio was clipped",
+    ),
+    (
+        "loss/masked_frac",
+        "sr1_learner_masked_frac",
+        "share of the last step's loss tokens the correction masked",
+    ),
+    ("staleness/bound", "sr1_learner_staleness_bound", "staleness bound in force for the last step"),
+    ("staleness/mean", "sr1_learner_staleness_mean", "mean staleness of the last step's loss tokens"),
+]
+
+
+def _learner_gauges(learners: list[dict]):
+    from prometheus_client.core import GaugeMetricFamily
+
+    for key, name, help_text in LEARNER_GAUGES:
+        gauge = GaugeMetricFamily(name, help_text, labels=["worker"])
+        for w in learners:
+            value = w.get("metrics", {}).get(key)
+            if isinstance(value, (int, float)):
+                gauge.add_metric([w.get("worker_id", "?")], float(value))
+        yield gauge
 
 
 def serve_metrics(buffer: ReplayBuffer, port: int, addr: str = "0.0.0.0"):

@@ -517,3 +517,14 @@ class ReplayBuffer(EvaluationRequests, RunStats):
     def version(self) -> int:
         value = self._redis.get(self.key("version"))
         return int(value) if value is not None else 0
+
+    def set_staleness_bound(self, version: int, bound: int) -> None:
+        """Record that prompts released from `version` on get staleness bound `bound` (buffer/admission.py,
+        `StalenessSchedule`); kept beside the version so that a restarted learner knows the deadlines of the groups
+        still in flight."""
+        self._redis.hset(self.key("staleness_bounds"), str(int(version)), int(bound))
+
+    def staleness_bounds(self) -> dict[int, int]:
+        """version -> the staleness bound of prompts released from that version on, as recorded so far."""
+        raw = self._redis.hgetall(self.key("staleness_bounds"))
+        return dict(sorted((int(_s(k)), int(v)) for k, v in raw.items()))

@@ -134,8 +134,9 @@ class RunStats:
             pipe.mget([self.key("rate", name, str(b)) for b in buckets])
         pipe.hgetall(self.key("staleness"))
         pipe.scard(self.key("trained"))
+        pipe.hgetall(self.key("staleness_bounds"))
         (prompts_len, prompts_pending, groups_len, groups_pending, inflight, counters, version, version_time,
-         dead, produced_buckets, consumed_buckets, staleness, trained) = pipe.execute()  # fmt: skip
+         dead, produced_buckets, consumed_buckets, staleness, trained, bounds) = pipe.execute()  # fmt: skip
         counters = {_s(k): int(v) for k, v in counters.items()}
         window_s = (RATE_WINDOW_BUCKETS - 1) * RATE_BUCKET_S + (now - bucket * RATE_BUCKET_S)
         leased = int(prompts_pending["pending"])
@@ -169,6 +170,11 @@ class RunStats:
             "buffer/version": int(version) if version is not None else 0,
             "buffer/version_age_s": now - float(version_time) if version_time is not None else None,
         }
+        # the bound prompts released at the current version get (the latest recorded at or before it; None before
+        # a learner recorded one)
+        bounds = {int(k): int(v) for k, v in bounds.items()}
+        current = [v for v in bounds if v <= out["buffer/version"]]
+        out["buffer/staleness_bound"] = bounds[max(current)] if current else None
         hist = {int(k): int(v) for k, v in staleness.items()}
         total = sum(hist.values())
         # every token trained so far in this run (the learner's `staleness/*` are per batch)

@@ -44,7 +44,7 @@ from learner.distributed import World, all_reduce, broadcast_frames
 from learner.job import LearnerJob
 from learner.model import DTYPES, named_weights
 from learner.tracking import Tracker, merge_metrics
-from learner.trainer import Learner
+from learner.trainer import Learner, StepBounds
 from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire, gather_in_step
 
@@ -54,6 +54,9 @@ CONSUMER = "learner-0"
 # train_step's metric: 1.0 when the update was skipped (the loss or the gradient norm was not finite)
 NONFINITE_KEY = "loss/nonfinite_skipped"
 REGROUP = "regroup"  # next_batch's answer when the weight-sync group must be re-formed before the next step
+# the off-policy figures of the last step that the learner's heartbeat carries (`sr1 buffer watch`, Prometheus)
+DIAGNOSTICS = ("loss/offpolicy_kl", "loss/mismatch_kl", "loss/is_ess", "loss/clipped_frac", "loss/masked_frac",
+               "staleness/bound", "staleness/mean", "staleness/max")  # fmt: skip
 WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
 
 
@@ -239,7 +242,10 @@ def run_learner(
                 elif taken == REGROUP:
                     header, taken = {"command": "publish"}, []
                 else:
-                    header = {"command": "train"}
+                    header = {
+                        "command": "train",
+                        "bounds": side.step_bounds(learner.version, taken).to_json(),
+                    }
                 frames = [json.dumps(header).encode()] + [t.payload for t in taken or []]
             frames = broadcast_frames(frames, world)
             header = json.loads(frames[0])
@@ -254,13 +260,16 @@ def run_learner(
             wait_s = time.perf_counter() - step_start
             # 2. log-probs, loss, optimizer step; version + 1 (too many non-finite steps in a row stop the run here)
             step_version = learner.version
-            train_metrics = learner.train_step(groups)
+            train_metrics = learner.train_step(groups, StepBounds.from_json(header["bounds"]))
             nonfinite.check(train_metrics, step_version, [g.group_id for g in groups])
+            # the staleness bound of releases from the next version on, set before that version is published
+            if side is not None:
+                side.next_bound(learner.version, train_metrics)
             # 3. publish the weights to every engine, then the version
             publish_metrics = publish(learner.version)
             # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack (until the checkpoint)
             if side is not None:
-                side.after_step(taken, learner.version)
+                side.after_step(taken, learner.version, train_metrics)
                 used_since_checkpoint += [t.entry_id for t in taken]
                 groups_file.write(
                     json.dumps({"version": learner.version, "group_ids": [g.group_id for g in groups]}) + "\n"
@@ -351,6 +360,7 @@ def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[s
     if side is not None:
         state.cursor = side.feeder.cursor
         state.consumed_groups = side.consumed_groups
+        state.extra["staleness"] = side.staleness_state()
     # rank 0's state is the one written; the other ranks only need the collective parts
     checkpointer.save(learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic)
     if side is not None:
@@ -363,7 +373,7 @@ class _Rank0:
     def __init__(
         self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool, vocab_size: int
     ):
-        from buffer.admission import BatchAssembler, PromptFeeder
+        from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule, resumed_schedule
         from buffer.redis_buffer import open_buffer
         from learner.algorithms.shaping import informative
         from weight_sync.publisher import WeightPublisher
@@ -375,11 +385,30 @@ class _Rank0:
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
         self.buffer.ack(state.used_group_entries)
         self.consumed_groups = state.consumed_groups
+        self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
+        # the staleness bound of every release version (buffer/admission.py, "A bound that changes"): recorded in
+        # Redis and in checkpoints; a resume keeps the bounds of versions already released at and changes the bound
+        # (to the fixed one, or auto's) from the version after the published one
+        from learner.staleness import StalenessController
+
+        self.controller = StalenessController(cfg.staleness_auto) if cfg.auto_staleness else None
+        saved = state.extra.get("staleness", {})
+        if self.controller is not None and resume:
+            self.controller.load_state_dict(saved.get("controller", {}))
+        bound = self.controller.bound if self.controller is not None else int(cfg.max_staleness)
+        if resume:  # Redis's record wins: it has the bounds of versions published after the checkpoint
+            recorded = {int(v): int(b) for v, b in saved.get("schedule", {}).items()}
+            recorded |= self.buffer.staleness_bounds()
+            self.schedule = resumed_schedule(recorded, max(state.version, self.buffer.version()), bound)
+        else:
+            self.schedule = StalenessSchedule(bound)
+        for version, b in self.schedule.changes.items():
+            self.buffer.set_staleness_bound(version, b)
         self.feeder = PromptFeeder(
             self.buffer,
             load_prompt_source(job) if prompts is None else prompts,
             groups_per_step=cfg.groups_per_step,
-            max_staleness=cfg.max_staleness,
+            max_staleness=self.schedule,
             cursor=state.cursor,
             shuffle_seed=job.seed if job.data.shuffle else None,  # the same order again on resume
         )
@@ -391,7 +420,7 @@ class _Rank0:
         self.assembler = BatchAssembler(
             self.buffer,
             groups_per_step=cfg.groups_per_step,
-            max_staleness=cfg.max_staleness,
+            max_staleness=self.schedule,
             consumer=CONSUMER,
             # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
             keep_group=informative if cfg.algorithm.dynamic_sampling else None,
@@ -414,7 +443,8 @@ class _Rank0:
         """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`)."""
         now = time.monotonic()
         if now - self._last_heartbeat > 2.0:
-            self.buffer.heartbeat(CONSUMER, "learner", {"version": version, "status": status, **details})
+            body = {"version": version, "status": status, **self.diagnostics, **details}
+            self.buffer.heartbeat(CONSUMER, "learner", body)
             self._last_heartbeat = now
 
     def next_batch(self, version: int, stop: StopFlag):
@@ -473,7 +503,33 @@ class _Rank0:
         self.buffer.publish_version(version)
         return stats
 
-    def after_step(self, taken, version: int) -> None:
+    def step_bounds(self, version: int, taken) -> StepBounds:
+        """The staleness bounds the step at `version` must keep, for every rank's trainer to assert."""
+        releases = {t.group.release_version for t in taken}
+        return StepBounds(self.schedule.in_force(version), {r: self.schedule.at(r) for r in releases})
+
+    def next_bound(self, version: int, metrics: dict) -> None:
+        """After a step, before `version` is published: with max_staleness auto, the bound of prompts released from
+        `version` on, from the step's measured mismatch (learner/staleness.py)."""
+        if self.controller is None:
+            return
+        bound = self.controller.observe(metrics)
+        if bound != self.schedule.at(version):
+            log.info("staleness bound %d -> %d for prompts released from version %d (off-policy KL %.4f, ESS %.3f)",
+                     self.schedule.at(version), bound, version, metrics.get("loss/offpolicy_kl", float("nan")),
+                     metrics.get("loss/is_ess", float("nan")))  # fmt: skip
+            self.schedule.set(version, bound)
+            self.buffer.set_staleness_bound(version, bound)
+
+    def staleness_state(self) -> dict:
+        """What a checkpoint keeps of the staleness bound: the schedule, and auto's controller."""
+        state: dict = {"schedule": {str(v): b for v, b in self.schedule.changes.items()}}
+        if self.controller is not None:
+            state["controller"] = self.controller.state_dict()
+        return state
+
+    def after_step(self, taken, version: int, metrics: dict) -> None:
+        self.diagnostics = {k: metrics[k] for k in DIAGNOSTICS if k in metrics}
         self.buffer.mark_trained([t.entry_id for t in taken])
         staleness = np.concatenate(
             [(version - 1) - t.sampled_versions() for g in taken for t in g.group.trajectories]

@@ -41,7 +41,8 @@ from learner.settings import LearnerConfig
 log = logging.getLogger(__name__)
 
 # per-token statistics summed over loss tokens (then divided by their count), in all-reduce order
-_SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness"]
+_SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness",
+             "start_tokens", "start_kl", "start_weight", "start_weight_sq"]  # fmt: skip
 _MAX_KEYS = ["is_weight", "staleness", "ratio"]
 _CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
 
@@ -52,7 +53,28 @@ def _mean(values: list[torch.Tensor]) -> float:
 
 
 class StalenessError(RuntimeError):
-    """A batch holds a loss token older than max_staleness versions: admission control was bypassed."""
+    """A batch holds a loss token older than the staleness bound: admission control was bypassed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBounds:
+    """The staleness bounds a step keeps (buffer/admission.py, "A bound that changes"): `in_force`, the bound in force
+    for the step (`staleness/bound`), and `by_release`, release version -> the bound prompts released at it were given.
+    A fixed `learner.max_staleness` is `StepBounds(s)`; rank 0 sends the others its schedule's figures."""
+
+    in_force: int
+    by_release: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def of(self, group: Group) -> int:
+        """The largest staleness a loss token of `group` may have at this step."""
+        return min(self.in_force, self.by_release.get(group.release_version, self.in_force))
+
+    def to_json(self) -> dict:
+        return {"in_force": self.in_force, "by_release": {str(k): v for k, v in self.by_release.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepBounds:
+        return cls(int(data["in_force"]), {int(k): int(v) for k, v in data.get("by_release", {}).items()})
 
 
 def batch_staleness(groups: list[Group], version: int) -> np.ndarray:
@@ -61,18 +83,51 @@ def batch_staleness(groups: list[Group], version: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def check_staleness(groups: list[Group], version: int, max_staleness: int) -> np.ndarray:
-    """Per-token staleness of the batch; raise StalenessError if a loss token is older than allowed."""
+def check_staleness(groups: list[Group], version: int, max_staleness: int | StepBounds) -> np.ndarray:
+    """Per-token staleness of the batch; raise StalenessError if a loss token is older than its bound: the bound its
+    prompt was released under, and the bound in force for the step (`max_staleness`: one bound for every token, or
+    a step's StepBounds)."""
+    bounds = StepBounds(max_staleness) if isinstance(max_staleness, int) else max_staleness
     for g in groups:
         oldest = g.min_version()
         if oldest is None:
             continue
-        if version - oldest > max_staleness:
+        allowed = bounds.of(g)
+        if version - oldest > allowed:
+            released = bounds.by_release.get(g.release_version)
             raise StalenessError(
-                f"batch at version {version} has a token {version - oldest} versions old in group {g.group_id} "
-                f"(max_staleness {max_staleness}); the group was released at version {g.release_version}"
+                f"batch at version {version} has a token {version - oldest} versions old in group {g.group_id}, "
+                f"more than its bound {allowed} (bound in force {bounds.in_force}; released at version "
+                f"{g.release_version}" + (f" under bound {released}" if released is not None else "") + ")"
             )
     return batch_staleness(groups, version)
+
+
+def offpolicy_stats(
+    start_logprobs: torch.Tensor | None, behavior_logprobs: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per token, how far the behaviour policy mu is from the policy the step starts from (pi_0: the proximal policy,
+    before any of the step's updates): k3 KL(mu || pi_0) and the raw importance weight w = pi_0 / mu (before any
+    truncation or masking, so the same under every correction) with its square, for `loss/offpolicy_kl` and
+    `loss/is_ess`. Zero, and not counted (`start_tokens` 0), where pi_0's log-probs are not known (a later update
+    of a step that computed no proximal pass)."""
+    zeros = torch.zeros_like(behavior_logprobs, dtype=torch.float64)
+    if start_logprobs is None:
+        return {"start_tokens": zeros, "start_kl": zeros, "start_weight": zeros, "start_weight_sq": zeros}
+    delta = (start_logprobs.detach().double() - behavior_logprobs.double()).clamp(
+        -30.0, 30.0
+    )  # e^60 is finite
+    weight = torch.exp(delta)
+    return {"start_tokens": zeros + 1.0, "start_kl": weight - 1.0 - delta, "start_weight": weight,
+            "start_weight_sq": weight * weight}  # fmt: skip
+
+
+def effective_sample_size(weight_sum: float, weight_sq_sum: float, count: float) -> float:
+    """(sum w)^2 / (n sum w^2): the share of n weighted samples that n unweighted ones are worth, in (0, 1] (1: every
+    weight equal, on-policy; 1/n: one sample carries everything). 1 for no samples."""
+    if count <= 0 or weight_sq_sum <= 0:
+        return 1.0
+    return float(min(1.0, weight_sum * weight_sum / (count * weight_sq_sum)))
 
 
 @dataclasses.dataclass
@@ -176,12 +231,14 @@ class Learner:
         )
 
     # -- the step ---------------------------------------------------------------------------------------------
-    def train_step(self, groups: list[Group]) -> dict[str, float]:
-        """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics."""
+    def train_step(self, groups: list[Group], bounds: StepBounds | None = None) -> dict[str, float]:
+        """Train on `groups` (the same list on every rank) at the current version; returns reduced metrics. `bounds`:
+        the staleness bounds to assert (default: learner.max_staleness, or auto's ceiling)."""
         start = time.perf_counter()
         cfg, world, version, algorithm = self.cfg, self.world, self.version, self.algorithm
         # 1. staleness bound (per loss token); DAPO's reward shaping and overlong filtering
-        staleness = check_staleness(groups, version, cfg.max_staleness)
+        bounds = bounds if bounds is not None else StepBounds(cfg.staleness_ceiling)
+        staleness = check_staleness(groups, version, bounds)
         rewards = shaped_rewards(groups, algorithm.cfg.overlong, self.max_response_tokens)
         sequences, owners = self._sequences(groups)
 
@@ -201,9 +258,9 @@ class Learner:
             maxes=torch.full((len(_MAX_KEYS),), -1e30, dtype=torch.float64, device=world.device),
             critic=torch.zeros(len(_CRITIC_KEYS), dtype=torch.float64, device=world.device),
         )
-        for _ in range(cfg.ppo_epochs):
-            for mini in updates:
-                self._update(mini, version, totals, train_policy)
+        for epoch in range(cfg.ppo_epochs):
+            for i, mini in enumerate(updates):  # the first update runs at the step's starting weights
+                self._update(mini, version, totals, train_policy, at_start=epoch == 0 and i == 0)
 
         # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
@@ -224,7 +281,8 @@ class Learner:
         model_tokens = torch.tensor([totals.model_tokens], dtype=torch.float64, device=world.device)
         all_reduce(model_tokens, world, "sum")
         denominator = max(totals.tokens, 1.0)
-        mean = {k: float(v) / denominator for k, v in zip(_SUM_KEYS, totals.sums.tolist(), strict=True)}
+        sums = dict(zip(_SUM_KEYS, totals.sums.tolist(), strict=True))
+        mean = {k: float(v) / denominator for k, v in sums.items()}
         peak = dict(zip(_MAX_KEYS, totals.maxes.tolist(), strict=True))
         if self.reference is not None and train_policy:
             algorithm.kl_controller.update(mean["kl"], sum(len(g.trajectories) for g in groups))
@@ -242,12 +300,17 @@ class Learner:
             "loss/ratio_max": peak["ratio"],
             "is/weight_mean": mean["is_weight"],
             "is/weight_max": peak["is_weight"],
+            "loss/offpolicy_kl": sums["start_kl"] / max(sums["start_tokens"], 1.0),
+            "loss/is_ess": effective_sample_size(
+                sums["start_weight"], sums["start_weight_sq"], sums["start_tokens"]
+            ),
             "loss/grad_norm": _mean(totals.grad_norms),
             "loss/nonfinite_skipped": 1.0 if totals.skipped_updates else 0.0,
             "loss/lr": lr,
             "kl/coef": algorithm.kl_controller.value,
             "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
             "staleness/max": int(staleness.max()) if staleness.size else 0,
+            "staleness/bound": bounds.in_force,
             "batch/reward_mean": float(raw.mean()),
             "batch/overlong_penalty_mean": float((shaped - raw).mean()),
             "batch/truncated_frac": float(np.mean([truncated(t) for t in trajectories]))
@@ -378,8 +441,11 @@ class Learner:
                         part.returns = torch.zeros(len(part.mb.keep), device=self.world.device)
         return result
 
-    def _update(self, mini: MiniBatch, version: int, totals: _Totals, train_policy: bool) -> None:
-        """One optimizer update on a mini-batch: backward per micro-batch (gradient sync on the last), then step."""
+    def _update(
+        self, mini: MiniBatch, version: int, totals: _Totals, train_policy: bool, at_start: bool = False
+    ) -> None:
+        """One optimizer update on a mini-batch: backward per micro-batch (gradient sync on the last), then step.
+        `at_start`: the weights are still the step's starting ones (its first update)."""
         world = self.world
         # FSDP2 averages gradients over ranks; scaling by world_size makes the result the global token mean.
         scale = world.world_size / mini.loss_tokens
@@ -390,7 +456,7 @@ class Learner:
             mb = part.mb.to(world.device)
             if train_policy:
                 self.model.set_requires_gradient_sync(last)
-                loss, stats = self._micro_batch_loss(mb, version, part)
+                loss, stats = self._micro_batch_loss(mb, version, part, at_start)
                 (loss * scale).backward()
                 nonfinite[0] += (~torch.isfinite(loss.detach())).float()
                 totals.model_tokens += mb.num_tokens
@@ -460,7 +526,7 @@ class Learner:
         }
 
     def _micro_batch_loss(
-        self, mb: MicroBatch, version: int, part: PackedPart
+        self, mb: MicroBatch, version: int, part: PackedPart, at_start: bool = False
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # the entropy is computed for the `loss/entropy` metric in any case (one pass over each chunk of logits in the
         # forward); it gets a gradient, in the backward, only when the algorithm's loss uses it (see below)
@@ -488,6 +554,11 @@ class Learner:
         stats["entropy"] = entropy.detach()
         stats["staleness"] = staleness.to(torch.float64)
         stats["loss_mask"] = loss_mask
+        # behaviour against the step's starting policy: its proximal pass, or these log-probs in the first update
+        start = (
+            part.proximal_logprobs if part.proximal_logprobs is not None else (logprobs if at_start else None)
+        )
+        stats |= offpolicy_stats(start, mb.behavior_logprobs[keep])
         return per_token.sum(), stats
 
     @staticmethod

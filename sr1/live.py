@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from buffer.monitor import staleness_histogram
 from sr1.report import read_metric_lines
 
 
@@ -14,6 +15,14 @@ def _num(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def histogram_shares(histogram: dict[int, int]) -> str | None:
+    """`0:4% 1:10% 2:86%`: the share of trained tokens at each staleness (None before any)."""
+    total = sum(histogram.values())
+    if not total:
+        return None
+    return " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in sorted(histogram.items()))
 
 
 def paused_reason(generator_metrics: list[dict[str, Any]]) -> str | None:
@@ -88,7 +97,12 @@ class LiveView:
                 stats.get("buffer/queued_groups"),
                 stats.get("buffer/trained_unacked"),
             ),
-            "staleness mean/max": f"{_num(m.get('staleness/mean'))} / {_num(m.get('staleness/max'), 0)}",
+            "staleness mean/max (bound)": f"{_num(m.get('staleness/mean'))} / {_num(m.get('staleness/max'), 0)} "
+            f"({_num(m.get('staleness/bound'), 0)}; next releases {_num(stats.get('buffer/staleness_bound'), 0)})",
+            "off-policy KL / mismatch KL / IS ESS": f"{_num(m.get('loss/offpolicy_kl'), 4)} / "
+            f"{_num(m.get('loss/mismatch_kl'), 4)} / {_num(m.get('loss/is_ess'), 3)}",
+            "clipped / masked tokens": f"{_num(m.get('loss/clipped_frac'), 3)} / {_num(m.get('loss/masked_frac'), 3)}",
+            "staleness of trained tokens": histogram_shares(staleness_histogram(stats)),
             "gen tokens/s": sum(g.get("rollout/tokens_per_s", 0.0) for g in gen_metrics)
             if gen_metrics
             else None,

@@ -18,7 +18,7 @@ class RunSummary:
     run_dir: str
     preset: str
     seed: int
-    max_staleness: int
+    max_staleness: int | str  # a bound, or "auto"
     correction: str
     algorithm: str
     steps: int
@@ -32,6 +32,9 @@ class RunSummary:
     generator_tokens_per_s: float | None = None
     tool_calls_per_trajectory: float | None = None
     staleness_histogram: dict[int, int] = field(default_factory=dict)  # staleness -> tokens
+    # per logged step, the off-policy diagnostics: {"step", "offpolicy_kl", "mismatch_kl", "is_ess", "clipped_frac", "masked_frac",
+    # "bound", "staleness_mean"} (`offpolicy_curve`)
+    offpolicy: list[dict[str, float]] = field(default_factory=list)
     staleness_mean: float | None = None
     staleness_max: int | None = None
     generator_idle_fraction: float | None = None
@@ -103,6 +106,58 @@ def pool_peak(rows: list[dict[str, Any]], key: str) -> int:
     return int(max((r.get(key, 0) for r in rows), default=0))
 
 
+# metrics.jsonl key -> the name in RunSummary.offpolicy
+OFFPOLICY_KEYS = {
+    "loss/offpolicy_kl": "offpolicy_kl",
+    "loss/mismatch_kl": "mismatch_kl",
+    "loss/is_ess": "is_ess",
+    "loss/clipped_frac": "clipped_frac",
+    "loss/masked_frac": "masked_frac",
+    "staleness/bound": "bound",
+    "staleness/mean": "staleness_mean",
+}
+
+
+def offpolicy_curve(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The off-policy diagnostics of every step row that has them."""
+    out = []
+    for r in rows:
+        if "step" in r and "loss/mismatch_kl" in r:
+            out.append(
+                {"step": int(r["step"])} | {name: r[k] for k, name in OFFPOLICY_KEYS.items() if k in r}
+            )
+    return out
+
+
+def offpolicy_figures(curve: list[dict[str, float]]) -> dict[str, str]:
+    """The report's rows of off-policy diagnostics: mean and worst step of each (docs/metrics.md has thresholds)."""
+
+    def values(name: str) -> list[float]:
+        return [float(c[name]) for c in curve if c.get(name) is not None]
+
+    def mean_and(name: str, worst, digits: int) -> str:
+        got = values(name)
+        if not got:
+            return "n/a"
+        return f"{sum(got) / len(got):.{digits}f} / {worst(got):.{digits}f}"
+
+    bounds = values("bound")
+    return {
+        "off-policy KL per token (behaviour vs step start), mean / largest step": mean_and(
+            "offpolicy_kl", max, 4
+        ),
+        "mismatch KL per token (behaviour vs every update), mean / largest step": mean_and(
+            "mismatch_kl", max, 4
+        ),
+        "importance-weight ESS, mean / smallest step": mean_and("is_ess", min, 3),
+        "clipped token share, mean / largest step": mean_and("clipped_frac", max, 3),
+        "masked token share, mean / largest step": mean_and("masked_frac", max, 3),
+        "staleness bound in force, lowest / highest": f"{min(bounds):.0f} / {max(bounds):.0f}"
+        if bounds
+        else "n/a",
+    }
+
+
 def staleness_stats(histogram: dict[int, int]) -> tuple[float | None, int | None]:
     total = sum(histogram.values())
     if not total:
@@ -149,15 +204,40 @@ def write_plots(summary: RunSummary, out_dir: Path) -> list[Path]:
         values = [summary.staleness_histogram[k] for k in keys]
         ax.bar(keys, values, color="tab:purple")
         ax.set_xticks(keys)
-    ax.axvline(
-        summary.max_staleness + 0.5, color="gray", linestyle="--", label=f"bound ({summary.max_staleness})"
-    )
+    bounds = [c["bound"] for c in summary.offpolicy if c.get("bound") is not None]
+    bound = max(bounds) if bounds else summary.max_staleness
+    if isinstance(bound, (int, float)):
+        ax.axvline(bound + 0.5, color="gray", linestyle="--", label=f"largest bound ({bound:.0f})")
     ax.set_xlabel("staleness (learner version - token version)")
     ax.set_ylabel("loss tokens")
     ax.set_title("staleness of trained tokens")
     ax.legend()
     fig.tight_layout()
     paths.append(out_dir / "staleness.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    # the off-policy diagnostics per step: mismatch KL, ESS, and the bound against the staleness trained
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    curve = summary.offpolicy
+    steps = [c["step"] for c in curve]
+    for ax, name, label in ((axes[0], "offpolicy_kl", "off-policy KL (k3, per token)"),
+                            (axes[1], "is_ess", "importance-weight ESS")):  # fmt: skip
+        ax.plot(
+            steps, [c.get(name) for c in curve], color="tab:red" if name == "offpolicy_kl" else "tab:green"
+        )
+        ax.set_xlabel("learner step")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[1].set_ylim(0, 1.02)
+    axes[2].step(steps, [c.get("bound") for c in curve], where="post", color="gray", label="bound in force")
+    axes[2].plot(steps, [c.get("staleness_mean") for c in curve], color="tab:purple", label="mean staleness")
+    axes[2].set_xlabel("learner step")
+    axes[2].set_title("staleness (versions)", fontsize=9)
+    axes[2].grid(alpha=0.3)
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "offpolicy.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
@@ -178,6 +258,9 @@ def write_report(summary: RunSummary, out_dir: Path) -> tuple[Path, Path]:
     )
     lost = "\n".join(f"| {reason} | {count} |" for reason, count in summary.dead_letters.items())
     hist = ", ".join(f"{k}: {v}" for k, v in sorted(summary.staleness_histogram.items()))
+    offpolicy = "\n".join(
+        f"| {label} | {value} |" for label, value in offpolicy_figures(summary.offpolicy).items()
+    )
     md = f"""# sr1 run report
 
 Run directory: `{summary.run_dir}` · preset `{summary.preset}` · seed {summary.seed} ·
@@ -223,8 +306,15 @@ algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · corr
 
 {hist or "n/a"}
 
+## Off-policy diagnostics (per step; thresholds in docs/metrics.md)
+
+| | value |
+|---|---|
+{offpolicy}
+
 ![reward and EM]({plots[0].name})
 ![staleness]({plots[1].name})
+![off-policy diagnostics]({plots[2].name})
 """
     md_path = out_dir / "report.md"
     md_path.write_text(md)

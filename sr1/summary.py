@@ -10,6 +10,7 @@ from buffer.monitor import staleness_histogram
 from sr1.report import (
     RunSummary,
     dead_letter_counts,
+    offpolicy_curve,
     pool_peak,
     read_metrics,
     staleness_stats,
@@ -105,6 +106,7 @@ def summarize(orch) -> RunSummary:
         generator_tokens_per_s=sum(g.get("rollout/tokens_per_s", 0.0) for g in generators) or None,
         tool_calls_per_trajectory=_mean([r.get("batch/tool_calls_per_traj") for r in rows]),
         staleness_histogram=histogram,
+        offpolicy=offpolicy_curve(rows),
         dead_letters=dead_letter_counts(stats),
         tool_calls=tool_calls,
         tool_errors=tool_errors,

@@ -76,15 +76,21 @@ def run_case(
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What sweeps tabulate of one finished run: EM before and after, the EM curve against steps and against wall
-    seconds since the first evaluation, time per step, idle fractions and the staleness histogram."""
+    seconds since the first evaluation, time per step, idle fractions, the staleness histogram and the off-policy
+    diagnostics of every step (`offpolicy`: step, mismatch_kl, is_ess, clipped_frac, masked_frac, bound, ...)."""
+    from sr1.report import offpolicy_curve
+
     report = json.loads((run_dir / "report.json").read_text())
     curve = sorted((int(e["step"]), float(e["eval/em"])) for e in report["evals"] if "eval/em" in e)
     timed = []  # (seconds since the evaluation before training, EM), from the evaluation rows of metrics.jsonl
+    steps = []
     metrics = run_dir / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.is_file() else []:
         row = json.loads(line)
         if "eval_step" in row and "eval/em" in row:
             timed.append((float(row["time"]), float(row["eval/em"])))
+        elif "step" in row:
+            steps.append(row)
     timed.sort()
     t0 = timed[0][0] if timed else 0.0
     return {
@@ -97,6 +103,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "curve": curve,
         "curve_wall": [(t - t0, em) for t, em in timed],
         "staleness_histogram": {int(k): int(v) for k, v in report.get("staleness_histogram", {}).items()},
+        "offpolicy": offpolicy_curve(steps),
     }
 
 

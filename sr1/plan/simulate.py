@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from buffer.admission import BatchAssembler, PromptFeeder
+from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule
 from buffer.records import PromptRecord
 from sr1.plan.profile import Profile
 
@@ -193,10 +193,10 @@ def _choose_batch(
     version: int, held: list[_Group], unconsumed: dict[str, int], pipe: Pipeline
 ) -> list | None:
     """The batch for `version`, chosen by `BatchAssembler._select` itself (thin adapter: `_select` reads only
-    `_held`, `max_staleness` and `groups_per_step` of its assembler, none of the Redis state)."""
+    `_held`, `schedule` and `groups_per_step` of its assembler, none of the Redis state)."""
     assembler = SimpleNamespace(
         _held={g.group_id: _Taken(g.group_id, g) for g in held},
-        max_staleness=pipe.max_staleness,
+        schedule=StalenessSchedule(pipe.max_staleness),
         groups_per_step=pipe.groups_per_step,
     )
     chosen = BatchAssembler._select(assembler, version, unconsumed)

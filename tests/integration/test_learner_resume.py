@@ -140,3 +140,65 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
         set(generator.put_ids) == set(used) | remaining
     )  # nothing lost: every produced group is used or waiting
     buffer.close()
+
+
+@pytest.mark.timeout(400)
+def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_path):
+    """`learner.max_staleness: auto` rising every step (target far above any mismatch): a learner stopped at version
+    5 and resumed goes on with the bound it had reached (checkpoint and Redis), not from `initial` again; every step
+    asserted its tokens against the bound in force (a violation would have failed the process)."""
+    from buffer.redis_buffer import ReplayBuffer
+    from config import load_config, save_config
+    from tests.fakes.toy_generator import ToyGenerator
+
+    namespace, run_dir = "resume-auto", tmp_path / "run"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "golden_answers": ["a"]}) + "\n"
+            for i in range(400)
+        )
+    )
+    overrides = [f"model.path={tiny_model_dir}", f"run_dir={run_dir}", f"data.train_files=[{prompts}]",
+                 f"buffer.namespace={namespace}", "generators.group_size=2", "learner.groups_per_step=2",
+                 "learner.max_staleness=auto", "learner.staleness_auto.ceiling=3",
+                 "learner.staleness_auto.target_kl=1e9", "learner.staleness_auto.patience=1",
+                 "learner.total_steps=9", "learner.micro_batch_tokens=512", "learner.checkpoint_every=3",
+                 "learner.num_engines=0"]  # fmt: skip
+    config_path = save_config(load_config("tiny", overrides), run_dir)
+    generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
+    try:
+        first = _start(config_path, redis_url)
+        _wait_for_version(first, run_dir, 5)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0
+        state = json.loads(
+            (
+                run_dir
+                / "checkpoints"
+                / (run_dir / "checkpoints" / "latest").read_text().strip()
+                / "resume"
+                / "state.json"
+            ).read_text()
+        )
+        assert state["extra"]["staleness"]["controller"]["bound"] == 3
+        second = _start(config_path, redis_url, "--resume")
+        assert second.wait(120) == 0
+    finally:
+        generator.stop()
+        for proc in [p for p in locals().values() if isinstance(p, subprocess.Popen)]:
+            if proc.poll() is None:
+                proc.kill()
+    buffer = ReplayBuffer(redis_url, namespace)
+    bounds = buffer.staleness_bounds()
+    buffer.close()
+    assert list(bounds.values()) == [
+        0,
+        1,
+        2,
+        3,
+    ]  # risen once per step to the ceiling, never reset by the restart
+    rows = _metrics(run_dir)
+    assert [r["staleness/bound"] for r in rows][:4] == [0, 1, 2, 3]
+    assert all(r["staleness/bound"] == 3 for r in rows[3:]) and rows[-1]["learner/version"] == 9
+    assert all(r["staleness/max"] <= r["staleness/bound"] for r in rows)

@@ -200,3 +200,64 @@ def test_an_untrainable_group_is_dead_lettered_by_the_learner_and_replaced(buf):
     assert [(d["gid"], d["reason"]) for d in buf.dead_letters()] == [("synthetic/train/0/e0", "too long")]
     assert "synthetic/train/0/e0" not in buf.inflight()
     assert [t.group.group_id for t in buf.pending_groups("learner-0")] == [t.group.group_id for t in batch]
+
+
+def test_a_schedule_gives_each_release_its_bound_and_deadline():
+    from buffer.admission import StalenessSchedule
+
+    schedule = StalenessSchedule(4)
+    schedule.set(10, 1)  # lowered from version 10 on
+    assert [schedule.at(v) for v in (0, 9, 10, 20)] == [4, 4, 1, 1]
+    assert schedule.deadline(9) == 13 and schedule.deadline(10) == 11
+    # groups released at 9 (under 4) may still be trained up to step 13: the bound in force falls to 1 at step 14
+    assert [schedule.in_force(u) for u in (9, 10, 13, 14)] == [4, 4, 4, 1]
+    schedule.set(12, 3)  # raised: in force at once
+    assert schedule.in_force(12) == 4 and schedule.in_force(14) == 3
+    with pytest.raises(ValueError, match="bound of version 11 cannot change.*from version 12"):
+        schedule.set(11, 2)
+    with pytest.raises(ValueError, match="must be >= 0, got -1"):
+        schedule.set(13, -1)
+    assert schedule.changes == {0: 4, 10: 1, 12: 3} and schedule.maximum() == 4
+
+
+def test_a_resumed_schedule_keeps_the_bounds_of_versions_released_at():
+    from buffer.admission import resumed_schedule
+
+    # recorded up to the published version 7, and for version 8 (decided, never published) before the crash
+    schedule = resumed_schedule({0: 4, 5: 2, 8: 1}, 7, 3)
+    assert schedule.changes == {0: 4, 5: 2, 8: 3}
+    assert resumed_schedule({}, 7, 3).changes == {7: 3}
+
+
+def test_the_bound_is_kept_in_redis_beside_the_version(redis_url):
+    buf = ReplayBuffer(redis_url, "bounds")
+    assert buf.staleness_bounds() == {} and buf.stats()["buffer/staleness_bound"] is None
+    buf.set_staleness_bound(0, 4)
+    buf.set_staleness_bound(3, 2)
+    assert buf.staleness_bounds() == {0: 4, 3: 2}
+    buf.publish_version(2)
+    assert buf.stats()["buffer/staleness_bound"] == 4
+    buf.publish_version(3)
+    assert buf.stats()["buffer/staleness_bound"] == 2
+    buf.close()
+
+
+def test_the_feeder_releases_under_the_bound_of_the_version(redis_url):
+    """Lowering the bound stops releases until the version catches up with what is out; raising opens the window."""
+    from buffer.admission import StalenessSchedule
+
+    buf = ReplayBuffer(redis_url, "feeder-schedule")
+    schedule = StalenessSchedule(3)
+    feeder = PromptFeeder(
+        buf, [make_prompt(i) for i in range(100)], groups_per_step=2, max_staleness=schedule
+    )
+    assert feeder.pump() == 8  # (3 + 0 + 1) * 2
+    schedule.set(1, 1)
+    buf.publish_version(1)
+    assert feeder.pump() == 0  # (1 + 1 + 1) * 2 = 6 < 8 already out
+    buf.publish_version(2)
+    assert feeder.pump() == 0  # 8 <= 8
+    schedule.set(3, 5)
+    buf.publish_version(3)
+    assert feeder.pump() == 10  # (5 + 3 + 1) * 2 = 18, 8 out
+    buf.close()

@@ -193,3 +193,81 @@ def test_dead_lettered_groups_are_replaced_within_the_bound(
     released = {p.group_id for p in dataset[: feeder.cursor]}
     assert released == set(consumed) | dead | set(buf.inflight())  # nothing lost
     buf.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    floor=st.integers(0, 2),
+    span=st.integers(0, 3),
+    groups_per_step=st.integers(1, 3),
+    steps=st.integers(2, 9),
+    kls=st.lists(st.sampled_from([0.0, 0.01, 0.09, 0.11, 0.5, float("nan")]), min_size=9, max_size=9),
+    early=st.lists(st.integers(0, 4), min_size=9, max_size=9),
+    choices=st.lists(st.integers(0, 1_000), min_size=60, max_size=60),
+)
+def test_an_adaptive_bound_keeps_every_token_within_the_bound_in_force(
+    redis_url, floor, span, groups_per_step, steps, kls, early, choices
+):
+    """`learner.max_staleness: auto`: the real controller moves the bound after every step from an adversarial
+    sequence of mismatch measurements (target 0.1), and the adversary also picks when generators finish (some groups
+    before the learner asks, the rest in any order). No trained token is older than the bound its prompt was released
+    under, nor than the bound in force for its step; the trainer's own check agrees; the bound stays in
+    [floor, ceiling]; every batch is full; every group is trained exactly once."""
+    from buffer.admission import StalenessSchedule
+    from learner.settings import StalenessAutoConfig
+    from learner.staleness import StalenessController
+    from learner.trainer import StepBounds, check_staleness
+
+    g, ceiling = groups_per_step, floor + span
+    controller = StalenessController(
+        StalenessAutoConfig(floor=floor, ceiling=ceiling, initial=ceiling, target_kl=0.1, patience=1)
+    )
+    schedule = StalenessSchedule(controller.bound)
+    buf = ReplayBuffer(redis_url, f"hyp-auto-{uuid.uuid4().hex[:8]}")
+    dataset = [make_prompt(i) for i in range(steps * g)]
+    feeder = PromptFeeder(buf, iter(dataset), groups_per_step=g, max_staleness=schedule)
+    assembler = BatchAssembler(buf, groups_per_step=g, max_staleness=schedule)
+    leased = []
+    picks = iter(choices * 10)
+    consumed: Counter[str] = Counter()
+    release_of: dict[str, int] = {}  # every group released so far -> its release version
+
+    def finish_one() -> None:
+        claim = leased.pop(next(picks) % len(leased))  # the adversary picks who finishes next
+        group = make_group(claim.prompt, n=1, prompt_len=2, response_len=3, version=buf.version())
+        assert buf.put_group(group, claim.entry_id)
+
+    for u in range(steps):
+        feeder.pump()
+        # releases happen only while the rule allows them (a lowered bound stops them until the version catches up),
+        # so at most (D + 1) * G released groups ever have a deadline <= D
+        assert buf.released_count() <= max(
+            admission_limit(r, groups_per_step=g, max_staleness=schedule.at(r)) for r in range(u + 1)
+        )
+        release_of |= buf.inflight()
+        deadlines = Counter(schedule.deadline(r) for r in release_of.values())
+        for d in deadlines:
+            assert sum(n for e, n in deadlines.items() if e <= d) <= (d + 1) * g
+        leased += buf.claim_prompts("gen", 100)
+        for _ in range(min(early[u], len(leased))):
+            finish_one()
+        while not (batch := assembler.next_batch(u, timeout_s=0)):
+            assert leased, f"step {u} waits for a group no generator holds"
+            finish_one()
+        assert len(batch) == g
+        in_force = schedule.in_force(u)
+        assert floor <= in_force <= ceiling
+        for t in batch:
+            released_under = schedule.at(t.group.release_version)
+            assert u - t.group.min_version() <= released_under <= in_force
+        groups = [t.group for t in batch]
+        bounds = StepBounds(in_force, {gr.release_version: schedule.at(gr.release_version) for gr in groups})
+        assert check_staleness(groups, u, bounds).max() <= in_force
+        bound = controller.observe({"loss/offpolicy_kl": kls[u]})
+        assert floor <= bound <= ceiling
+        schedule.set(u + 1, bound)  # at the step boundary, before version u + 1 is published
+        consumed.update(gr.group_id for gr in groups)
+        buf.ack([t.entry_id for t in batch])
+        buf.publish_version(u + 1)
+    assert consumed == Counter(p.group_id for p in dataset)  # each exactly once, none left behind
+    buf.close()

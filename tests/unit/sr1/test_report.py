@@ -67,3 +67,49 @@ def test_the_report_counts_dead_letters_by_reason_and_tool_errors(tmp_path):
         "| of which failed (error text instead of results) | 1 |" in text
         and "| mean tool latency | 0.500 s |" in text
     )
+
+
+def test_the_report_and_the_live_view_show_the_off_policy_diagnostics(tmp_path, redis_url):
+    """The per-step `loss/offpolicy_kl`, `loss/mismatch_kl`, `loss/is_ess`, clipped and masked shares and `staleness/bound` of
+    metrics.jsonl reach the report (table and plot) and the live table, with the staleness histogram."""
+    from types import SimpleNamespace
+
+    from buffer.redis_buffer import ReplayBuffer
+    from sr1.live import LiveView
+    from sr1.report import offpolicy_curve
+
+    rows = [
+        {"step": s, "loss/offpolicy_kl": kl, "loss/mismatch_kl": 2 * kl, "loss/is_ess": ess, "loss/clipped_frac": 0.1, "loss/masked_frac": 0.0,
+         "staleness/bound": bound, "staleness/mean": bound - 0.5}
+        for s, kl, ess, bound in ((1, 0.01, 0.99, 4), (2, 0.2, 0.6, 4), (3, 0.05, 0.9, 2))
+    ] + [{"eval_step": 3, "eval/em": 0.4}]  # fmt: skip
+    curve = offpolicy_curve(rows)
+    assert [c["bound"] for c in curve] == [4, 4, 2] and curve[1]["is_ess"] == 0.6
+    summary = _summary(tmp_path)
+    summary.max_staleness, summary.offpolicy = "auto", curve
+    _, md_path = write_report(summary, tmp_path)
+    text = md_path.read_text()
+    assert (
+        "| off-policy KL per token (behaviour vs step start), mean / largest step | 0.0867 / 0.2000 |" in text
+    )
+    assert (
+        "| mismatch KL per token (behaviour vs every update), mean / largest step | 0.1733 / 0.4000 |" in text
+    )
+    assert "| importance-weight ESS, mean / smallest step | 0.830 / 0.600 |" in text
+    assert "| staleness bound in force, lowest / highest | 2 / 4 |" in text
+    assert (tmp_path / "offpolicy.png").read_bytes()[
+        :8
+    ] == b"\x89PNG\r\n\x1a\n" and "](offpolicy.png)" in text
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    buf = ReplayBuffer(redis_url, "live-offpolicy")
+    buf.set_staleness_bound(0, 2)
+    buf.record_consumed([0, 1, 1, 2])
+    orch = SimpleNamespace(run_dir=tmp_path, started=0.0, buffer=buf, evals=[],
+                           cfg=SimpleNamespace(learner=SimpleNamespace(total_steps=3)))  # fmt: skip
+    snap = LiveView(orch, enabled=False).snapshot()
+    assert snap["staleness mean/max (bound)"] == "1.50 / - (2; next releases 2)"
+    assert snap["off-policy KL / mismatch KL / IS ESS"] == "0.0500 / 0.1000 / 0.900"
+    assert snap["clipped / masked tokens"] == "0.100 / 0.000"
+    assert snap["staleness of trained tokens"] == "0:25% 1:50% 2:25%"
+    buf.close()

@@ -73,3 +73,38 @@ def test_staleness_settings_run_sync_once_and_tabulate_gains(tmp_path):
     _fake_run(tmp_path / "r", 0.25, 0.5)
     table = compare_staleness.summarize(cases, {"s2-tis": {0: read_run(tmp_path / "r")}})
     assert "| max_staleness 2, tis | 0.25 | 0.50 | +0.25 |" in table and "s0" not in table
+
+
+def test_staleness_comparison_takes_auto_and_tabulates_the_off_policy_diagnostics(tmp_path):
+    """`--staleness 0,8,auto`: auto is a setting of its own; each run's per-step mismatch KL, ESS, clipped share and
+    bound in force (metrics.jsonl) reach the table and the plots."""
+    import compare_staleness
+
+    assert compare_staleness.parse_bounds("0, 8,auto") == [0, 8, "auto"]
+    for bad in ("-1", "often"):
+        with pytest.raises(ValueError):
+            compare_staleness.parse_bounds(bad)
+    cases = compare_staleness.cases([0, 8, "auto"], ["none", "tis"])
+    assert [c.name for c in cases] == ["s0-none", "s8-none", "s8-tis", "auto-none", "auto-tis"]
+    assert cases[3].overrides == ["learner.max_staleness=auto", "learner.correction=none"]
+    results: dict = {}
+    for name, seed, kls, bounds in (("s8-none", 0, (0.01, 0.3), (8, 8)), ("auto-tis", 0, (0.01, 0.02), (0, 1)),
+                                    ("auto-tis", 1, (0.03, 0.04), (0, 2))):  # fmt: skip
+        run_dir = tmp_path / f"{name}-s{seed}"
+        _fake_run(run_dir, 0.3, 0.6 if name == "auto-tis" else 0.4)
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            for step, (kl, bound) in enumerate(zip(kls, bounds, strict=True), start=2):
+                f.write(json.dumps({"step": step, "time": 1020.0 + step, "loss/offpolicy_kl": kl, "loss/mismatch_kl": kl, "loss/is_ess": 1 - kl,
+                                    "loss/clipped_frac": 0.1, "staleness/bound": bound}) + "\n")  # fmt: skip
+        results.setdefault(name, {})[seed] = read_run(run_dir)
+    assert [c["bound"] for c in results["auto-tis"][1]["offpolicy"]] == [0, 2]
+    table = compare_staleness.summarize(cases, results)
+    assert "| max_staleness 8, none | 0.30 | 0.40 | +0.10 | 0.40-0.40 |" in table
+    assert (
+        "| 0.1550 | 0.845 | 0.700 | 0.100 | 8-8 |" in table
+    )  # KL, ESS mean and lowest, clipped, bounds of s8
+    assert "| max_staleness auto, tis | 0.30 ± 0.00 | 0.60 ± 0.00 | +0.30, +0.30 | 0.60-0.60 |" in table
+    assert table.rstrip().endswith("| 0-2 |")
+    compare_staleness.plot(cases, results, tmp_path)
+    for name in ("em_vs_time.png", "em_vs_step.png", "offpolicy.png", "staleness.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
