@@ -411,8 +411,11 @@ class BatchAssembler:
             log.warning(
                 "step at version %d needs %d groups to keep the staleness bound (%d in force), more than "
                 "groups_per_step=%d (admission was not followed, e.g. a resume at another version); taking them all",
-                version, len(chosen), self.schedule.in_force(version), g,
-            )  # fmt: skip
+                version,
+                len(chosen),
+                self.schedule.in_force(version),
+                g,
+            )
         for t in held:
             if len(chosen) >= g:
                 break

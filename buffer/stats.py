@@ -27,9 +27,17 @@ def _s(value: bytes | str) -> str:
 
 
 # the pool's figures the learner logs beside each step (metrics.jsonl, wandb): summed over workers, or averaged
-_POOL_SUMS = ("rollout/tokens_per_s", "rollout/tool_calls_per_s", "rollout/inflight_trajectories",
-              "rollout/groups_done", "rollout/groups_failed", "rollout/tool_errors_total", "rollout/eval_errors",
-              "rollout/groups_given_back", "rollout/tool_pauses")  # fmt: skip
+_POOL_SUMS = (
+    "rollout/tokens_per_s",
+    "rollout/tool_calls_per_s",
+    "rollout/inflight_trajectories",
+    "rollout/groups_done",
+    "rollout/groups_failed",
+    "rollout/tool_errors_total",
+    "rollout/eval_errors",
+    "rollout/groups_given_back",
+    "rollout/tool_pauses",
+)
 _POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
 
 
@@ -135,8 +143,22 @@ class RunStats:
         pipe.hgetall(self.key("staleness"))
         pipe.scard(self.key("trained"))
         pipe.hgetall(self.key("staleness_bounds"))
-        (prompts_len, prompts_pending, groups_len, groups_pending, inflight, counters, version, version_time,
-         dead, produced_buckets, consumed_buckets, staleness, trained, bounds) = pipe.execute()  # fmt: skip
+        (
+            prompts_len,
+            prompts_pending,
+            groups_len,
+            groups_pending,
+            inflight,
+            counters,
+            version,
+            version_time,
+            dead,
+            produced_buckets,
+            consumed_buckets,
+            staleness,
+            trained,
+            bounds,
+        ) = pipe.execute()
         counters = {_s(k): int(v) for k, v in counters.items()}
         window_s = (RATE_WINDOW_BUCKETS - 1) * RATE_BUCKET_S + (now - bucket * RATE_BUCKET_S)
         leased = int(prompts_pending["pending"])

@@ -105,11 +105,19 @@ def main(argv: list[str] | None = None) -> int:
         "script", help="a Search-R1 script with a `python -m verl.trainer.main_ppo` command"
     )
     translate.add_argument("-o", "--output", help="write the preset here (default: print it)")
-    translate.add_argument("--base", default="auto",
-                           help="preset holding sr1's machinery (default: sr1's Search-R1 preset of the script's "
-                           "estimator; 'none': sr1's defaults)")  # fmt: skip
-    translate.add_argument("--env", action="append", default=[], metavar="VAR=value",
-                           help="a variable the script uses but does not set")  # fmt: skip
+    translate.add_argument(
+        "--base",
+        default="auto",
+        help="preset holding sr1's machinery (default: sr1's Search-R1 preset of the script's "
+        "estimator; 'none': sr1's defaults)",
+    )
+    translate.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="VAR=value",
+        help="a variable the script uses but does not set",
+    )
     sub.add_parser(
         "search-r1-keys", help="print docs/search-r1.md (Search-R1's keys, rendered from the table)"
     )

@@ -145,8 +145,10 @@ def _ppo(sr1_key: str, ratio: bool = False) -> Convert:
 _PACKING = (
     "sr1 packs micro-batches by tokens without padding (learner.micro_batch_tokens), for every forward pass"
 )
-_OFFLOAD = ("sr1's learner has GPUs of its own (no colocated rollout to make room for); learner.cpu_offload "
-            "offloads parameters, gradients and optimizer state together")  # fmt: skip
+_OFFLOAD = (
+    "sr1's learner has GPUs of its own (no colocated rollout to make room for); learner.cpu_offload "
+    "offloads parameters, gradients and optimizer state together"
+)
 _WRAP = "sr1 shards each decoder layer with FSDP2 over all learner.num_ranks"
 _NO_SP = "sr1 has no sequence parallelism"
 _SCHEDULE = "sr1's schedule is linear warmup then constant (verl's 'constant' style)"

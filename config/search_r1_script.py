@@ -120,8 +120,10 @@ def parse_script(text: str, env: dict[str, str] | None = None) -> ScriptOverride
 def _command_overrides(tokens: list[str], variables: dict[str, str], command: _Command) -> ScriptOverrides:
     entry = tokens.index(_ENTRY)
     if entry < 2 or tokens[entry - 1] != "-m" or "python" not in Path(tokens[entry - 2]).name:
-        raise ScriptError(f"line {command.line_of(_ENTRY)}: expected `python -m {_ENTRY}`, got "
-                          f"{' '.join(tokens[: entry + 1])!r}")  # fmt: skip
+        raise ScriptError(
+            f"line {command.line_of(_ENTRY)}: expected `python -m {_ENTRY}`, got "
+            f"{' '.join(tokens[: entry + 1])!r}"
+        )
     values: dict[str, Any] = {}
     lines: dict[str, int] = {}
     for token in tokens[entry + 1 :]:
@@ -150,8 +152,9 @@ class ScriptTranslation:
     base: str | None
 
 
-def translate_script(text: str, base: str | Path | None = "auto", env: dict[str, str] | None = None
-                     ) -> ScriptTranslation:  # fmt: skip
+def translate_script(
+    text: str, base: str | Path | None = "auto", env: dict[str, str] | None = None
+) -> ScriptTranslation:
     """Translate a script onto `base` (a preset; "auto": sr1's Search-R1 preset of the script's estimator; None:
     sr1's defaults). Every key must be known; a value sr1 cannot take is an error naming the key and the line."""
     script = parse_script(text, env)
@@ -232,8 +235,10 @@ def _emit(node: dict[str, Any], comments: dict[str, str], prefix: str = "", inde
 def preset_yaml(translation: ScriptTranslation, source: str) -> str:
     """The preset file: a header naming the script and base, the keys accepted without a field, then the values
     (each translated one commented with the Search-R1 key and line it came from)."""
-    header = [f"# Translated from {source} by `sr1 config from-search-r1`; base preset: {translation.base or 'none'}",
-              "# Search-R1 keys sr1 accepts without a field of its own (what sr1 does instead):"]  # fmt: skip
+    header = [
+        f"# Translated from {source} by `sr1 config from-search-r1`; base preset: {translation.base or 'none'}",
+        "# Search-R1 keys sr1 accepts without a field of its own (what sr1 does instead):",
+    ]
     header += [f"#   {line}" for line in translation.accepted]
     return "\n".join([*header, *_emit(translation.preset, translation.comments)]) + "\n"
 

@@ -1,10 +1,21 @@
 """The learner pool: staleness-corrected GRPO on FSDP2 ranks, fed by the Redis buffer, pushing weights to engines.
 
-advantages.py  GRPO / Dr. GRPO group advantages      losses.py    PPO-clip with none/tis/icepop/decoupled
-packing.py     token-budget packed micro-batches     attention.py exact per-sequence SDPA for packed rows
-distributed.py init_distributed() and World          model.py     HF model under fully_shard, AdamW + warmup
-trainer.py     one optimisation step on all ranks    loop.py      take -> train -> publish -> checkpoint -> ack
-checkpoint.py  streamed HF safetensors + DCP resume  tracking.py  metrics.jsonl (+ wandb) on rank 0
-main.py        one rank's process entry point        cli.py       `sr1 learner`: local ranks or Ray actors
-toy.py         synthetic groups and a toy generator for tests and the benchmark
+main.py              one rank's process entry point
+job.py               the sections a learner process uses
+loop.py              take -> train -> publish -> checkpoint -> ack, on every rank
+rank0.py             rank 0's side: prompt feeding, batches, heartbeats, the bound in force, publishing, evaluations
+trainer.py           one optimisation step on all ranks
+staleness.py         the adaptive staleness bound (`auto`)
+algorithms/          GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, the off-policy corrections, KL, shaping
+model.py             the HF model under fully_shard, AdamW
+packing.py           token-budget packed micro-batches
+attention.py         packed attention: flash varlen, FlexAttention, per-sequence SDPA
+chunked_logprobs.py  log-probs without full logits
+minibatches.py       PPO epochs and mini-batches
+critic.py            PPO's value model
+memory.py            the memory check before the first step
+distributed.py       init_distributed() and World
+checkpoint.py        streamed HF safetensors + DCP resume
+tracking.py          metrics.jsonl (+ wandb) on rank 0
+stop.py              the SIGTERM/SIGINT stop flag
 """

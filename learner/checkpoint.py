@@ -151,8 +151,15 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 class Checkpointer:
-    def __init__(self, root: Path, world: World, model_dir: Path, save_dtype: str = "float32", keep: int = 2,
-                 tokenizer_dir: Path | None = None):  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        world: World,
+        model_dir: Path,
+        save_dtype: str = "float32",
+        keep: int = 2,
+        tokenizer_dir: Path | None = None,
+    ):
         self.root = Path(root)
         self.world = world
         self.model_dir = Path(model_dir)

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from learner.distributed import init_distributed, shutdown_distributed
-    from learner.loop import NonFiniteTrainingError, StopFlag, run_learner
+    from learner.loop import NonFiniteTrainingError, run_learner
+    from learner.stop import StopFlag
 
     stop = StopFlag().install()
     world = init_distributed(args.device)

@@ -86,8 +86,14 @@ def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
 
 
 class Tracker:
-    def __init__(self, run_dir: Path | None, logging_cfg=None, rank: int = 0, config: dict | None = None,
-                 metrics_file: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path | None,
+        logging_cfg=None,
+        rank: int = 0,
+        config: dict | None = None,
+        metrics_file: bool = True,
+    ):
         self.active = rank == 0 and run_dir is not None
         self._file = None
         self._wandb = None

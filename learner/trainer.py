@@ -41,8 +41,20 @@ from learner.settings import LearnerConfig
 log = logging.getLogger(__name__)
 
 # per-token statistics summed over loss tokens (then divided by their count), in all-reduce order
-_SUM_KEYS = ["pg_loss", "is_weight", "clipped", "masked", "mismatch_kl", "entropy", "kl", "staleness",
-             "start_tokens", "start_kl", "start_weight", "start_weight_sq"]  # fmt: skip
+_SUM_KEYS = [
+    "pg_loss",
+    "is_weight",
+    "clipped",
+    "masked",
+    "mismatch_kl",
+    "entropy",
+    "kl",
+    "staleness",
+    "start_tokens",
+    "start_kl",
+    "start_weight",
+    "start_weight_sq",
+]
 _MAX_KEYS = ["is_weight", "staleness", "ratio"]
 _CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
 
@@ -118,8 +130,12 @@ def offpolicy_stats(
         -30.0, 30.0
     )  # e^60 is finite
     weight = torch.exp(delta)
-    return {"start_tokens": zeros + 1.0, "start_kl": weight - 1.0 - delta, "start_weight": weight,
-            "start_weight_sq": weight * weight}  # fmt: skip
+    return {
+        "start_tokens": zeros + 1.0,
+        "start_kl": weight - 1.0 - delta,
+        "start_weight": weight,
+        "start_weight_sq": weight * weight,
+    }
 
 
 def effective_sample_size(weight_sum: float, weight_sq_sum: float, count: float) -> float:
@@ -506,9 +522,14 @@ class Learner:
                 returns, values = part.returns[mask].double(), part.old_values[mask].double()
                 error = returns - values
                 moments += np.array(
-                    [mask.sum().item(), returns.sum().item(), returns.square().sum().item(),
-                     error.sum().item(), error.square().sum().item()]
-                )  # fmt: skip
+                    [
+                        mask.sum().item(),
+                        returns.sum().item(),
+                        returns.square().sum().item(),
+                        error.sum().item(),
+                        error.square().sum().item(),
+                    ]
+                )
         count, r_sum, r_sq, e_sum, e_sq = self._sum_over_ranks(moments)
         explained = 0.0
         if count > 1:

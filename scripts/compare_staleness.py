@@ -125,8 +125,10 @@ def plot(cases_: list[Case], results: dict[str, dict[int, dict]], out: Path) -> 
     import numpy as np
 
     present = [c for c in cases_ if c.name in results]
-    for key, xlabel, name in (("curve_wall", "wall seconds since training began", "em_vs_time.png"),
-                              ("curve", "learner step", "em_vs_step.png")):  # fmt: skip
+    for key, xlabel, name in (
+        ("curve_wall", "wall seconds since training began", "em_vs_time.png"),
+        ("curve", "learner step", "em_vs_step.png"),
+    ):
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         for i, case in enumerate(present):
             curves = [r[key] for r in results[case.name].values() if r[key]]
@@ -143,8 +145,11 @@ def plot(cases_: list[Case], results: dict[str, dict[int, dict]], out: Path) -> 
 
     # the off-policy diagnostics against steps, averaged over seeds
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    panels = (("offpolicy_kl", "off-policy KL (k3, per token)"), ("is_ess", "importance-weight ESS"),
-              ("bound", "staleness bound in force"))  # fmt: skip
+    panels = (
+        ("offpolicy_kl", "off-policy KL (k3, per token)"),
+        ("is_ess", "importance-weight ESS"),
+        ("bound", "staleness bound in force"),
+    )
     for ax, (name, title) in zip(axes, panels, strict=True):
         for i, case in enumerate(present):
             curves = [

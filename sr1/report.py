@@ -182,8 +182,13 @@ def write_plots(summary: RunSummary, out_dir: Path) -> list[Path]:
         steps, rewards = zip(*summary.reward_curve, strict=True)
         ax.plot(steps, rewards, label="train reward (batch mean)", color="tab:blue", alpha=0.8)
     if summary.evals:
-        ax.plot([e["step"] for e in summary.evals], [e["eval/em"] for e in summary.evals], "o-",
-                label="test EM (greedy)", color="tab:red")  # fmt: skip
+        ax.plot(
+            [e["step"] for e in summary.evals],
+            [e["eval/em"] for e in summary.evals],
+            "o-",
+            label="test EM (greedy)",
+            color="tab:red",
+        )
     ax.set_xlabel("learner step")
     ax.set_ylabel("reward / exact match")
     ax.set_ylim(-0.02, 1.02)
@@ -221,8 +226,10 @@ def write_plots(summary: RunSummary, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
     curve = summary.offpolicy
     steps = [c["step"] for c in curve]
-    for ax, name, label in ((axes[0], "offpolicy_kl", "off-policy KL (k3, per token)"),
-                            (axes[1], "is_ess", "importance-weight ESS")):  # fmt: skip
+    for ax, name, label in (
+        (axes[0], "offpolicy_kl", "off-policy KL (k3, per token)"),
+        (axes[1], "is_ess", "importance-weight ESS"),
+    ):
         ax.plot(
             steps, [c.get(name) for c in curve], color="tab:red" if name == "offpolicy_kl" else "tab:green"
         )

@@ -367,8 +367,14 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
     except ConfigError as err:
         print(f"{command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    orchestrator = orchestrator_class(cfg, run_dir, resume=args.resume is not None, live=not args.no_live and sys.stdout.isatty(),
-                                      startup_timeout_s=args.startup_timeout, **options)  # fmt: skip
+    orchestrator = orchestrator_class(
+        cfg,
+        run_dir,
+        resume=args.resume is not None,
+        live=not args.no_live and sys.stdout.isatty(),
+        startup_timeout_s=args.startup_timeout,
+        **options,
+    )
     interrupted = False
     try:
         return orchestrator.run()

@@ -100,7 +100,7 @@ def summarize(orch) -> RunSummary:
             (int(r["step"]), float(r["batch/reward_mean"]))
             for r in rows
             if "step" in r and "batch/reward_mean" in r
-        ],  # fmt: skip
+        ],
         step_s_mean=_mean([r.get("perf/step_s") for r in later]),
         learner_tokens_per_s=_mean([r.get("perf/tokens_per_s") for r in rows]),
         generator_tokens_per_s=sum(g.get("rollout/tokens_per_s", 0.0) for g in generators) or None,

@@ -122,8 +122,12 @@ def run_sweep(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     results: dict[str, dict[int, dict[str, Any]]] = {c.name: {} for c in cases}
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns) as progress:
         task = progress.add_task("runs", total=len(cases) * len(seeds))
         for seed in seeds:

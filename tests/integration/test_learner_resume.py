@@ -159,12 +159,22 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
             for i in range(400)
         )
     )
-    overrides = [f"model.path={tiny_model_dir}", f"run_dir={run_dir}", f"data.train_files=[{prompts}]",
-                 f"buffer.namespace={namespace}", "generators.group_size=2", "learner.groups_per_step=2",
-                 "learner.max_staleness=auto", "learner.staleness_auto.ceiling=3",
-                 "learner.staleness_auto.target_kl=1e9", "learner.staleness_auto.patience=1",
-                 "learner.total_steps=9", "learner.micro_batch_tokens=512", "learner.checkpoint_every=3",
-                 "learner.num_engines=0"]  # fmt: skip
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        f"run_dir={run_dir}",
+        f"data.train_files=[{prompts}]",
+        f"buffer.namespace={namespace}",
+        "generators.group_size=2",
+        "learner.groups_per_step=2",
+        "learner.max_staleness=auto",
+        "learner.staleness_auto.ceiling=3",
+        "learner.staleness_auto.target_kl=1e9",
+        "learner.staleness_auto.patience=1",
+        "learner.total_steps=9",
+        "learner.micro_batch_tokens=512",
+        "learner.checkpoint_every=3",
+        "learner.num_engines=0",
+    ]
     config_path = save_config(load_config("tiny", overrides), run_dir)
     generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
     try:

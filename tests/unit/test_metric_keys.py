@@ -77,15 +77,44 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     tok = ToyTokenizer()
     answer = ("<think> a </think> <answer> x </answer>", "stop")
     cfg = GeneratorsConfig(max_turns=1, max_tokens_per_turn=16, max_obs_tokens=16, max_response_tokens=64)
-    worker = GeneratorWorker(cfg, buffer, ScriptedEngine(tok, [], repeat=[answer]), tok, SearchR1Task(),
-                             worker_id="w", max_model_len=128, chat_template=False)  # fmt: skip
+    worker = GeneratorWorker(
+        cfg,
+        buffer,
+        ScriptedEngine(tok, [], repeat=[answer]),
+        tok,
+        SearchR1Task(),
+        worker_id="w",
+        max_model_len=128,
+        chat_template=False,
+    )
     worker.finish_reasons["answer"] += 1
     out["generator"] = set(worker.metrics())
     out["pool"] = set(pool_metrics([{"role": "generator", "metrics": worker.metrics()}]))
-    result = asyncio.run(answer_shard(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
-                                  max_model_len=128, chat_template=False, return_items=True))  # fmt: skip
-    sampled = asyncio.run(answer_shard(ScriptedEngine(tok, [], repeat=[answer]), [prompt], SearchR1Task(), tok, cfg,
-                                   max_model_len=128, chat_template=False, greedy=False, samples=2))  # fmt: skip
+    result = asyncio.run(
+        answer_shard(
+            ScriptedEngine(tok, [], repeat=[answer]),
+            [prompt],
+            SearchR1Task(),
+            tok,
+            cfg,
+            max_model_len=128,
+            chat_template=False,
+            return_items=True,
+        )
+    )
+    sampled = asyncio.run(
+        answer_shard(
+            ScriptedEngine(tok, [], repeat=[answer]),
+            [prompt],
+            SearchR1Task(),
+            tok,
+            cfg,
+            max_model_len=128,
+            chat_template=False,
+            greedy=False,
+            samples=2,
+        )
+    )
     # what a worker posts for its shard, merged by whoever asked
     shard_result = {
         "items": [compact_item(i) for i in result.pop("items")],

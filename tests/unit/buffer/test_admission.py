@@ -58,8 +58,9 @@ def test_feeder_cycles_epochs_with_new_group_ids_and_resumes_without_duplicates(
 
 
 def test_feeder_over_an_iterator_stops_when_exhausted(buf):
-    feeder = PromptFeeder(buf, iter([make_prompt(i) for i in range(5)]), groups_per_step=4, max_staleness=0,
-                          cursor=2)  # fmt: skip
+    feeder = PromptFeeder(
+        buf, iter([make_prompt(i) for i in range(5)]), groups_per_step=4, max_staleness=0, cursor=2
+    )
     assert feeder.pump() == 3 and feeder.exhausted
     assert sorted(p for p in buf.inflight()) == [make_prompt(i).group_id for i in (2, 3, 4)]
 
@@ -188,8 +189,9 @@ def test_an_untrainable_group_is_dead_lettered_by_the_learner_and_replaced(buf):
     def untrainable(group):
         return "too long" if group.group_id == "synthetic/train/0/e0" else None
 
-    assembler = BatchAssembler(buf, groups_per_step=2, max_staleness=0, untrainable=untrainable,
-                               replenish=feeder.pump)  # fmt: skip
+    assembler = BatchAssembler(
+        buf, groups_per_step=2, max_staleness=0, untrainable=untrainable, replenish=feeder.pump
+    )
     feeder.pump()
     finish(buf, 10)
     assert assembler.next_batch(0, timeout_s=0) == [] and assembler.dead_lettered == 1

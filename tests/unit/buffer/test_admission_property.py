@@ -141,9 +141,12 @@ def test_dead_lettered_groups_are_replaced_within_the_bound(
     feeder = PromptFeeder(buf, iter(dataset), groups_per_step=g, max_staleness=s)
     marked: set[str] = set()  # groups put that the learner will refuse
     assembler = BatchAssembler(
-        buf, groups_per_step=g, max_staleness=s, replenish=feeder.pump,
+        buf,
+        groups_per_step=g,
+        max_staleness=s,
+        replenish=feeder.pump,
         untrainable=lambda group: "refused" if group.group_id in marked else None,
-    )  # fmt: skip
+    )
     fate_of: dict[str, str] = {}
     next_fate = itertools.cycle([*fates, "train"])  # at least one trainable group in every cycle
     leased = []
@@ -172,8 +175,10 @@ def test_dead_lettered_groups_are_replaced_within_the_bound(
                 continue
             if fate == "untrainable":
                 marked.add(claim.prompt.group_id)
-            assert buf.put_group(make_group(claim.prompt, n=2, prompt_len=2, response_len=3, version=buf.version()),
-                                 claim.entry_id)  # fmt: skip
+            assert buf.put_group(
+                make_group(claim.prompt, n=2, prompt_len=2, response_len=3, version=buf.version()),
+                claim.entry_id,
+            )
         assert len(batch) == g
         for t in batch:
             assert t.group.group_id not in marked

@@ -74,12 +74,20 @@ def test_unreachable_redis_is_a_clear_error(free_port, capsys):
 def test_metrics_endpoint_serves_the_learners_off_policy_diagnostics(redis_url, free_port, capsys):
     """The bound of new releases (Redis) and the last step's mismatch KL, ESS and bound in force (the learner's
     heartbeat, as learner/loop.py sends it) reach Prometheus."""
-    from learner.loop import DIAGNOSTICS
+    from learner.rank0 import DIAGNOSTICS
 
     buf = populate(redis_url)
     buf.set_staleness_bound(0, 3)
-    step = {"loss/offpolicy_kl": 0.0625, "loss/mismatch_kl": 0.25, "loss/is_ess": 0.5, "loss/clipped_frac": 0.125, "loss/masked_frac": 0.0,
-            "staleness/bound": 4, "staleness/mean": 2.5, "staleness/max": 4}  # fmt: skip
+    step = {
+        "loss/offpolicy_kl": 0.0625,
+        "loss/mismatch_kl": 0.25,
+        "loss/is_ess": 0.5,
+        "loss/clipped_frac": 0.125,
+        "loss/masked_frac": 0.0,
+        "staleness/bound": 4,
+        "staleness/mean": 2.5,
+        "staleness/max": 4,
+    }
     assert set(step) == set(DIAGNOSTICS)
     buf.heartbeat("learner-0", "learner", {"version": 1, "status": "training", **step})
     assert (
@@ -88,7 +96,11 @@ def test_metrics_endpoint_serves_the_learners_off_policy_diagnostics(redis_url, 
     )
     body = urllib.request.urlopen(f"http://127.0.0.1:{free_port}/metrics", timeout=5).read().decode()
     assert "sr1_buffer_staleness_bound 3.0" in body
-    for line in ('sr1_learner_offpolicy_kl{worker="learner-0"} 0.0625', 'sr1_learner_mismatch_kl{worker="learner-0"} 0.25', 'sr1_learner_is_ess{worker="learner-0"} 0.5',
-                 'sr1_learner_clipped_frac{worker="learner-0"} 0.125',
-                 'sr1_learner_staleness_bound{worker="learner-0"} 4.0'):  # fmt: skip
+    for line in (
+        'sr1_learner_offpolicy_kl{worker="learner-0"} 0.0625',
+        'sr1_learner_mismatch_kl{worker="learner-0"} 0.25',
+        'sr1_learner_is_ess{worker="learner-0"} 0.5',
+        'sr1_learner_clipped_frac{worker="learner-0"} 0.125',
+        'sr1_learner_staleness_bound{worker="learner-0"} 4.0',
+    ):
         assert line in body

@@ -38,8 +38,19 @@ def test_watch_in_a_pipe_prints_workers_as_they_come_and_go(redis_url):
 
     beating = threading.Thread(target=beat, daemon=True)
     beating.start()
-    cmd = [sys.executable, "-m", "sr1", "buffer", "watch", "--url", redis_url, "--namespace", "watch-lines",
-           "--interval", "0.2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sr1",
+        "buffer",
+        "watch",
+        "--url",
+        redis_url,
+        "--namespace",
+        "watch-lines",
+        "--interval",
+        "0.2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 

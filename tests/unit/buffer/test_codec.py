@@ -14,9 +14,14 @@ from tests.fakes.groups import make_group, make_prompt
 def test_group_round_trip_is_exact():
     group = make_group(make_prompt(3, release_version=4), n=3, prompt_len=7, response_len=40, version=5)
     group.trajectories[1] = Trajectory(
-        prompt_ids=np.arange(2), response_ids=np.array([], dtype=np.int32), loss_mask=[], behavior_logprobs=[],
-        versions=[], reward=1.0, info={"em": 1.0, "answer": "x"},
-    )  # fmt: skip
+        prompt_ids=np.arange(2),
+        response_ids=np.array([], dtype=np.int32),
+        loss_mask=[],
+        behavior_logprobs=[],
+        versions=[],
+        reward=1.0,
+        info={"em": 1.0, "answer": "x"},
+    )
     back = decode_group(encode_group(group))
     assert (back.group_id, back.release_version, back.ground_truth) == (group.group_id, 4, group.ground_truth)
     for a, b in zip(group.trajectories, back.trajectories, strict=True):

@@ -107,8 +107,14 @@ def test_sr1_help_is_fast_and_lists_commands():
     # generous bound: heavy libraries (torch, vllm) take several seconds to import; the dispatcher must not
     assert elapsed < 3.0, f"sr1 --help took {elapsed:.2f}s"
     modules = subprocess.run(
-        [sys.executable, "-c", "import sys, sr1.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-         "('torch','vllm','transformers','ray','faiss')))"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, sr1.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch','vllm','transformers','ray','faiss')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert modules.stdout.strip() == "[]"

@@ -163,15 +163,24 @@ def test_critic_keys_leave_grpo_alone_and_kl_follows_its_placement():
     grpo = resolved(GRPO)
     assert differences(grpo, resolved(GRPO, ["critic.optim.lr=3e-5", "algorithm.kl_ctrl.kl_coef=0.5"])) == {}
     # the KL moved into the reward: the reward's coefficient now applies, the loss's does not
-    cfg = load_config(GRPO, ["actor_rollout_ref.actor.use_kl_loss=false", "algorithm.kl_ctrl.kl_coef=0.5",
-                             "actor_rollout_ref.actor.kl_loss_coef=0.7", "algorithm.kl_penalty=kl"])  # fmt: skip
+    cfg = load_config(
+        GRPO,
+        [
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "algorithm.kl_ctrl.kl_coef=0.5",
+            "actor_rollout_ref.actor.kl_loss_coef=0.7",
+            "algorithm.kl_penalty=kl",
+        ],
+    )
     assert (cfg.learner.algorithm.kl_placement, cfg.learner.algorithm.kl_coef) == ("reward", 0.5)
     assert cfg.learner.algorithm.kl_estimator == "k1"
 
 
 def test_warmup_ratio_uses_the_total_steps_of_the_same_overrides():
-    cfg = load_config("tiny", ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285",
-                               "trainer.total_training_steps=1005"])  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285", "trainer.total_training_steps=1005"],
+    )
     assert cfg.learner.warmup_steps == 286
 
 
@@ -238,8 +247,14 @@ def test_the_table_holds_verl_trainer_defaults_as_search_r1_ships_them():
     mirror = Path("/work/.mirror/PeterGriffinJin+Search-R1/repo")
     if not mirror.is_dir():
         pytest.skip("Search-R1's repository is not mirrored here")
-    shipped = yaml.safe_load(subprocess.run(["git", "-C", str(mirror), "show", "HEAD:verl/trainer/config/ppo_trainer.yaml"],
-                                            capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    shipped = yaml.safe_load(
+        subprocess.run(
+            ["git", "-C", str(mirror), "show", "HEAD:verl/trainer/config/ppo_trainer.yaml"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
 
     def number(value):  # PyYAML reads `1e-6` as text; Hydra reads it as a float
         return float(value) if isinstance(value, str) and value[:1].isdigit() and "e-" in value else value
@@ -271,9 +286,14 @@ def test_top_level_scripts_differ_from_the_presets_where_they_set_other_values(t
     path = tmp_path / "ppo.yaml"
     path.write_text(preset_yaml(ppo, "train_ppo.sh"))
     assert set(differences(resolved(path), resolved(PPO))) == {
-        "name", "model.path", "data.train_files", "data.test_files", "generators.max_turns", "eval.every_steps",
+        "name",
+        "model.path",
+        "data.train_files",
+        "data.test_files",
+        "generators.max_turns",
+        "eval.every_steps",
         "generators.top_p",  # the top-level PPO script keeps verl's top_p default, 0.95
-    }  # fmt: skip
+    }
     with pytest.raises(ScriptError, match=r"line 8: \$TRAIN_DATA_DIR is not set"):
         translate_script((SCRIPTS / "train_grpo.sh").read_text(), env={})
     grpo = translate_script(
@@ -315,11 +335,17 @@ def test_a_script_that_cannot_be_read_names_the_line(script, expected):
 
 
 def test_script_variables_and_continuations():
-    parsed = parse_script("A=x\nexport B=${A}/y\nPYTHONUNBUFFERED=1 python3 -m verl.trainer.main_ppo \\\n"
-                          "  data.train_files=$B/t.parquet +trainer.val_only=false \\\n  retriever.url=\"http://h:1/r\""
-                          " 2>&1 | tee log\n", env={})  # fmt: skip
-    assert parsed.values == {"data.train_files": "x/y/t.parquet", "trainer.val_only": False,
-                             "retriever.url": "http://h:1/r"}  # fmt: skip
+    parsed = parse_script(
+        "A=x\nexport B=${A}/y\nPYTHONUNBUFFERED=1 python3 -m verl.trainer.main_ppo \\\n"
+        '  data.train_files=$B/t.parquet +trainer.val_only=false \\\n  retriever.url="http://h:1/r"'
+        " 2>&1 | tee log\n",
+        env={},
+    )
+    assert parsed.values == {
+        "data.train_files": "x/y/t.parquet",
+        "trainer.val_only": False,
+        "retriever.url": "http://h:1/r",
+    }
     assert parsed.lines == {"data.train_files": 4, "trainer.val_only": 4, "retriever.url": 5}
 
 

@@ -133,9 +133,12 @@ def test_trainer_step_does_not_depend_on_the_chunk_size(world, tiny_model_dir):
     metrics, weights = [], []
     for chunk in (3, 4096):
         cfg = LearnerConfig(
-            groups_per_step=2, lr=1e-3, micro_batch_tokens=128, logprob_chunk_tokens=chunk,
+            groups_per_step=2,
+            lr=1e-3,
+            micro_batch_tokens=128,
+            logprob_chunk_tokens=chunk,
             algorithm=GRPOConfig(entropy_coef=0.01),
-        )  # fmt: skip
+        )
         learner = Learner(cfg, tiny_model_dir, world)
         metrics.append(learner.train_step(groups))
         weights.append(learner.model.state_dict()["lm_head.weight"].full_tensor().clone())

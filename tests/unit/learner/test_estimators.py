@@ -184,9 +184,15 @@ def test_kl_in_the_reward_is_not_a_loss_term():
 def test_proximal_log_probs_of_the_step_start_set_the_ratio():
     logprobs = torch.tensor([math.log(1.5)])
     loss, stats = policy_loss(
-        logprobs, torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([1]), torch.tensor([0]),
-        GRPOConfig(clip_high=0.28), TISCorrection(cap=2.0), proximal_logprobs=torch.tensor([0.0]),
-    )  # fmt: skip
+        logprobs,
+        torch.tensor([0.0]),
+        torch.tensor([1.0]),
+        torch.tensor([1]),
+        torch.tensor([0]),
+        GRPOConfig(clip_high=0.28),
+        TISCorrection(cap=2.0),
+        proximal_logprobs=torch.tensor([0.0]),
+    )
     # w = exp(0 - 0) = 1, r = exp(log 1.5 - 0) = 1.5 clipped to 1.28
     assert stats["ratio"].item() == pytest.approx(1.5) and loss.item() == pytest.approx(-1.28)
 

@@ -32,9 +32,12 @@ def test_cpu_offload_gives_the_same_step(world, tiny_model_dir):
     for offload in (False, True):
         # kl_coef > 0: the frozen reference is offloaded too
         cfg = LearnerConfig(
-            groups_per_step=2, lr=1e-3, micro_batch_tokens=128, cpu_offload=offload,
+            groups_per_step=2,
+            lr=1e-3,
+            micro_batch_tokens=128,
+            cpu_offload=offload,
             algorithm=GRPOConfig(kl_coef=0.1),
-        )  # fmt: skip
+        )
         learner = Learner(cfg, tiny_model_dir, world)
         expected = {"CPUOffloadPolicy"} if offload else {"OffloadPolicy"}
         assert _offload_policies(learner.model) == _offload_policies(learner.reference) == expected

@@ -88,9 +88,12 @@ def test_critic_is_checkpointed_and_resumed_with_the_policy(world, tiny_model_di
     assert learner.algorithm.kl_controller.value != 0.05  # the adaptive coefficient moved
     ckpt = Checkpointer(tmp_path / "checkpoints", world, tiny_model_dir, keep=1)
     path = ckpt.save(
-        learner.model, learner.optimizer, learner.scheduler,
-        ResumeState(version=1, extra=learner.resume_extra()), critic=learner.critic,
-    )  # fmt: skip
+        learner.model,
+        learner.optimizer,
+        learner.scheduler,
+        ResumeState(version=1, extra=learner.resume_extra()),
+        critic=learner.critic,
+    )
     resumed = Learner(cfg, tiny_model_dir, world)
     state = ckpt.load(path, resumed.model, resumed.optimizer, resumed.scheduler, critic=resumed.critic)
     resumed.restore_extra(state.extra)

@@ -9,11 +9,23 @@ from sr1.report import RunSummary, read_metrics, staleness_stats, write_report
 
 def _summary(tmp_path) -> RunSummary:
     return RunSummary(
-        run_dir=str(tmp_path), preset="tiny", seed=0, max_staleness=2, correction="tis", algorithm="grpo", steps=3, wall_s=12.5,
-        em_before=0.2, em_after=0.45,
-        evals=[{"step": 0, "eval/version": 0, "eval/em": 0.2}, {"step": 3, "eval/version": 3, "eval/em": 0.45}],
-        reward_curve=[(1, 0.1), (2, 0.3), (3, 0.5)], staleness_histogram={0: 10, 1: 5, 2: 1},
-    )  # fmt: skip
+        run_dir=str(tmp_path),
+        preset="tiny",
+        seed=0,
+        max_staleness=2,
+        correction="tis",
+        algorithm="grpo",
+        steps=3,
+        wall_s=12.5,
+        em_before=0.2,
+        em_after=0.45,
+        evals=[
+            {"step": 0, "eval/version": 0, "eval/em": 0.2},
+            {"step": 3, "eval/version": 3, "eval/em": 0.45},
+        ],
+        reward_curve=[(1, 0.1), (2, 0.3), (3, 0.5)],
+        staleness_histogram={0: 10, 1: 5, 2: 1},
+    )
 
 
 def test_report_files(tmp_path):
@@ -43,10 +55,16 @@ def test_read_metrics_skips_a_torn_line(tmp_path):
 def test_the_report_counts_dead_letters_by_reason_and_tool_errors(tmp_path):
     from sr1.report import dead_letter_counts, tool_totals
 
-    stats = {"buffer/poison_prompts": 1, "buffer/failed_prompts": 2, "buffer/untrainable": 3,
-             "buffer/abandoned_groups": 6}  # fmt: skip
-    rows = [{"step": 1, "tools/calls": 4, "tools/errors": 1, "tools/latency_s": 0.5},
-            {"step": 2, "tools/calls": 0, "tools/errors": 0, "tools/latency_s": 0.0}]  # fmt: skip
+    stats = {
+        "buffer/poison_prompts": 1,
+        "buffer/failed_prompts": 2,
+        "buffer/untrainable": 3,
+        "buffer/abandoned_groups": 6,
+    }
+    rows = [
+        {"step": 1, "tools/calls": 4, "tools/errors": 1, "tools/latency_s": 0.5},
+        {"step": 2, "tools/calls": 0, "tools/errors": 0, "tools/latency_s": 0.0},
+    ]
     calls, errors, latency = tool_totals(rows)
     assert (calls, errors, latency) == (4, 1, 0.5)
     summary = _summary(tmp_path)
@@ -79,10 +97,18 @@ def test_the_report_and_the_live_view_show_the_off_policy_diagnostics(tmp_path, 
     from sr1.report import offpolicy_curve
 
     rows = [
-        {"step": s, "loss/offpolicy_kl": kl, "loss/mismatch_kl": 2 * kl, "loss/is_ess": ess, "loss/clipped_frac": 0.1, "loss/masked_frac": 0.0,
-         "staleness/bound": bound, "staleness/mean": bound - 0.5}
+        {
+            "step": s,
+            "loss/offpolicy_kl": kl,
+            "loss/mismatch_kl": 2 * kl,
+            "loss/is_ess": ess,
+            "loss/clipped_frac": 0.1,
+            "loss/masked_frac": 0.0,
+            "staleness/bound": bound,
+            "staleness/mean": bound - 0.5,
+        }
         for s, kl, ess, bound in ((1, 0.01, 0.99, 4), (2, 0.2, 0.6, 4), (3, 0.05, 0.9, 2))
-    ] + [{"eval_step": 3, "eval/em": 0.4}]  # fmt: skip
+    ] + [{"eval_step": 3, "eval/em": 0.4}]
     curve = offpolicy_curve(rows)
     assert [c["bound"] for c in curve] == [4, 4, 2] and curve[1]["is_ess"] == 0.6
     summary = _summary(tmp_path)
@@ -105,8 +131,13 @@ def test_the_report_and_the_live_view_show_the_off_policy_diagnostics(tmp_path, 
     buf = ReplayBuffer(redis_url, "live-offpolicy")
     buf.set_staleness_bound(0, 2)
     buf.record_consumed([0, 1, 1, 2])
-    orch = SimpleNamespace(run_dir=tmp_path, started=0.0, buffer=buf, evals=[],
-                           cfg=SimpleNamespace(learner=SimpleNamespace(total_steps=3)))  # fmt: skip
+    orch = SimpleNamespace(
+        run_dir=tmp_path,
+        started=0.0,
+        buffer=buf,
+        evals=[],
+        cfg=SimpleNamespace(learner=SimpleNamespace(total_steps=3)),
+    )
     snap = LiveView(orch, enabled=False).snapshot()
     assert snap["staleness mean/max (bound)"] == "1.50 / - (2; next releases 2)"
     assert snap["off-policy KL / mismatch KL / IS ESS"] == "0.0500 / 0.1000 / 0.900"

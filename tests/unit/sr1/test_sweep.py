@@ -88,14 +88,29 @@ def test_staleness_comparison_takes_auto_and_tabulates_the_off_policy_diagnostic
     assert [c.name for c in cases] == ["s0-none", "s8-none", "s8-tis", "auto-none", "auto-tis"]
     assert cases[3].overrides == ["learner.max_staleness=auto", "learner.correction=none"]
     results: dict = {}
-    for name, seed, kls, bounds in (("s8-none", 0, (0.01, 0.3), (8, 8)), ("auto-tis", 0, (0.01, 0.02), (0, 1)),
-                                    ("auto-tis", 1, (0.03, 0.04), (0, 2))):  # fmt: skip
+    for name, seed, kls, bounds in (
+        ("s8-none", 0, (0.01, 0.3), (8, 8)),
+        ("auto-tis", 0, (0.01, 0.02), (0, 1)),
+        ("auto-tis", 1, (0.03, 0.04), (0, 2)),
+    ):
         run_dir = tmp_path / f"{name}-s{seed}"
         _fake_run(run_dir, 0.3, 0.6 if name == "auto-tis" else 0.4)
         with open(run_dir / "metrics.jsonl", "a") as f:
             for step, (kl, bound) in enumerate(zip(kls, bounds, strict=True), start=2):
-                f.write(json.dumps({"step": step, "time": 1020.0 + step, "loss/offpolicy_kl": kl, "loss/mismatch_kl": kl, "loss/is_ess": 1 - kl,
-                                    "loss/clipped_frac": 0.1, "staleness/bound": bound}) + "\n")  # fmt: skip
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "time": 1020.0 + step,
+                            "loss/offpolicy_kl": kl,
+                            "loss/mismatch_kl": kl,
+                            "loss/is_ess": 1 - kl,
+                            "loss/clipped_frac": 0.1,
+                            "staleness/bound": bound,
+                        }
+                    )
+                    + "\n"
+                )
         results.setdefault(name, {})[seed] = read_run(run_dir)
     assert [c["bound"] for c in results["auto-tis"][1]["offpolicy"]] == [0, 2]
     table = compare_staleness.summarize(cases, results)

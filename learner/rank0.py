@@ -1,0 +1,311 @@
+"""Rank 0's side of the learner loop: prompt feeding under the admission rule, batches, heartbeats, the staleness
+bound in force, weight publishing, evaluations, and settling the run at its end.
+
+    side = Rank0(job, state, prompts, resume, vocab_size)     # learner/loop.py, on rank 0 only
+    taken = side.next_batch(version, stop)                      # groups, REGROUP, or None when stopping
+
+The other ranks receive the batch from rank 0 (learner/loop.py); only this rank talks to the buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+
+from buffer.records import Group
+from buffer.stats import STALENESS_HIST, pool_metrics
+from evaluation import Evaluations, Patience
+from learner.checkpoint import ResumeState
+from learner.job import LearnerJob
+from learner.stop import StopFlag
+from learner.trainer import StepBounds
+from weight_sync.group import WeightSyncError
+from weight_sync.publisher import gather_for_wire
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "learner-0"
+REGROUP = "regroup"  # next_batch's answer when the weight-sync group must be re-formed before the next step
+# the off-policy figures of the last step that the learner's heartbeat carries (`sr1 buffer watch`, Prometheus)
+DIAGNOSTICS = (
+    "loss/offpolicy_kl",
+    "loss/mismatch_kl",
+    "loss/is_ess",
+    "loss/clipped_frac",
+    "loss/masked_frac",
+    "staleness/bound",
+    "staleness/mean",
+    "staleness/max",
+)
+WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
+
+
+def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | None = None) -> str | None:
+    """Why the learner can never train `group`, or None: a token id outside the model's vocabulary (it would fail as
+    an index error inside the embedding), or a trajectory longer than one packed micro-batch, which fits in no
+    micro-batch (learner/packing.py) whatever else the batch holds."""
+    from buffer.codec import CodecError, check_token_ids
+
+    if vocab_size is not None:
+        try:
+            check_token_ids(group, vocab_size)
+        except CodecError as err:
+            return str(err)
+    for i, trajectory in enumerate(group.trajectories):
+        if trajectory.num_tokens > micro_batch_tokens:
+            return (
+                f"trajectory {i} has {trajectory.num_tokens} tokens ({len(trajectory.prompt_ids)} prompt + "
+                f"{len(trajectory.response_ids)} response), more than learner.micro_batch_tokens "
+                f"({micro_batch_tokens})"
+            )
+    return None
+
+
+def load_prompt_source(job: LearnerJob) -> list:
+    """The training prompts, read by the task (its dataset readers)."""
+    if not job.data.train_files:
+        raise ValueError("data.train_files is empty: the learner's prompt feeder needs training prompts")
+    from tasks import build_task
+
+    return build_task(job.task).load_prompts(job.data.train_files, split="train")
+
+
+class Rank0:
+    """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
+
+    def __init__(
+        self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool, vocab_size: int
+    ):
+        from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule, resumed_schedule
+        from buffer.redis_buffer import open_buffer
+        from learner.algorithms.shaping import informative
+        from weight_sync.publisher import WeightPublisher
+        from weight_sync.rendezvous import Rendezvous
+
+        cfg = job.learner
+        self.cfg = cfg
+        self.buffer = open_buffer(job.buffer)
+        # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
+        self.buffer.ack(state.used_group_entries)
+        self.consumed_groups = state.consumed_groups
+        self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
+        # the staleness bound of every release version (buffer/admission.py, "A bound that changes"): recorded in
+        # Redis and in checkpoints; a resume keeps the bounds of versions already released at and changes the bound
+        # (to the fixed one, or auto's) from the version after the published one
+        from learner.staleness import StalenessController
+
+        self.controller = StalenessController(cfg.staleness_auto) if cfg.auto_staleness else None
+        saved = state.extra.get("staleness", {})
+        if self.controller is not None and resume:
+            self.controller.load_state_dict(saved.get("controller", {}))
+        bound = self.controller.bound if self.controller is not None else int(cfg.max_staleness)
+        if resume:  # Redis's record wins: it has the bounds of versions published after the checkpoint
+            recorded = {int(v): int(b) for v, b in saved.get("schedule", {}).items()}
+            recorded |= self.buffer.staleness_bounds()
+            self.schedule = resumed_schedule(recorded, max(state.version, self.buffer.version()), bound)
+        else:
+            self.schedule = StalenessSchedule(bound)
+        for version, b in self.schedule.changes.items():
+            self.buffer.set_staleness_bound(version, b)
+        self.feeder = PromptFeeder(
+            self.buffer,
+            load_prompt_source(job) if prompts is None else prompts,
+            groups_per_step=cfg.groups_per_step,
+            max_staleness=self.schedule,
+            cursor=state.cursor,
+            shuffle_seed=job.seed if job.data.shuffle else None,  # the same order again on resume
+        )
+        # groups trained in steps the crash lost: released again at the version this learner goes on at
+        self.recalled: list[str] = []
+        if resume:
+            version = max(state.version, self.buffer.version())
+            self.recalled = self.buffer.recall_trained(self.feeder.prompt_of, version)
+        self.assembler = BatchAssembler(
+            self.buffer,
+            groups_per_step=cfg.groups_per_step,
+            max_staleness=self.schedule,
+            consumer=CONSUMER,
+            # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
+            keep_group=informative if cfg.algorithm.dynamic_sampling else None,
+            # a group no micro-batch can hold, or with a token id outside the vocabulary, is dead-lettered with its
+            # reason, never re-delivered
+            untrainable=functools.partial(
+                untrainable_reason, micro_batch_tokens=cfg.micro_batch_tokens, vocab_size=vocab_size
+            ),
+            replenish=self.feeder.pump,
+        )
+        self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
+        self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
+        self._last_heartbeat = 0.0
+        # evaluations during training, answered by the generators whoever launched the pools
+        self.eval_cfg = job.eval
+        self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
+        self._settle_patience: Patience | None = None  # after the last step: how long `settle` waits
+
+    def heartbeat(self, version: int, status: str, **details) -> None:
+        """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`)."""
+        now = time.monotonic()
+        if now - self._last_heartbeat > 2.0:
+            body = {"version": version, "status": status, **self.diagnostics, **details}
+            self.buffer.heartbeat(CONSUMER, "learner", body)
+            self._last_heartbeat = now
+
+    def next_batch(self, version: int, stop: StopFlag):
+        """The batch for `version`; None when asked to stop while waiting; REGROUP when the weight-sync group must be
+        re-formed first (an engine left, or a new or restarted one waits for the current weights). Says what it
+        waits for (heartbeat, and a log line every `learner.wait_log_s`); raises when the batch cannot come."""
+        started = time.monotonic()
+        next_log = started + self.cfg.wait_log_s
+        while True:
+            self.feeder.pump()
+            waited = time.monotonic() - started
+            self.heartbeat(version, "waiting", waiting_for=f"the batch of version {version}", waited_s=waited)
+            batch = self.assembler.next_batch(version, timeout_s=1.0)
+            if batch:
+                return batch
+            if stop.is_set():
+                return None
+            if self.publisher.needs_regroup():
+                return REGROUP
+            outstanding = self.assembler.outstanding()
+            if self.feeder.exhausted and outstanding < self.cfg.groups_per_step:
+                raise RuntimeError(
+                    f"the batch of version {version} cannot be completed: the prompt source is exhausted and only "
+                    f"{outstanding} group(s) are left to train on, fewer than learner.groups_per_step "
+                    f"({self.cfg.groups_per_step}); lower learner.total_steps or give more prompts"
+                )
+            if time.monotonic() >= next_log:
+                next_log = time.monotonic() + self.cfg.wait_log_s
+                self._log_wait(version, time.monotonic() - started, outstanding)
+
+    def _log_wait(self, version: int, waited: float, outstanding: int) -> None:
+        stats = self.buffer.stats()
+        generators = sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
+        log.info(
+            "waiting %.0fs for the batch of version %d (%d groups): %d finished and held, %d released groups to "
+            "train (%d generating, %d queued), %d generator(s) alive, %d dead letter(s)",
+            waited,
+            version,
+            self.cfg.groups_per_step,
+            len(self.assembler.held),
+            outstanding,
+            stats["buffer/generating_groups"],
+            stats["buffer/queued_groups"],
+            generators,
+            stats["buffer/dead_letters"],
+        )
+
+    def publish(self, named, version: int, dtype: torch.dtype, sink: WeightSink | None) -> dict:
+        """Push `version` to every engine (or the sink), then publish the version. A failed push is survived: the
+        engines that missed it rejoin and get the current weights at the next regroup (they claim no prompt before:
+        see generators/worker.py)."""
+        stats: dict = {}
+        if sink is not None and not self.publisher.enabled:
+            sink(version, ((name, gather_for_wire(t.detach(), dtype)) for name, t in named))
+        else:
+            try:
+                stats = self.publisher.publish(named, version, dtype)
+            except (WeightSyncError, TimeoutError) as err:
+                log.warning(
+                    "weight sync of version %d failed (%s); the group is re-formed next", version, err
+                )
+                stats = {"weight_sync/failures": self.publisher.failures}
+        self.buffer.publish_version(version)
+        return stats
+
+    def step_bounds(self, version: int, taken) -> StepBounds:
+        """The staleness bounds the step at `version` must keep, for every rank's trainer to assert."""
+        releases = {t.group.release_version for t in taken}
+        return StepBounds(self.schedule.in_force(version), {r: self.schedule.at(r) for r in releases})
+
+    def next_bound(self, version: int, metrics: dict) -> None:
+        """After a step, before `version` is published: with max_staleness auto, the bound of prompts released from
+        `version` on, from the step's measured mismatch (learner/staleness.py)."""
+        if self.controller is None:
+            return
+        bound = self.controller.observe(metrics)
+        if bound != self.schedule.at(version):
+            log.info(
+                "staleness bound %d -> %d for prompts released from version %d (off-policy KL %.4f, ESS %.3f)",
+                self.schedule.at(version),
+                bound,
+                version,
+                metrics.get("loss/offpolicy_kl", float("nan")),
+                metrics.get("loss/is_ess", float("nan")),
+            )
+            self.schedule.set(version, bound)
+            self.buffer.set_staleness_bound(version, bound)
+
+    def staleness_state(self) -> dict:
+        """What a checkpoint keeps of the staleness bound: the schedule, and auto's controller."""
+        state: dict = {"schedule": {str(v): b for v, b in self.schedule.changes.items()}}
+        if self.controller is not None:
+            state["controller"] = self.controller.state_dict()
+        return state
+
+    def after_step(self, taken, version: int, metrics: dict) -> None:
+        self.diagnostics = {k: metrics[k] for k in DIAGNOSTICS if k in metrics}
+        self.buffer.mark_trained([t.entry_id for t in taken])
+        staleness = np.concatenate(
+            [(version - 1) - t.sampled_versions() for g in taken for t in g.group.trajectories]
+            or [np.zeros(0)]
+        )
+        # after a resume, re-delivered tokens may carry versions the rolled-back learner has not reached yet
+        self.buffer.record_consumed(np.clip(staleness, 0, None).astype(np.int64))
+        self.consumed_groups += len(taken)
+        self.heartbeat(version, "training")
+
+    def buffer_metrics(self) -> dict:
+        """The buffer's gauges and the generator pool's figures beside the step's metrics (not the staleness
+        histogram: one key per bucket)."""
+        stats = self.buffer.stats()
+        gauges = {
+            k: v
+            for k, v in stats.items()
+            if k.startswith("buffer/") and not k.startswith(STALENESS_HIST) and isinstance(v, (int, float))
+        }
+        return gauges | pool_metrics(self.buffer.workers())
+
+    def evaluations(self, version: int, last: bool) -> list[dict]:
+        """Ask for an evaluation of `version` when it is due (every `eval.every_steps`, and the last step); return
+        the evaluations answered since the last call (those still out after the last step are waited for by
+        `settle`)."""
+        every = self.eval_cfg.every_steps
+        if every and (version % every == 0 or last) and version > 0:
+            if self.evals.answerers():
+                self.evals.request(version)
+            else:
+                log.warning(
+                    "no generator worker is alive to evaluate version %d: evaluation skipped", version
+                )
+        return self.evals.ready()
+
+    def settle(self, stop: StopFlag, poll_s: float = 0.5) -> str:
+        """What every rank does next after the last step (see `_settle`): "publish" the final weights again (an
+        engine joined, came back or left), "wait", or "done" (every evaluation answered, `eval.timeout_s` passed,
+        no generator worker alive for a minute, or asked to stop)."""
+        if self._settle_patience is None:
+            self._settle_patience = Patience(self.evals, self.eval_cfg.timeout_s)
+            for step in self.evals.pending.values():
+                log.info("waiting for the evaluation of version %d", step)
+        if not self.evals.pending or stop.is_set():
+            return "done"
+        if why := self._settle_patience.exhausted():
+            log.warning("evaluation of version(s) %s %s", sorted(self.evals.pending.values()), why)
+            return "done"
+        self.heartbeat(max(self.evals.pending.values()), "evaluating")
+        if self.publisher.needs_regroup():
+            log.info("an engine lacks the final weights while evaluations are out: publishing them again")
+            return "publish"
+        time.sleep(poll_s)
+        return "wait"
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.rendezvous.close()
+        self.buffer.close()
