@@ -104,8 +104,9 @@ def test_non_finite_steps_in_a_row_stop_the_run_before_a_checkpoint(
 
     real_step = Learner.train_step
 
-    def train_step(self, groups):  # the first step is finite; every later one is skipped as non-finite
-        metrics = real_step(self, groups)
+    # the first step is finite; every later one is skipped as non-finite
+    def train_step(self, groups, bounds=None):
+        metrics = real_step(self, groups, bounds)
         return metrics | {NONFINITE_KEY: 1.0 if self.version > 1 else 0.0}
 
     monkeypatch.setattr(Learner, "train_step", train_step)
