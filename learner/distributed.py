@@ -68,15 +68,34 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> World:
     return World(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=backend)
 
 
-def shutdown_distributed(wait_for_peers: bool = True) -> None:
-    """Leave the process group. After a normal end every rank first waits for the others: a gloo rank that tears its
-    connections down while a peer still finishes its last collective aborts that peer ("terminate called without an
-    active exception"). After an error (`wait_for_peers=False`) nobody waits for ranks that may never come."""
+def shutdown_distributed(wait_for_peers: bool = True, timeout_s: float = 60.0) -> None:
+    """Leave the process group. After a normal end the ranks leave together: a gloo rank that tears its connections
+    down while a peer is still inside its last collective aborts that peer ("terminate called without an active
+    exception"), and a barrier alone does not prevent it (rank 0 may return from the barrier before rank 1 has). So
+    after the barrier each rank says so in the rendezvous store and waits for all the others to have said it, and
+    rank 0, whose process may host that store, leaves last. After an error (`wait_for_peers=False`) nobody waits for
+    ranks that may never come."""
     if not dist.is_initialized():
         return
     if wait_for_peers and dist.get_world_size() > 1:
         dist.barrier()
+        _leave_together(timeout_s)
     dist.destroy_process_group()
+
+
+def _leave_together(timeout_s: float) -> None:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()  # no public accessor; stable since torch 1.x
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        store.set(f"sr1/shutdown/past_last_collective/{rank}", b"1")
+        store.wait([f"sr1/shutdown/past_last_collective/{r}" for r in range(world_size)], timeout)
+        if rank == 0:
+            store.wait([f"sr1/shutdown/done_with_store/{r}" for r in range(1, world_size)], timeout)
+        else:
+            store.set(f"sr1/shutdown/done_with_store/{rank}", b"1")
+    except RuntimeError as err:  # a peer died after the barrier: leave anyway, it cannot be aborted any more
+        log.warning("leaving the process group without every peer's goodbye: %s", err)
 
 
 def broadcast_bytes(payload: bytes | None, world: World, src: int = 0) -> bytes:

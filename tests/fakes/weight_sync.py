@@ -131,6 +131,8 @@ def fsdp_learner_rank(
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
+    from learner.distributed import shutdown_distributed
+
     from weight_sync.buckets import str_to_dtype
     from weight_sync.publisher import WeightPublisher, gather_in_step
     from weight_sync.rendezvous import Rendezvous
@@ -160,6 +162,6 @@ def fsdp_learner_rank(
             assert stats["weight_sync/in_place_bytes"] > 0, "gathered tensors should go on the wire in place"
         else:
             gather_in_step(named, wire)
-        dist.barrier()
+        shutdown_distributed()  # the ranks leave together
     finally:
-        dist.destroy_process_group()
+        shutdown_distributed(wait_for_peers=False)  # after an error (a no-op after a normal end)

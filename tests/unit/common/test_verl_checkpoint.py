@@ -24,6 +24,8 @@ def _save_rank(rank: int, model_dir: str, actor: str, port: int) -> None:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
+    from learner.distributed import shutdown_distributed
+
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
@@ -34,9 +36,9 @@ def _save_rank(rank: int, model_dir: str, actor: str, port: int) -> None:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         torch.save(model.state_dict(), Path(actor) / f"model_world_size_{WORLD_SIZE}_rank_{rank}.pt")
-        dist.barrier()
+        shutdown_distributed()  # the ranks leave together
     finally:
-        dist.destroy_process_group()
+        shutdown_distributed(wait_for_peers=False)  # after an error (a no-op after a normal end)
 
 
 @pytest.fixture(scope="module")
