@@ -150,7 +150,7 @@ def test_dead_lettered_groups_are_replaced_within_the_bound(
     fate_of: dict[str, str] = {}
     next_fate = itertools.cycle([*fates, "train"])  # at least one trainable group in every cycle
     leased = []
-    picks = iter(choices * 20)
+    picks = itertools.cycle(choices)
     consumed: Counter[str] = Counter()
     for u in range(steps):
         feeder.pump()
@@ -169,7 +169,9 @@ def test_dead_lettered_groups_are_replaced_within_the_bound(
             if not leased:
                 continue
             claim = leased.pop(next(picks) % len(leased))
-            fate = fate_of.setdefault(claim.prompt.group_id, next(next_fate))
+            if claim.prompt.group_id not in fate_of:  # a retry keeps its prompt's fate
+                fate_of[claim.prompt.group_id] = next(next_fate)
+            fate = fate_of[claim.prompt.group_id]
             if fate == "fail":
                 buf.fail_prompt("gen", claim.entry_id, "boom")
                 continue
