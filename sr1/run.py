@@ -380,6 +380,7 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
         return orchestrator.run()
     except KeyboardInterrupt:
         interrupted = True
+        print(f"\n{command}: interrupted; stopping the parts (the learner checkpoints first)", flush=True)
         return 130
     except BadInput as err:
         print("\n".join(f"{command}: {problem}" for problem in err.problems), file=sys.stderr)

@@ -132,7 +132,6 @@ def fsdp_learner_rank(
     from torch.distributed.fsdp import fully_shard
 
     from learner.distributed import shutdown_distributed
-
     from weight_sync.buckets import str_to_dtype
     from weight_sync.publisher import WeightPublisher, gather_in_step
     from weight_sync.rendezvous import Rendezvous

@@ -210,7 +210,14 @@ def test_launch_runs_every_part_on_the_cluster_then_stops_in_order(ray_cluster, 
             time.sleep(1.0)
         placement = json.loads((run_dir / "placement.json").read_text())
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(600) == 130, log2.read_text()[-5000:]
+        try:
+            code = proc.wait(600)
+        except subprocess.TimeoutExpired:
+            code = None
+        learner_log = run_dir / "logs" / "learner.log"
+        assert code == 130, f"exit code {code}; launcher:\n{log2.read_text()[-4000:]}\nlearner:\n" + (
+            learner_log.read_text(errors="replace")[-3000:] if learner_log.exists() else "(no log)"
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

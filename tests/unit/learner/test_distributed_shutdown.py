@@ -51,7 +51,11 @@ def _run(tmp_path, free_port, peer_dies: bool) -> tuple[list[int | None], dict[i
         proc.join(60)
         if proc.is_alive():
             proc.kill()
-    times = {r: json.loads((tmp_path / f"rank{r}").read_text()) for r in range(2) if (tmp_path / f"rank{r}").exists()}
+    times = {
+        r: json.loads((tmp_path / f"rank{r}").read_text())
+        for r in range(2)
+        if (tmp_path / f"rank{r}").exists()
+    }
     return [proc.exitcode for proc in procs], times
 
 
