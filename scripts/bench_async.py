@@ -2,10 +2,13 @@
 
     python scripts/bench_async.py                          # sync vs max_staleness 1, 2, 4; about 12 minutes here
     python scripts/bench_async.py --staleness 2 --steps 12 --out runs/bench-async-quick
+    python scripts/bench_async.py --preset tiny-offpolicy --staleness auto --correction tis --steps 40 \
+        --out runs/bench-async-offpolicy                 # the adaptive bound where staleness matters
 
 Dedicated pools, as GPUs are: the generator pool (its vLLM engine) is pinned to one core and the learner to another
 (`generators.cpu_cores`, `learner.cpu_cores`), so neither can borrow the other's core while it would idle. Every run
-is `sr1 run tiny` with the same data, model and steps; only `learner.max_staleness` differs.
+is `sr1 run <preset>` (`--preset`, default tiny) with the same data, model and steps; only `learner.max_staleness`
+differs (`auto` in `--staleness`: the preset's adaptive bound; `--correction` for every asynchronous run).
 
 Printed in one run, for each setting: steps per minute (from the learner's per-step wall times, first `--warmup`
 steps left out), its ratio to the synchronous run, the learner's busy fraction (time not spent waiting for a batch)
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sr1.sweep import ROOT, Case, run_case, save_figure  # noqa: E402
+from sr1.sweep import ROOT, Case, parse_bounds, run_case, save_figure  # noqa: E402
 
 # A balanced configuration on two cores: generation of a step's 64 trajectories and the learner's update of them take
 # about the same time, so neither phase hides the other (the synchronous run's phase times are printed to check).
@@ -62,7 +65,19 @@ def phases(run_dir: Path, warmup: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--staleness", default="1,2,4", help="comma-separated asynchronous bounds to compare")
+    parser.add_argument(
+        "--staleness",
+        default="1,2,4",
+        help="comma-separated asynchronous bounds to compare (`auto`: adaptive)",
+    )
+    parser.add_argument(
+        "--preset", default="tiny", help="the preset every run starts from (tiny, tiny-offpolicy)"
+    )
+    parser.add_argument(
+        "--correction",
+        default=None,
+        help="learner.correction of the asynchronous runs (default: the preset's)",
+    )
     parser.add_argument("--steps", type=int, default=16, help="learner steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the means")
     parser.add_argument("--seed", type=int, default=0)
@@ -79,18 +94,28 @@ def main(argv: list[str] | None = None) -> int:
     cores = [int(c) for c in args.cores.split(",")] if args.cores else allowed[:2]
     if len(cores) != 2 or cores[0] == cores[1] or not set(cores) <= set(allowed):
         parser.error(f"need two distinct cores this process may use ({allowed}), got {cores}")
-    bounds = [int(s) for s in args.staleness.split(",")]
+    try:
+        bounds = [b for b in parse_bounds(args.staleness) if b != 0]
+    except ValueError as err:
+        parser.error(f"--staleness: {err}")
+    if not bounds:
+        parser.error(
+            "--staleness needs at least one asynchronous bound (the synchronous run is always measured)"
+        )
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
     pinned = [f"generators.cpu_cores=[{cores[0]}]", f"learner.cpu_cores=[{cores[1]}]"]
     extra = [f"learner.total_steps={args.steps}", *BALANCED, *pinned, *args.set]
+    correction = [f"learner.correction={args.correction}"] if args.correction else []
+    suffix = f", {args.correction}" if args.correction else ""
     settings = [Case("sync", "sync (max_staleness 0)", ["learner.max_staleness=0"])] + [
-        Case(f"async{s}", f"async (max_staleness {s})", [f"learner.max_staleness={s}"]) for s in bounds
+        Case(f"async{s}", f"async (max_staleness {s}{suffix})", [f"learner.max_staleness={s}", *correction])
+        for s in bounds
     ]
     measured: dict[str, dict] = {}
     for case in settings:
         print(f"{case.label} ...", flush=True)
-        run_dir = run_case(case, args.seed, args.out, extra)
+        run_dir = run_case(case, args.seed, args.out, extra, preset=args.preset)
         measured[case.name] = phases(run_dir, args.warmup) | {"label": case.label}
     sync = measured["sync"]
     gen, train = sync["wait_s"], sync["train_s"]
@@ -99,18 +124,21 @@ def main(argv: list[str] | None = None) -> int:
         f"\nsync phases per step: generation (learner waits) {gen:.2f} s, training {train:.2f} s; "
         f"decoupling limit (gen + train) / max(gen, train) = {limit:.2f}x"
     )
-    print("| setting | steps/min | ratio to sync | of the limit | learner busy | generator busy |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| setting | steps/min | ratio to sync | of the limit | learner busy | generator busy | test EM before -> after |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for m in measured.values():
         m["ratio"] = m["steps_per_min"] / sync["steps_per_min"]
         gen_busy = "-" if m["generator_busy"] is None else f"{m['generator_busy']:.2f}"
         print(
             f"| {m['label']} | {m['steps_per_min']:.1f} | {m['ratio']:.2f}x | {m['ratio'] / limit:.0%} "
-            f"| {m['learner_busy']:.2f} | {gen_busy} |"
+            f"| {m['learner_busy']:.2f} | {gen_busy} | {_em(m['em_before'])} -> {_em(m['em_after'])} |"
         )
     best = max(m["ratio"] for k, m in measured.items() if k != "sync")
     conditions = {
         "cores": cores,
+        "preset": args.preset,
         "seed": args.seed,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -123,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         f"\nbest async/sync {best:.2f}x (target {args.target}x); wrote {args.out}/bench_async.json and .png"
     )
     return 0 if best >= args.target else 1
+
+
+def _em(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def plot(measured: dict[str, dict], limit: float, path: Path) -> None:

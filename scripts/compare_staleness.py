@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sr1.sweep import ROOT, Case, mean_std, run_sweep, save_figure  # noqa: E402
+from sr1.sweep import ROOT, Case, mean_std, parse_bounds, run_sweep, save_figure  # noqa: E402
 
 CORRECTIONS = ("none", "tis", "icepop", "decoupled")
 
@@ -45,20 +45,6 @@ def cases(bounds: list[int | str], corrections: list[str]) -> list[Case]:
                 label = "sync (max_staleness 0)" if s == 0 else f"max_staleness {s}, {c}"
                 out.append(Case(f"s{s}-{c}", label, overrides))
     return out
-
-
-def parse_bounds(text: str) -> list[int | str]:
-    """`0,8,auto` -> [0, 8, "auto"]; raises ValueError on anything else (a negative bound included)."""
-    bounds: list[int | str] = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        if item == "auto":
-            bounds.append(item)
-            continue
-        bound = int(item)
-        if bound < 0:
-            raise ValueError(f"a bound must be >= 0, got {bound}")
-        bounds.append(bound)
-    return bounds
 
 
 def _diagnostic(runs: list[dict], name: str, reduce=statistics.fmean) -> list[float]:

@@ -159,3 +159,20 @@ def save_figure(fig: Any, path: Path) -> None:
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=120)
     tmp.replace(path)
+
+
+def parse_bounds(text: str) -> list[int | str]:
+    """`0,8,auto` -> [0, 8, "auto"]; raises ValueError on anything else (a negative bound included)."""
+    bounds: list[int | str] = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        if item == "auto":
+            bounds.append(item)
+            continue
+        try:
+            bound = int(item)
+        except ValueError:
+            raise ValueError(f"a bound is an integer >= 0 or auto, got {item!r}") from None
+        if bound < 0:
+            raise ValueError(f"a bound must be >= 0, got {bound}")
+        bounds.append(bound)
+    return bounds

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sr1.sweep import Case, RunFailed, mean_std, read_run, run_case
+from sr1.sweep import Case, RunFailed, mean_std, parse_bounds, read_run, run_case
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 
@@ -80,10 +80,10 @@ def test_staleness_comparison_takes_auto_and_tabulates_the_off_policy_diagnostic
     bound in force (metrics.jsonl) reach the table and the plots."""
     import compare_staleness
 
-    assert compare_staleness.parse_bounds("0, 8,auto") == [0, 8, "auto"]
+    assert parse_bounds("0, 8,auto") == [0, 8, "auto"]
     for bad in ("-1", "often"):
         with pytest.raises(ValueError):
-            compare_staleness.parse_bounds(bad)
+            parse_bounds(bad)
     cases = compare_staleness.cases([0, 8, "auto"], ["none", "tis"])
     assert [c.name for c in cases] == ["s0-none", "s8-none", "s8-tis", "auto-none", "auto-tis"]
     assert cases[3].overrides == ["learner.max_staleness=auto", "learner.correction=none"]

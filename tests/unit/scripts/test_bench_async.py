@@ -1,0 +1,81 @@
+"""scripts/bench_async.py: which runs it starts for a preset, an adaptive bound and a correction, and what it refuses."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def bench_async():
+    spec = importlib.util.spec_from_file_location("bench_async", ROOT / "scripts" / "bench_async.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(bench_async, tmp_path, monkeypatch):
+    started = []
+
+    def fake_run_case(case, seed, out, extra, preset="tiny"):
+        started.append((case.name, case.overrides, preset, list(extra)))
+        return tmp_path / case.name
+
+    sync_then_auto = iter([(10.0, 4.0, 0.5), (6.0, 0.5, 0.6)])
+
+    def fake_phases(run_dir, warmup):
+        step_s, wait_s, em = next(sync_then_auto)
+        return {
+            "step_s": step_s,
+            "wait_s": wait_s,
+            "train_s": step_s - wait_s,
+            "steps_per_min": 60.0 / step_s,
+            "learner_busy": 1 - wait_s / step_s,
+            "generator_busy": 0.5,
+            "em_before": 0.36,
+            "em_after": em,
+        }
+
+    monkeypatch.setattr(bench_async, "run_case", fake_run_case)
+    monkeypatch.setattr(bench_async, "phases", fake_phases)
+    monkeypatch.setattr(bench_async, "plot", lambda *a: None)
+    argv = [
+        "--preset",
+        "tiny-offpolicy",
+        "--staleness",
+        "0,auto",
+        "--correction",
+        "tis",
+        "--out",
+        str(tmp_path),
+    ]
+    monkeypatch.setattr(
+        bench_async.os, "sched_getaffinity", lambda pid: {0, 1}
+    )  # any machine: two cores to pin
+    assert bench_async.main(argv) == 0  # 10 s -> 6 s a step: 1.67x, over the 1.3x target
+    assert [(name, preset) for name, _, preset, _ in started] == [
+        ("sync", "tiny-offpolicy"),
+        ("asyncauto", "tiny-offpolicy"),
+    ]
+    assert started[0][1] == ["learner.max_staleness=0"]  # the synchronous run needs no correction
+    assert started[1][1] == ["learner.max_staleness=auto", "learner.correction=tis"]
+    assert "learner.total_steps=16" in started[1][3]
+
+
+@pytest.mark.parametrize(
+    "staleness, message",
+    [
+        ("often", "an integer >= 0 or auto, got 'often'"),
+        ("-2", "must be >= 0"),
+        ("0", "at least one asynchronous"),
+    ],
+)
+def test_a_bad_staleness_list_is_refused_naming_it(bench_async, staleness, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_async.main(["--staleness", staleness])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
