@@ -18,7 +18,9 @@ def bench_async():
     return module
 
 
-def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(bench_async, tmp_path, monkeypatch):
+def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(
+    bench_async, tmp_path, monkeypatch, capsys
+):
     started = []
 
     def fake_run_case(case, seed, out, extra, preset="tiny"):
@@ -53,9 +55,7 @@ def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(bench_
         "--out",
         str(tmp_path),
     ]
-    monkeypatch.setattr(
-        bench_async.os, "sched_getaffinity", lambda pid: {0, 1}
-    )  # any machine: two cores to pin
+    monkeypatch.setattr(bench_async.os, "sched_getaffinity", lambda pid: {0, 1})  # two cores on any machine
     assert bench_async.main(argv) == 0  # 10 s -> 6 s a step: 1.67x, over the 1.3x target
     assert [(name, preset) for name, _, preset, _ in started] == [
         ("sync", "tiny-offpolicy"),
@@ -64,6 +64,8 @@ def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(bench_
     assert started[0][1] == ["learner.max_staleness=0"]  # the synchronous run needs no correction
     assert started[1][1] == ["learner.max_staleness=auto", "learner.correction=tis"]
     assert "learner.total_steps=16" in started[1][3]
+    table = capsys.readouterr().out
+    assert "| async (max_staleness auto, tis) | 10.0 | 1.67x |" in table and "| 0.36 -> 0.60 |" in table
 
 
 @pytest.mark.parametrize(
