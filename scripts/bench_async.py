@@ -2,8 +2,7 @@
 
     python scripts/bench_async.py                          # sync vs max_staleness 1, 2, 4; about 12 minutes here
     python scripts/bench_async.py --staleness 2 --steps 12 --out runs/bench-async-quick
-    python scripts/bench_async.py --preset tiny-offpolicy --staleness auto --correction tis --steps 40 \
-        --out runs/bench-async-offpolicy                 # the adaptive bound where staleness matters
+    python scripts/bench_async.py --preset tiny-offpolicy --staleness 16,auto --steps 40   # where staleness matters
 
 Dedicated pools, as GPUs are: the generator pool (its vLLM engine) is pinned to one core and the learner to another
 (`generators.cpu_cores`, `learner.cpu_cores`), so neither can borrow the other's core while it would idle. Every run
@@ -87,9 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--target", type=float, default=1.3, help="the async/sync ratio the exit status checks"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-async")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the runs go (default runs/bench-async, runs/bench-async-<preset> for another preset: finished "
+        "runs there are reused)",
+    )
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for every run")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = ROOT / "runs" / ("bench-async" if args.preset == "tiny" else f"bench-async-{args.preset}")
     allowed = sorted(os.sched_getaffinity(0))
     cores = [int(c) for c in args.cores.split(",")] if args.cores else allowed[:2]
     if len(cores) != 2 or cores[0] == cores[1] or not set(cores) <= set(allowed):

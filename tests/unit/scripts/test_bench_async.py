@@ -24,8 +24,9 @@ def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(
     started = []
 
     def fake_run_case(case, seed, out, extra, preset="tiny"):
-        started.append((case.name, case.overrides, preset, list(extra)))
-        return tmp_path / case.name
+        started.append((case.name, case.overrides, preset, list(extra), out))
+        out.mkdir(parents=True, exist_ok=True)
+        return out / case.name
 
     sync_then_auto = iter([(10.0, 4.0, 0.5), (6.0, 0.5, 0.6)])
 
@@ -45,6 +46,7 @@ def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(
     monkeypatch.setattr(bench_async, "run_case", fake_run_case)
     monkeypatch.setattr(bench_async, "phases", fake_phases)
     monkeypatch.setattr(bench_async, "plot", lambda *a: None)
+    monkeypatch.setattr(bench_async, "ROOT", tmp_path)
     argv = [
         "--preset",
         "tiny-offpolicy",
@@ -52,12 +54,12 @@ def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(
         "0,auto",
         "--correction",
         "tis",
-        "--out",
-        str(tmp_path),
     ]
     monkeypatch.setattr(bench_async.os, "sched_getaffinity", lambda pid: {0, 1})  # two cores on any machine
     assert bench_async.main(argv) == 0  # 10 s -> 6 s a step: 1.67x, over the 1.3x target
-    assert [(name, preset) for name, _, preset, _ in started] == [
+    # another preset's runs go to a directory of their own: cached runs of `tiny` are never reused for it
+    assert {out for *_, out in started} == {tmp_path / "runs" / "bench-async-tiny-offpolicy"}
+    assert [(name, preset) for name, _, preset, _, _ in started] == [
         ("sync", "tiny-offpolicy"),
         ("asyncauto", "tiny-offpolicy"),
     ]
