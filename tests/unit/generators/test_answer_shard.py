@@ -23,6 +23,13 @@ def _prompt(i: int, source: str, gold: str) -> PromptRecord:
     )
 
 
+async def _answer(engine, prompts, tokenizer, cfg, task=None, **options) -> dict:
+    """`answer_shard` with the Search-R1 task, no chat template, and this test's options."""
+    return await answer_shard(
+        engine, prompts, task or SearchR1Task(), tokenizer, cfg, chat_template=False, **options
+    )
+
+
 async def test_evaluate_reports_em_per_source_and_searches(toy_tokenizer):
     engine = ScriptedEngine(
         toy_tokenizer,
@@ -38,14 +45,13 @@ async def test_evaluate_reports_em_per_source_and_searches(toy_tokenizer):
 
     prompts = [_prompt(0, "nq", "cedar"), _prompt(1, "nq", "birch"), _prompt(2, "hotpotqa", "cedar")]
     cfg = GeneratorsConfig(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=32, max_response_tokens=128)
-    out = await answer_shard(
+    out = await _answer(
         engine,
         prompts,
-        SearchR1Task(search=search),
         toy_tokenizer,
         cfg,
+        SearchR1Task(search=search),
         max_model_len=512,
-        chat_template=False,
         return_items=True,
         concurrency=1,
     )
@@ -62,26 +68,9 @@ async def test_sampling_several_answers_needs_sampling(toy_tokenizer):
     engine = ScriptedEngine(toy_tokenizer, [], repeat=[("<answer> cedar </answer>", "stop")])
     cfg = GeneratorsConfig(max_turns=1, max_tokens_per_turn=16, max_obs_tokens=16, max_response_tokens=32)
     with pytest.raises(ValueError, match="greedy"):
-        await answer_shard(
-            engine,
-            [_prompt(0, "nq", "cedar")],
-            SearchR1Task(),
-            toy_tokenizer,
-            cfg,
-            samples=2,
-            max_model_len=128,
-            chat_template=False,
-        )
-    out = await answer_shard(
-        engine,
-        [_prompt(0, "nq", "cedar")],
-        SearchR1Task(),
-        toy_tokenizer,
-        cfg,
-        samples=3,
-        greedy=False,
-        max_model_len=128,
-        chat_template=False,
+        await _answer(engine, [_prompt(0, "nq", "cedar")], toy_tokenizer, cfg, samples=2, max_model_len=128)
+    out = await _answer(
+        engine, [_prompt(0, "nq", "cedar")], toy_tokenizer, cfg, samples=3, greedy=False, max_model_len=128
     )
     assert out["eval/n"] == 3 and out["eval/pass@3/em"] == 1.0 and out["eval/samples"] == 3
 
@@ -90,15 +79,8 @@ async def test_a_baseline_answers_in_one_turn(toy_tokenizer):
     # max_turns=0: one turn that must answer; a search there ends the trajectory (the direct/RAG baselines)
     engine = ScriptedEngine(toy_tokenizer, [], repeat=[("<think> a </think> <search> x </search>", "stop")])
     cfg = GeneratorsConfig(max_turns=2, max_tokens_per_turn=32, max_obs_tokens=16, max_response_tokens=64)
-    out = await answer_shard(
-        engine,
-        [_prompt(0, "nq", "cedar")],
-        SearchR1Task(),
-        toy_tokenizer,
-        cfg,
-        max_turns=0,
-        max_model_len=256,
-        chat_template=False,
+    out = await _answer(
+        engine, [_prompt(0, "nq", "cedar")], toy_tokenizer, cfg, max_turns=0, max_model_len=256
     )
     assert out["eval/turns_mean"] == 1.0 and out["eval/tool_calls_per_traj"] == 0.0
     assert out["eval/finish/max_turns"] == 1.0
