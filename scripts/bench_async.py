@@ -137,10 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for m in measured.values():
         m["ratio"] = m["steps_per_min"] / sync["steps_per_min"]
-        gen_busy = "-" if m["generator_busy"] is None else f"{m['generator_busy']:.2f}"
         print(
             f"| {m['label']} | {m['steps_per_min']:.1f} | {m['ratio']:.2f}x | {m['ratio'] / limit:.0%} "
-            f"| {m['learner_busy']:.2f} | {gen_busy} | {_em(m['em_before'])} -> {_em(m['em_after'])} |"
+            f"| {m['learner_busy']:.2f} | {_figure(m['generator_busy'])} | {_figure(m['em_before'])} -> {_figure(m['em_after'])} |"
         )
     best = max(m["ratio"] for k, m in measured.items() if k != "sync")
     conditions = {
@@ -160,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if best >= args.target else 1
 
 
-def _em(value: float | None) -> str:
+def _figure(value: float | None) -> str:
+    """Two decimals, or "-" for a figure the run did not report."""
     return "-" if value is None else f"{value:.2f}"
 
 
