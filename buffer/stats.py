@@ -37,6 +37,8 @@ _POOL_SUMS = (
     "rollout/eval_errors",
     "rollout/groups_given_back",
     "rollout/tool_pauses",
+    "rollout/busy_s",
+    "rollout/uptime_s",
 )
 _POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
 

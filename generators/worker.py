@@ -172,9 +172,12 @@ class GeneratorWorker:
         if self.inflight_trajectories == 0 and self._idle_since is None:
             self._idle_since = now
 
+    def idle_seconds(self, now: float) -> float:
+        """Seconds since the worker started with no trajectory in flight."""
+        return self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
+
     def idle_fraction(self, now: float) -> float:
-        idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
-        return idle / max(now - self.started, 1e-9)
+        return self.idle_seconds(now) / max(now - self.started, 1e-9)
 
     def metrics(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -203,6 +206,8 @@ class GeneratorWorker:
             "rollout/version": int(getattr(self.engine, "version", 0)),
             "rollout/uptime_s": now - self.started,
             "rollout/idle_fraction": self.idle_fraction(now),
+            # cumulative, so that a reader can take the busy share between any two heartbeats (sr1 plan --from-run)
+            "rollout/busy_s": now - self.started - self.idle_seconds(now),
             "rollout/weight_sync_state": self.weight_sync_state,
             "rollout/groups_given_back": self.groups_given_back,
             "rollout/eval_errors": self.eval_errors,

@@ -30,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import load_config  # noqa: E402
-from sr1.plan.profile import Profile, load_profile, profile_from_run  # noqa: E402
+from sr1.plan.measured import profile_from_run  # noqa: E402
+from sr1.plan.profile import Profile, load_profile  # noqa: E402
 from sr1.plan.simulate import simulate  # noqa: E402
 from sr1.plan.splits import pipeline  # noqa: E402
 from sr1.sweep import ROOT, Case  # noqa: E402

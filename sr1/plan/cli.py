@@ -69,7 +69,8 @@ def _figures(items: list[str]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from config import ConfigError, load_config
-    from sr1.plan.profile import ProfileError, gpu_kind, resolve_profile, with_figures
+    from sr1.plan.measured import resolve_profile
+    from sr1.plan.profile import ProfileError, gpu_kind, with_figures
     from sr1.plan.report import print_plan, save_png, to_json
     from sr1.plan.splits import make_plan
 

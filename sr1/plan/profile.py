@@ -4,8 +4,8 @@ A `Profile` holds every number the simulation needs, each with the source it cam
 `source` sentence), so a projection can always say where its inputs came from. Three ways to get one:
 
     load_profile("qwen2.5-3b-h100")          # a profile file: a name in sr1/plan/profiles/ or a path (YAML/JSON)
-    profile_from_run(Path("runs/tiny-..."))  # measured from a finished run's metrics.jsonl and config.yaml
-    with_learner_bench(profile, Path("bench.json"))  # the learner's tokens/s from `bench_learner.py --json`
+    profile_from_run(Path("runs/tiny-..."))  # measured from a finished run (sr1/plan/measured.py)
+    with_learner_bench(data, Path("bench.json"))  # the learner's tokens/s from `bench_learner.py --json` (idem)
 
 A profile missing a number is a `ProfileError` naming the field (`generator.tokens_per_s`). `GPU_KINDS` lists the
 hardware `sr1 plan --gpu-kind` knows; `check_memory` says why a split cannot hold the model.
@@ -14,7 +14,6 @@ hardware `sr1 plan --gpu-kind` knows; `check_memory` says why a split cannot hol
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-DEFAULT_RUN_PROFILE = (
-    "cpu-tiny"  # where `--from-run` takes what a run cannot measure, unless --profile is given
-)
 GIB = 1024**3
 
 
@@ -208,7 +204,7 @@ def gpu_kind(name: str) -> GpuKind:
     return GPU_KINDS[name]
 
 
-def _validate(data: dict[str, Any], origin: str) -> Profile:
+def validate_profile(data: dict[str, Any], origin: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
@@ -243,172 +239,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise ProfileError(f"profile {path}: not YAML/JSON: {err}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"profile {path}: expected a mapping at the top level")
-    return _validate(data, str(path))
-
-
-# -- measured: a finished run ----------------------------------------------------------------------------------------
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        raise ProfileError(f"{run_dir}: no metrics.jsonl (is it a run directory of `sr1 run`?)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "step" in r and "perf/train_s" in r]
-    if len(steps) < 2:
-        raise ProfileError(f"{path}: needs at least 2 step rows to measure from, found {len(steps)}")
-    return steps[1:]  # the first step waited for a cold system
-
-
-def _mean(rows: list[dict], key: str, path: Path) -> float:
-    values = [float(r[key]) for r in rows if r.get(key) is not None]
-    if not values:
-        raise ProfileError(f"{path}: no {key} in its step rows (a run of an older sr1?)")
-    return statistics.fmean(values)
-
-
-def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
-    """Measure a profile from a finished run directory: trajectory shapes, learner tokens/s and publish time from
-    its `metrics.jsonl`, group size and engines from its `config.yaml`; engine throughput from the generator pool's
-    heartbeat rows (`pool/tokens_per_s` while busy, at `pool/inflight_trajectories`).
-
-    Figures a run cannot measure (search latency, prefill cost, hand-off, memory) come from `defaults` (a profile)
-    when given, else are named as missing."""
-    from config import load_config
-
-    run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    if not config_path.exists():
-        raise ProfileError(f"{run_dir}: no config.yaml (is it a run directory of `sr1 run`?)")
-    cfg = load_config(config_path)
-    rows = _rows(run_dir)
-    metrics = run_dir / "metrics.jsonl"
-    for key in ("batch/groups", "batch/loss_tokens", "perf/tokens_per_s", "perf/step_s", "perf/wait_s"):
-        if any(key not in r for r in rows):
-            raise ProfileError(f"{metrics}: a step row has no {key} (a run of an older sr1?)")
-    where = f"measured from {run_dir}/metrics.jsonl ({len(rows)} steps after the first)"
-    n = cfg.generators.group_size
-    trajectories = [float(r["batch/groups"]) * n for r in rows]
-    loss_tokens = statistics.fmean(
-        float(r["batch/loss_tokens"]) / t for r, t in zip(rows, trajectories, strict=True)
-    )
-    searches = _mean(rows, "batch/tool_calls_per_traj", metrics)
-    response = _mean(rows, "batch/response_len_mean", metrics)
-    turns = searches + 1.0
-    # model tokens per step = trajectories x (prompt + response) x epochs: the prompt follows from tokens/s x time
-    model_tokens = statistics.fmean(
-        float(r["perf/tokens_per_s"]) * float(r["perf/train_s"]) / (t * cfg.learner.ppo_epochs)
-        for r, t in zip(rows, trajectories, strict=True)
-    )
-    prompt = max(model_tokens - response, 1.0)
-    ranks = cfg.learner.num_ranks
-    engines = cfg.generators.num_engines
-    idle = _mean(rows, "pool/idle_fraction", metrics)
-    busy_tokens_per_s = _mean(rows, "pool/tokens_per_s", metrics) / max(1.0 - idle, 0.05) / engines
-    concurrency = max(_mean(rows, "pool/inflight_trajectories", metrics) / engines, 1.0)
-    data: dict[str, Any] = json.loads(defaults.model_dump_json()) if defaults else {}
-    data.update(
-        name=f"measured from {run_dir}",
-        gpu_kind=data.get("gpu_kind", "cpu"),
-    )
-    data.setdefault("generator", {})["tokens_per_s"] = {
-        "points": [[concurrency, busy_tokens_per_s]],
-        "source": f"{where}: pool/tokens_per_s / (1 - pool/idle_fraction) per engine at the mean "
-        "pool/inflight_trajectories; flat beyond (one point measured)",
-    }
-    learner = data.setdefault("learner", {})
-    learner["tokens_per_s_per_rank"] = {
-        "value": _mean(rows, "perf/tokens_per_s", metrics) / ranks,
-        "source": f"{where}: perf/tokens_per_s / {ranks} rank(s)",
-    }
-    learner.setdefault(
-        "scaling_efficiency", {"value": 1.0, "source": f"the run had {ranks} rank(s): assumption"}
-    )
-    overhead = statistics.fmean(
-        float(r["perf/step_s"])
-        - float(r["perf/wait_s"])
-        - float(r["perf/train_s"])
-        - float(r.get("weight_sync/seconds", 0.0))
-        - float(r.get("perf/checkpoint_s", 0.0))
-        for r in rows
-    )
-    learner["step_overhead_s"] = {
-        "value": max(overhead, 0.0),
-        "source": f"{where}: perf/step_s - wait - train - publish - checkpoint",
-    }
-    checkpoints = [float(r["perf/checkpoint_s"]) for r in rows if "perf/checkpoint_s" in r]
-    if checkpoints:
-        learner["checkpoint_s"] = {
-            "value": statistics.fmean(checkpoints),
-            "source": f"{where}: perf/checkpoint_s",
-        }
-    workload = data.setdefault("workload", {})
-    workload.update(
-        prompt_tokens={"value": prompt, "source": f"{where}: model tokens per trajectory minus the response"},
-        tokens_per_turn={
-            "value": loss_tokens / turns,
-            "source": f"{where}: batch/loss_tokens per trajectory / (batch/tool_calls_per_traj + 1)",
-        },
-        searches_per_trajectory={"value": searches, "source": f"{where}: batch/tool_calls_per_traj"},
-        obs_tokens_per_search={
-            "value": max(response - loss_tokens, 0.0) / searches if searches > 0 else 0.0,
-            "source": f"{where}: (batch/response_len_mean - loss tokens per trajectory) / searches",
-        },
-    )
-    last = rows[-1]
-    if cfg.learner.algorithm.dynamic_sampling and last.get("buffer/produced"):
-        workload["dropped_group_fraction"] = {
-            "value": float(last.get("buffer/dropped_groups", 0)) / float(last["buffer/produced"]),
-            "source": f"{where}: buffer/dropped_groups / buffer/produced at the last step",
-        }
-    data["weight_sync_s"] = {
-        "value": _mean(rows, "weight_sync/seconds", metrics),
-        "source": f"{where}: weight_sync/seconds",
-    }
-    return _validate(data, f"from run {run_dir} (give the missing figures with --profile)")
-
-
-def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
-    """`profile_data` with the learner's per-rank tokens/s taken from a `bench_learner.py --json` output file."""
-    bench_path = Path(bench_path)
-    try:
-        bench = json.loads(bench_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ProfileError(f"{bench_path}: not a bench_learner.py --json output: {err}") from None
-    if "packed/tokens_per_s" not in bench:
-        raise ProfileError(
-            f"{bench_path}: no 'packed/tokens_per_s' (run `python scripts/bench_learner.py --json`)"
-        )
-    data = dict(profile_data)
-    learner = dict(data.get("learner", {}))
-    learner["tokens_per_s_per_rank"] = {
-        "value": float(bench["packed/tokens_per_s"]),
-        "source": f"bench_learner.py --json in {bench_path} (device {bench.get('device', '?')}, packed, budget "
-        f"{bench.get('micro_batch_tokens', '?')} tokens, mean sequence {bench.get('mean_seq_len', 0):.0f} tokens)",
-    }
-    data["learner"] = learner
-    return data
-
-
-def resolve_profile(
-    profile: str | Path | None = None, from_run: Path | None = None, learner_bench: Path | None = None
-) -> Profile:
-    """The profile `sr1 plan` uses: a file, a run's measurements (over the file's figures when both are given),
-    and the learner's tokens/s from a bench output on top."""
-    if profile is None and from_run is None:
-        raise ProfileError(
-            "give a profile: --profile NAME_OR_FILE, --from-run RUN_DIR (with --learner-bench FILE to replace the "
-            f"learner's figure); shipped profiles: {', '.join(list_profiles())}"
-        )
-    base = load_profile(profile) if profile is not None else None
-    if from_run is not None:
-        # what a run cannot measure (search latency, prefill cost, hand-off, memory) comes from the file, else from the
-        # shipped CPU profile: each such figure keeps that profile's source, so the printed sources say so
-        base = profile_from_run(from_run, base or load_profile(DEFAULT_RUN_PROFILE))
-    data = json.loads(base.model_dump_json())
-    if learner_bench is not None:
-        data = with_learner_bench(data, learner_bench)
-    return _validate(data, str(profile or from_run))
+    return validate_profile(data, str(path))
 
 
 def with_figures(
@@ -425,7 +256,7 @@ def with_figures(
             known = ", ".join(k for k, _, _ in profile_sources(profile) if k != "generator.tokens_per_s")
             raise ProfileError(f"no figure {key!r} in the profile; figures: {known}")
         node[last] = {"value": float(value), "source": source}
-    return _validate(data, f"{profile.name} with {', '.join(figures)}")
+    return validate_profile(data, f"{profile.name} with {', '.join(figures)}")
 
 
 def profile_sources(profile: Profile) -> list[tuple[str, str, str]]:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from config import load_config, save_config
+from sr1.plan.measured import profile_from_run, resolve_profile
 from sr1.plan.profile import (
     GPU_KINDS,
     ProfileError,
@@ -16,10 +17,10 @@ from sr1.plan.profile import (
     gpu_kind,
     list_profiles,
     load_profile,
-    profile_from_run,
-    resolve_profile,
     with_figures,
 )
+from sr1.plan.simulate import simulate
+from sr1.plan.splits import pipeline
 
 # one step row as learner/loop.py writes it to metrics.jsonl (the keys the profile reads, and a few others)
 STEP = {
@@ -36,16 +37,17 @@ STEP = {
     "weight_sync/seconds": 0.02,
     "learner/version": 1,
     "pool/generators": 1,
-    "pool/tokens_per_s": 3000.0,
     "pool/idle_fraction": 0.5,
-    "pool/inflight_trajectories": 64,
 }
+BUSY_S_PER_STEP = (
+    0.4  # the pool's cumulative busy seconds grow by this much per 1.30 s step: busy 0.31 of the time
+)
 
 
-def write_run_dir(run_dir: Path, steps: int = 5) -> Path:
+def write_run_dir(run_dir: Path, steps: int = 5, overrides: tuple[str, ...] = ()) -> Path:
     """A finished tiny run's directory in the layout `sr1 run` writes: config.yaml, metrics.jsonl (a segment marker,
     step rows, an evaluation row), learner_groups.jsonl."""
-    save_config(load_config("tiny", [f"run_dir={run_dir}"]), run_dir)
+    save_config(load_config("tiny", [f"run_dir={run_dir}", *overrides]), run_dir)
     lines = [{"segment": {"start": 0, "resumed_from": None, "weights": 0, "time": 1000.0}}]
     lines.append({"eval_step": 0, "time": 1000.5, "eval/em": 0.3})
     groups = [{"start": 0, "resumed_from": None, "weights": 0, "recalled": []}]
@@ -55,6 +57,8 @@ def write_run_dir(run_dir: Path, steps: int = 5) -> Path:
             "learner/version": step,
             "perf/wait_s": STEP["perf/wait_s"] + first_wait,
             "perf/step_s": STEP["perf/step_s"] + first_wait,
+            "pool/busy_s": 2.0 + BUSY_S_PER_STEP * step,
+            "pool/uptime_s": 10.0 + STEP["perf/step_s"] * step,
         }
         if step % 4 == 0:  # a checkpoint's time is part of its step's
             row |= {"perf/checkpoint_s": 0.1, "perf/step_s": row["perf/step_s"] + 0.1}
@@ -132,10 +136,46 @@ def test_profile_from_a_run_directory(tmp_path):
     assert profile.learner.step_overhead_s.value == pytest.approx(1.30 - 0.50 - 0.74 - 0.02)
     assert profile.learner.checkpoint_s.value == pytest.approx(0.1)
     assert profile.weight_sync_s.value == pytest.approx(0.02)
-    assert profile.generator.tokens_per_s.points == [(64.0, 6000.0)]
-    assert "metrics.jsonl" in profile.generator.tokens_per_s.source
+    assert "fitted to" in profile.generator.tokens_per_s.source
     # what a run cannot measure keeps the file's figure and its source
     assert profile.workload.search_latency_s == load_profile("cpu-tiny").workload.search_latency_s
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_the_engine_rate_is_fitted_to_the_pools_busy_share(tmp_path, max_staleness):
+    """Simulated with the measured profile, the run's own configuration keeps its engine busy for the share of the
+    time the heartbeats measured; a synchronous run also gives the hand-off (its wait less the time in flight)."""
+    overrides = (f"learner.max_staleness={max_staleness}",)
+    run_dir = write_run_dir(tmp_path / "run", steps=8, overrides=overrides)
+    defaults = load_profile("cpu-tiny")
+    profile = profile_from_run(run_dir, defaults)
+    measured = BUSY_S_PER_STEP / STEP["perf/step_s"]
+    cfg = load_config("tiny", list(overrides))
+    pipe = pipeline(cfg, engines=1, ranks=1, max_staleness=max_staleness)
+    simulated = simulate(pipe, profile, steps=8, warmup=1).generator_busy
+    assert simulated == pytest.approx(measured, abs=0.01)
+    ((concurrency, rate),) = profile.generator.tokens_per_s.points
+    assert concurrency == min(pipe.max_num_seqs, pipe.max_inflight_groups * pipe.group_size)
+    if max_staleness == 0:
+        mean_step = (5 * 1.30 + 2 * 1.40) / 7  # steps 2-8 measured; 4 and 8 carry a checkpoint's 0.1 s
+        assert profile.handoff_s.value == pytest.approx(0.50 - measured * mean_step)
+        assert "synchronous" in profile.handoff_s.source
+    else:
+        assert profile.handoff_s == defaults.handoff_s  # an asynchronous run cannot tell hand-offs apart
+    # a slower engine in the same run would have been busier: the fit moves the right way
+    slower = with_figures(profile, {"handoff_s": profile.handoff_s.value})
+    slower = slower.model_copy(
+        update={
+            "generator": slower.generator.model_copy(
+                update={
+                    "tokens_per_s": slower.generator.tokens_per_s.model_copy(
+                        update={"points": [(concurrency, rate / 2)]}
+                    )
+                }
+            )
+        }
+    )
+    assert simulate(pipe, slower, steps=8, warmup=1).generator_busy > simulated
 
 
 def test_run_directory_errors_name_the_problem(tmp_path):
@@ -151,6 +191,34 @@ def test_run_directory_errors_name_the_problem(tmp_path):
     )
     with pytest.raises(ProfileError, match="a step row has no batch/groups"):
         profile_from_run(run_dir)
+
+
+def _rewrite_rows(run_dir: Path, change) -> None:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "step" in r:
+            change(r)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_pools_heartbeat_figures_must_be_there_and_advance(tmp_path):
+    defaults = load_profile("cpu-tiny")
+    run_dir = write_run_dir(tmp_path / "old")
+    _rewrite_rows(run_dir, lambda r: r.pop("pool/busy_s"))
+    with pytest.raises(ProfileError, match="a step row has no pool/busy_s"):
+        profile_from_run(run_dir, defaults)
+    run_dir = write_run_dir(tmp_path / "still")
+    _rewrite_rows(run_dir, lambda r: r.update({"pool/uptime_s": 10.0, "pool/busy_s": 2.0}))
+    with pytest.raises(ProfileError, match="did not advance between step 2 and step 5"):
+        profile_from_run(run_dir, defaults)
+    run_dir = write_run_dir(tmp_path / "restarted")
+    _rewrite_rows(run_dir, lambda r: r.update({"pool/busy_s": 10.0 - r["step"]}))
+    with pytest.raises(ProfileError, match="a generator restarted"):
+        profile_from_run(run_dir, defaults)
+    run_dir = write_run_dir(tmp_path / "impossible")  # less busy than its searches alone would keep it
+    _rewrite_rows(run_dir, lambda r: r.update({"pool/busy_s": 0.001 * r["step"]}))
+    with pytest.raises(ProfileError, match="no engine rate reproduces"):
+        profile_from_run(run_dir, defaults)
 
 
 def test_a_run_with_dynamic_sampling_measures_the_dropped_share(tmp_path):
