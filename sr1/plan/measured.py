@@ -104,12 +104,13 @@ def fit_engine_rate(cfg: Any, profile: Profile, busy: float, *, bound: int, step
 
 
 def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
-    """Measure a profile from a finished run directory: trajectory shapes, learner tokens/s and publish time from
-    its `metrics.jsonl`, group size and engines from its `config.yaml`; the hand-off time (synchronous runs) from the
-    learner's wait less the pool's time in flight; and the engine's throughput fitted to the pool's busy share.
+    """Measure a profile from a finished run directory: trajectory shapes, search latency, learner tokens/s and
+    publish time from its `metrics.jsonl`, group size and engines from its `config.yaml`; the hand-off time
+    (synchronous runs) from the learner's wait less the pool's time in flight; and the engine's throughput fitted
+    to the pool's busy share.
 
-    Figures a run cannot measure (search latency, prefill cost, memory; the hand-off of an asynchronous run) come
-    from `defaults` (a profile) when given, else are named as missing."""
+    Figures a run cannot measure (prefill cost, the spread of lengths and latencies, memory; the hand-off of an
+    asynchronous run) come from `defaults` (a profile) when given, else are named as missing."""
     from config import load_config
 
     run_dir = Path(run_dir)
@@ -180,6 +181,12 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
             "source": f"{where}: (batch/response_len_mean - loss tokens per trajectory) / searches",
         },
     )
+    latencies = [float(r["tools/latency_s"]) for r in rows if float(r.get("tools/latency_s") or 0.0) > 0]
+    if latencies:
+        workload["search_latency_s"] = {
+            "value": statistics.fmean(latencies),
+            "source": f"{where}: tools/latency_s (mean seconds per search as the generators saw it)",
+        }
     last = rows[-1]
     if cfg.learner.algorithm.dynamic_sampling and last.get("buffer/produced"):
         workload["dropped_group_fraction"] = {
@@ -251,7 +258,7 @@ def resolve_profile(
         )
     base = load_profile(profile) if profile is not None else None
     if from_run is not None:
-        # what a run cannot measure (search latency, prefill cost, memory) comes from the file, else from the shipped
+        # what a run cannot measure (prefill cost, spreads, memory) comes from the file, else from the shipped
         # CPU profile: each such figure keeps that profile's source, so the printed sources say so
         base = profile_from_run(from_run, base or load_profile(DEFAULT_RUN_PROFILE))
     data = json.loads(base.model_dump_json())

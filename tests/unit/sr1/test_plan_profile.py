@@ -35,6 +35,7 @@ STEP = {
     "perf/step_s": 1.30,
     "perf/wait_s": 0.50,
     "weight_sync/seconds": 0.02,
+    "tools/latency_s": 0.015,
     "learner/version": 1,
     "pool/generators": 1,
     "pool/idle_fraction": 0.5,
@@ -137,8 +138,10 @@ def test_profile_from_a_run_directory(tmp_path):
     assert profile.learner.checkpoint_s.value == pytest.approx(0.1)
     assert profile.weight_sync_s.value == pytest.approx(0.02)
     assert "fitted to" in profile.generator.tokens_per_s.source
+    assert profile.workload.search_latency_s.value == pytest.approx(0.015)
+    assert "tools/latency_s" in profile.workload.search_latency_s.source
     # what a run cannot measure keeps the file's figure and its source
-    assert profile.workload.search_latency_s == load_profile("cpu-tiny").workload.search_latency_s
+    assert profile.generator.prefill_cost == load_profile("cpu-tiny").generator.prefill_cost
 
 
 @pytest.mark.parametrize("max_staleness", [0, 2])
