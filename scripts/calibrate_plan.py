@@ -12,7 +12,7 @@ scripts/bench_async.py runs them: the planner models dedicated pools, not pools 
   per step, and two engines sharing the generator core (synchronous).
 
 Measured steps/min come from the learner's per-step wall times (the first `--warmup` steps left out), as
-bench_async.py computes them. Predicted ones come from `sr1 plan`'s simulator with a profile: `--profile`
+bench_async.py computes them; the generator's busy share over the same steps from its heartbeats (`pool/busy_s`). Predicted ones come from `sr1 plan`'s simulator with a profile: `--profile`
 (default `cpu-tiny`, fitted to bench_async's recorded synchronous run) or, with `--fit-sync`, measured from this
 run's own synchronous case (`sr1 plan --from-run`), so that every other case is a prediction. Prints one table
 (markdown) and writes `<out>/calibration.json`. Exit status 1 when a case misses ±`--tolerance`.
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import load_config  # noqa: E402
-from sr1.plan.measured import profile_from_run  # noqa: E402
+from sr1.plan.measured import pool_busy_fraction, profile_from_run  # noqa: E402
 from sr1.plan.profile import Profile, load_profile  # noqa: E402
 from sr1.plan.simulate import simulate  # noqa: E402
 from sr1.plan.splits import pipeline  # noqa: E402
@@ -104,7 +104,13 @@ def measure(case: CalibrationCase, args, extra: list[str]) -> tuple[dict, Path]:
     from sr1.sweep import run_case
 
     run_dir = run_case(Case(case.name, case.label, case.overrides), args.seed, args.out, extra)
-    return phases(run_dir, args.warmup), run_dir
+    measured = phases(run_dir, args.warmup)
+    # the generator's busy share over the same steps as the rest (bench_async's figure covers the whole run, start-up
+    # included): the heartbeats' cumulative busy and up seconds between the first and the last measured step
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step" in r and "perf/step_s" in r][args.warmup :]
+    measured["generator_busy"] = pool_busy_fraction(steps, run_dir / "metrics.jsonl")
+    return measured, run_dir
 
 
 def _shown(measured: dict, key: str, fmt: str) -> str:

@@ -48,7 +48,7 @@ def _mean(rows: list[dict], key: str, path: Path) -> float:
     return statistics.fmean(values)
 
 
-def _pool_busy_fraction(rows: list[dict], path: Path) -> float:
+def pool_busy_fraction(rows: list[dict], path: Path) -> float:
     """The share of the generator pool's time with a trajectory in flight, between the heartbeats the first and the
     last measured step saw (cumulative `pool/busy_s` and `pool/uptime_s`, summed over workers)."""
     for key in ("pool/busy_s", "pool/uptime_s"):
@@ -139,7 +139,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     )
     prompt = max(model_tokens - response, 1.0)
     ranks = cfg.learner.num_ranks
-    busy = _pool_busy_fraction(rows, metrics)
+    busy = pool_busy_fraction(rows, metrics)
     data: dict[str, Any] = json.loads(defaults.model_dump_json()) if defaults else {}
     data.update(name=f"measured from {run_dir}", gpu_kind=data.get("gpu_kind", "cpu"))
     learner = data.setdefault("learner", {})
