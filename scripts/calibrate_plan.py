@@ -1,7 +1,7 @@
 """Calibrate `sr1 plan` on this CPU: real runs and the planner's predictions side by side, steps/min within ±15 %.
 
     python scripts/calibrate_plan.py --recorded            # no runs: the planner against bench_async's recorded runs
-    python scripts/calibrate_plan.py                       # run every case below, then predict them (~25 min)
+    python scripts/calibrate_plan.py                       # run every case below, then predict them (~10 min)
     python scripts/calibrate_plan.py --cases sync,async2 --steps 12 --out runs/calibrate-quick
 
 Each case is `sr1 run tiny` with the generator pool pinned to one core and the learner to another (as
@@ -12,9 +12,10 @@ scripts/bench_async.py runs them: the planner models dedicated pools, not pools 
   per step, and two engines sharing the generator core (synchronous).
 
 Measured steps/min come from the learner's per-step wall times (the first `--warmup` steps left out), as
-bench_async.py computes them; the generator's busy share over the same steps from its heartbeats (`pool/busy_s`). Predicted ones come from `sr1 plan`'s simulator with a profile: `--profile`
-(default `cpu-tiny`, fitted to bench_async's recorded synchronous run) or, with `--fit-sync`, measured from this
-run's own synchronous case (`sr1 plan --from-run`), so that every other case is a prediction. Prints one table
+bench_async.py computes them; the generator's busy share over the same steps from its heartbeats (`pool/busy_s`).
+Predicted ones come from `sr1 plan`'s simulator with a profile: `--profile` (default `cpu-tiny`, measured from
+this harness's synchronous run of 2026-11-25) or, with `--fit-sync`, measured from this run's own synchronous case
+(`sr1 plan --from-run`), so that every other case is a prediction. Prints one table
 (markdown) and writes `<out>/calibration.json`. Exit status 1 when a case misses ±`--tolerance`.
 Quiet machine needed: the runs pin one core each, and a busy machine makes them slower than any model of them.
 """
@@ -66,13 +67,15 @@ CASES = [
     ),
 ]
 
-# bench_async.py's recorded runs (README, "What asynchrony buys": 2026-11-22, this project's 2-core VM, seed 0,
-# 16 steps of 64 trajectories, first 3 left out, generator pool on core 0, learner on core 1): run 1, run 2
+# bench_async.py's recorded runs (docs/algorithms.md, "What asynchrony buys": 2026-11-25, this project's 2-core VM,
+# three fresh clones, seed 0, 16 steps of 64 trajectories, first 3 left out, generator pool on core 0, learner on
+# core 1): rounds 1, 2, 3. Its generator busy figure covers the whole run, start-up included, not the measured steps,
+# so it is not compared here.
 RECORDED = {
-    "sync": {"steps_per_min": (45.4, 50.7), "learner_busy": (0.60, 0.58), "generator_busy": (0.31, 0.32)},
-    "async1": {"steps_per_min": (78.9, 81.0), "learner_busy": (0.97, 0.98), "generator_busy": (0.44, 0.43)},
-    "async2": {"steps_per_min": (85.6, 79.8), "learner_busy": (0.99, 0.99), "generator_busy": (0.44, 0.46)},
-    "async4": {"steps_per_min": (86.0, 75.0), "learner_busy": (0.99, 0.99), "generator_busy": (0.52, 0.51)},
+    "sync": {"steps_per_min": (61.0, 63.3, 62.5), "learner_busy": (0.60, 0.61, 0.60)},
+    "async1": {"steps_per_min": (101.8, 95.8, 88.8), "learner_busy": (0.98, 0.99, 0.97)},
+    "async2": {"steps_per_min": (99.5, 100.7, 97.0), "learner_busy": (0.99, 0.99, 0.99)},
+    "async4": {"steps_per_min": (104.9, 106.7, 95.9), "learner_busy": (0.99, 0.99, 0.99)},
 }
 
 
