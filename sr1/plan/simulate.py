@@ -10,7 +10,9 @@ What is modelled:
   turn's work is its sampled tokens plus `prefill_cost` times the tokens it prefills (the prompt on the first turn,
   the last observation on later ones: prefix caching keeps the rest). At most `max_num_seqs` sequences run; the rest
   wait in the engine's queue.
-- A generator worker holds at most `max_inflight_groups` groups; all n samples of a group run on its engine. Between
+- A generator worker holds at most `max_inflight_groups` groups; all n samples of a group run on its engine. Released
+  prompts go to the worker that has waited longest, up to its free slots, then to the next (a release is one Redis
+  script, and the client blocked longest in its claim takes what its free slots allow). Between
   turns a trajectory leaves the engine for a search round trip (lognormal latency); the number of searches is
   binomial over `max_turns` with the profile's mean, tokens per turn lognormal (capped by `max_tokens_per_turn`,
   and the whole response by `max_response_tokens`).
@@ -293,6 +295,9 @@ class _Simulation:
             self.buffer, _Prompts(), groups_per_step=pipe.groups_per_step, max_staleness=pipe.max_staleness
         )
         self.pending: deque[_Group] = deque()  # released, not claimed by a worker
+        # workers waiting in their claim, first come first served: Redis hands a release (one script, every prompt at
+        # once) to the client blocked longest, which takes up to its free slots and queues again behind the others
+        self.claim_order: deque[_Engine] = deque(self.engines)
         self.unconsumed: dict[str, int] = {}  # released, not trained or dropped: group id -> release version
         self.finished: dict[str, _Group] = {}  # finished, not trained, in finishing (stream) order
         self.learner_idle_since: float | None = 0.0
@@ -331,22 +336,31 @@ class _Simulation:
         self.claim()
 
     def claim(self) -> None:
-        while self.pending:
-            engine = min(self.engines, key=lambda e: (e.groups_held, e.index))
-            if engine.groups_held >= self.pipe.max_inflight_groups:
+        """Released groups go to the worker that has waited longest for work, up to its free slots (as
+        `ReplayBuffer.claim_prompts` takes them: one blocking read for every free slot); then to the next."""
+        for _ in range(len(self.claim_order)):
+            if not self.pending:
                 return
-            group = self.pending.popleft()
-            group.engine = engine.index
-            engine.groups_held += 1
+            engine = self.claim_order.popleft()
+            self.claim_order.append(engine)
+            free = self.pipe.max_inflight_groups - engine.groups_held
+            if free <= 0:
+                continue
             engine.advance(self.now)
-            for _ in range(self.pipe.group_size):
-                turns = _draw_turns(self.rng, self.pipe, self.profile)
-                trajectory = _Trajectory(group, turns, _obs_tokens(self.pipe, self.profile))
-                prompt = round(self.profile.workload.prompt_tokens.value)
-                group.model_tokens += prompt + sum(turns) + trajectory.obs_tokens * (len(turns) - 1)
-                engine.inflight += 1
-                self.submit_turn(engine, trajectory, prefill=prompt)
+            for _ in range(min(free, len(self.pending))):
+                self.start_group(engine, self.pending.popleft())
             self.reschedule(engine)
+
+    def start_group(self, engine: _Engine, group: _Group) -> None:
+        group.engine = engine.index
+        engine.groups_held += 1
+        for _ in range(self.pipe.group_size):
+            turns = _draw_turns(self.rng, self.pipe, self.profile)
+            trajectory = _Trajectory(group, turns, _obs_tokens(self.pipe, self.profile))
+            prompt = round(self.profile.workload.prompt_tokens.value)
+            group.model_tokens += prompt + sum(turns) + trajectory.obs_tokens * (len(turns) - 1)
+            engine.inflight += 1
+            self.submit_turn(engine, trajectory, prefill=prompt)
 
     def submit_turn(self, engine: _Engine, trajectory: _Trajectory, prefill: int) -> None:
         decode = trajectory.turns[trajectory.turn]
