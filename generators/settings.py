@@ -103,6 +103,12 @@ class GeneratorsConfig(BaseModel):
         description="Prompt groups a worker runs at once (its engine batches all their trajectories).",
     )
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between worker heartbeats (with metrics).")
+    claim_batch_groups: int = Field(
+        16,
+        ge=1,
+        description="Most prompt groups a worker claims in one read: a release goes round the waiting workers this "
+        "many at a time, so one worker with many free slots cannot take a whole step's batch while the others idle.",
+    )
     claim_block_ms: int = Field(
         1000, ge=0, description="How long a worker's claim call waits for new prompts before trying again."
     )

@@ -249,7 +249,10 @@ class GeneratorWorker:
                 await asyncio.sleep(min(1.0, self.cfg.tool_pause.probe_s))
                 continue
             claimed = await asyncio.to_thread(
-                self.buffer.claim_prompts, self.worker_id, free, self.cfg.claim_block_ms
+                self.buffer.claim_prompts,
+                self.worker_id,
+                min(free, self.cfg.claim_batch_groups),
+                self.cfg.claim_block_ms,
             )
             if self._stop.is_set() and claimed:
                 # stopped while the claim was waiting: give them straight back

@@ -11,8 +11,9 @@ What is modelled:
   the last observation on later ones: prefix caching keeps the rest). At most `max_num_seqs` sequences run; the rest
   wait in the engine's queue.
 - A generator worker holds at most `max_inflight_groups` groups; all n samples of a group run on its engine. Released
-  prompts go to the worker that has waited longest, up to its free slots, then to the next (a release is one Redis
-  script, and the client blocked longest in its claim takes what its free slots allow). Between
+  prompts go round the workers, the one that has waited longest first, each read taking at most
+  `claim_batch_groups` and never more than the worker's free slots (as Redis serves the generators' blocking reads of
+  one release script). Between
   turns a trajectory leaves the engine for a search round trip (lognormal latency); the number of searches is
   binomial over `max_turns` with the profile's mean, tokens per turn lognormal (capped by `max_tokens_per_turn`,
   and the whole response by `max_response_tokens`).
@@ -62,6 +63,9 @@ class Pipeline:
     max_obs_tokens: int = 500
     max_response_tokens: int = 4096
     max_inflight_groups: int = 128
+    claim_batch_groups: int = (
+        16  # 1: the batch dealt evenly over the engines, as veRL's rollout workers share it
+    )
     max_num_seqs: int = 512
     ppo_epochs: int = 1
     checkpoint_every: int = 10**9
@@ -336,19 +340,29 @@ class _Simulation:
         self.claim()
 
     def claim(self) -> None:
-        """Released groups go to the worker that has waited longest for work, up to its free slots (as
-        `ReplayBuffer.claim_prompts` takes them: one blocking read for every free slot); then to the next."""
-        for _ in range(len(self.claim_order)):
-            if not self.pending:
-                return
-            engine = self.claim_order.popleft()
-            self.claim_order.append(engine)
-            free = self.pipe.max_inflight_groups - engine.groups_held
-            if free <= 0:
-                continue
-            engine.advance(self.now)
-            for _ in range(min(free, len(self.pending))):
-                self.start_group(engine, self.pending.popleft())
+        """Released groups go round the workers, the one that has waited longest first, each read taking at most
+        `claim_batch_groups` and never more than the worker's free slots (as `ReplayBuffer.claim_prompts` serves
+        the generators' blocking reads), until none is left or every worker is full."""
+        touched: dict[int, _Engine] = {}
+        while self.pending:
+            took = False
+            for _ in range(len(self.claim_order)):
+                if not self.pending:
+                    break
+                engine = self.claim_order.popleft()
+                self.claim_order.append(engine)
+                free = min(self.pipe.max_inflight_groups - engine.groups_held, self.pipe.claim_batch_groups)
+                if free <= 0:
+                    continue
+                if engine.index not in touched:
+                    engine.advance(self.now)
+                    touched[engine.index] = engine
+                for _ in range(min(free, len(self.pending))):
+                    self.start_group(engine, self.pending.popleft())
+                took = True
+            if not took:
+                break
+        for engine in touched.values():
             self.reschedule(engine)
 
     def start_group(self, engine: _Engine, group: _Group) -> None:

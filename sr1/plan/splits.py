@@ -12,7 +12,7 @@ then every GPU trains (colocated), on-policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sr1.plan.profile import Profile, check_memory, engine_memory_gib, gpu_kind, learner_memory_gib
 from sr1.plan.simulate import Pipeline, SimResult, simulate
@@ -66,6 +66,7 @@ def pipeline(cfg, *, engines: int, ranks: int, max_staleness: int) -> Pipeline:
         max_obs_tokens=gen.max_obs_tokens,
         max_response_tokens=gen.max_response_tokens,
         max_inflight_groups=gen.max_inflight_groups,
+        claim_batch_groups=gen.claim_batch_groups,
         max_num_seqs=gen.engine.max_num_seqs,
         ppo_epochs=learner.ppo_epochs,
         checkpoint_every=learner.checkpoint_every,
@@ -135,7 +136,8 @@ def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warm
             f"groups_per_step ({cfg.learner.groups_per_step}) must be divisible by learner ranks ({gpus})"
         )
     if plan.colocated_excluded is None:
-        pipe = pipeline(cfg, engines=gpus // tp, ranks=gpus, max_staleness=0)
+        # veRL deals the batch evenly over its rollout workers: one group per read, round the engines
+        pipe = replace(pipeline(cfg, engines=gpus // tp, ranks=gpus, max_staleness=0), claim_batch_groups=1)
         plan.colocated = simulate(pipe, profile, steps=steps, warmup=warmup, seed=seed)
         for row in plan.rows:
             if row.result is not None:

@@ -30,7 +30,7 @@ def _prompts(n: int, release_version: int = 0) -> list[PromptRecord]:
     ]
 
 
-def _worker(buffer, engine, tok, **cfg_kw) -> GeneratorWorker:
+def _worker(buffer, engine, tok, worker_id: str = "gen-test", **cfg_kw) -> GeneratorWorker:
     cfg = GeneratorsConfig(
         **(
             dict(
@@ -56,7 +56,7 @@ def _worker(buffer, engine, tok, **cfg_kw) -> GeneratorWorker:
         engine,
         tok,
         SearchR1Task(search=search),
-        worker_id="gen-test",
+        worker_id=worker_id,
         max_model_len=512,
         chat_template=False,
     )
@@ -112,6 +112,37 @@ async def test_stop_releases_unfinished_prompts_to_other_workers(redis_url, toy_
     # another worker claims the two released prompts at once, and the two never claimed
     other = buffer.claim_prompts("gen-other", 10)
     assert sorted(c.prompt.index for c in other) == [0, 1, 2, 3]
+    buffer.close()
+
+
+async def test_a_release_goes_round_the_waiting_workers(redis_url, toy_tokenizer):
+    """Eight prompts released at once while two workers with eight free slots each wait in their claim: each read
+    takes at most claim_batch_groups, so both get work (one read of eight would leave the other idle)."""
+    buffer = ReplayBuffer(redis_url, "t", lease_s=30)
+    slow = [(SEARCH, "stop")]
+    workers = [
+        _worker(
+            buffer,
+            ScriptedEngine(toy_tokenizer, [], repeat=slow, delay_s=2.0),
+            toy_tokenizer,
+            worker_id=f"gen-{i}",
+            max_inflight_groups=8,
+            claim_batch_groups=2,
+            claim_block_ms=5000,
+            drain_timeout_s=0.1,
+        )
+        for i in range(2)
+    ]
+    runs = [asyncio.create_task(w.run()) for w in workers]
+    await asyncio.sleep(0.5)  # both are blocked in their claim
+    buffer.release_prompts(_prompts(8))
+    while sum(len(w._held) for w in workers) < 8:
+        await asyncio.sleep(0.01)
+    held = sorted(len(w._held) for w in workers)
+    for worker in workers:
+        worker.request_stop()
+    assert await asyncio.wait_for(asyncio.gather(*runs), 10) == [0, 0]
+    assert held[0] >= 2, f"one worker took {held[1]} of 8 groups, the other {held[0]}"
     buffer.close()
 
 

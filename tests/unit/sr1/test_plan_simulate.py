@@ -53,6 +53,19 @@ def test_synchronous_single_engine_matches_the_closed_form():
     assert result.staleness_histogram == {0: 6 * n * TURN}  # 6 measured steps, every token on-policy
 
 
+@pytest.mark.parametrize("claim_batch_groups, on_one_engine", [(16, True), (1, False)])
+def test_a_release_goes_round_the_engines_a_read_at_a_time(claim_batch_groups, on_one_engine):
+    """Two engines, 4 groups of 4 per synchronous step: reads of up to 16 groups leave the whole step on the engine
+    that waited longest (its generation takes 16*50/T), reads of one deal it evenly (8*50/T)."""
+    result = simulate(
+        pipe(engines=2, claim_batch_groups=claim_batch_groups), fixed_profile(), steps=8, warmup=2
+    )
+    generation = (16 if on_one_engine else 8) * TURN / T
+    assert result.step_s == pytest.approx(
+        generation + 16 * (PROMPT + TURN) / LEARNER + OVERHEAD_S + SYNC_S, rel=1e-9
+    )
+
+
 def test_the_hand_off_delays_every_synchronous_step():
     without = simulate(pipe(), fixed_profile(), steps=6, warmup=1)
     with_handoff = simulate(pipe(), fixed_profile(handoff_s=0.3), steps=6, warmup=1)
