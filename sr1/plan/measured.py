@@ -76,10 +76,12 @@ def _with_engine_rate(profile: Profile, concurrency: float, tokens_per_s: float,
     return validate_profile(data, profile.name)
 
 
-def fit_engine_rate(cfg: Any, profile: Profile, busy: float, *, bound: int, steps: int) -> float:
-    """The engine tokens/s (at the pipeline's largest concurrency, linear below) at which the simulated run of `cfg`
-    at staleness `bound` keeps its engines busy for the share `busy` of the time; `profile` gives every other figure.
-    A faster engine is busy for less of the time, so this is a bisection over the logarithm of the rate."""
+def fit_engine_rate(
+    cfg: Any, profile: Profile, busy: float, *, bound: int, steps: int
+) -> tuple[float, float]:
+    """(concurrency, tokens/s): the engine rate at the pipeline's largest concurrency (linear below) at which the
+    simulated run of `cfg` at staleness `bound` keeps its engines busy for the share `busy` of the time; `profile`
+    gives every other figure. A faster engine is busy for less of the time: a bisection over the rate's logarithm."""
     pipe = pipeline(cfg, engines=cfg.generators.num_engines, ranks=cfg.learner.num_ranks, max_staleness=bound)
     concurrency = float(min(pipe.max_num_seqs, pipe.max_inflight_groups * pipe.group_size))
     steps = max(steps, 4)
@@ -100,7 +102,7 @@ def fit_engine_rate(cfg: Any, profile: Profile, busy: float, *, bound: int, step
             lo = mid  # busier than the run: the engine is faster than that
         else:
             hi = mid
-    return math.exp((lo + hi) / 2)
+    return concurrency, math.exp((lo + hi) / 2)
 
 
 def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
@@ -211,9 +213,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     partial = validate_profile(data, f"from run {run_dir} (give the missing figures with --profile)")
     bounds = [int(r["staleness/bound"]) for r in rows if r.get("staleness/bound") is not None]
     bound = round(statistics.fmean(bounds)) if bounds else int(cfg.learner.max_staleness)
-    rate = fit_engine_rate(cfg, partial, busy, bound=bound, steps=len(rows) + 1)
-    pipe = pipeline(cfg, engines=cfg.generators.num_engines, ranks=ranks, max_staleness=bound)
-    concurrency = float(min(pipe.max_num_seqs, pipe.max_inflight_groups * pipe.group_size))
+    concurrency, rate = fit_engine_rate(cfg, partial, busy, bound=bound, steps=len(rows) + 1)
     return _with_engine_rate(
         partial,
         concurrency,

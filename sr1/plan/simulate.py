@@ -13,10 +13,9 @@ What is modelled:
 - A generator worker holds at most `max_inflight_groups` groups; all n samples of a group run on its engine. Released
   prompts go round the workers, the one that has waited longest first, each read taking at most
   `claim_batch_groups` and never more than the worker's free slots (as Redis serves the generators' blocking reads of
-  one release script). Between
-  turns a trajectory leaves the engine for a search round trip (lognormal latency); the number of searches is
-  binomial over `max_turns` with the profile's mean, tokens per turn lognormal (capped by `max_tokens_per_turn`,
-  and the whole response by `max_response_tokens`).
+  one release script). Between turns a trajectory leaves the engine for a search round trip (lognormal latency);
+  the number of searches is binomial over `max_turns` with the profile's mean, tokens per turn lognormal (capped by
+  `max_tokens_per_turn`, and the whole response by `max_response_tokens`).
 - Admission and batch assembly are sr1's own code, not a copy: the real `buffer.admission.PromptFeeder.pump` runs
   against an in-memory stand-in for the four buffer counters it reads (`_CountingBuffer`), and batches are chosen by
   `BatchAssembler._select` (see `_choose_batch`, the one thin adapter). Dynamic sampling drops a finished group with
@@ -63,9 +62,8 @@ class Pipeline:
     max_obs_tokens: int = 500
     max_response_tokens: int = 4096
     max_inflight_groups: int = 128
-    claim_batch_groups: int = (
-        16  # 1: the batch dealt evenly over the engines, as veRL's rollout workers share it
-    )
+    # most groups one claim reads; 1 deals a batch evenly over the engines, as veRL's rollout workers share it
+    claim_batch_groups: int = 16
     max_num_seqs: int = 512
     ppo_epochs: int = 1
     checkpoint_every: int = 10**9
@@ -300,7 +298,7 @@ class _Simulation:
         )
         self.pending: deque[_Group] = deque()  # released, not claimed by a worker
         # workers waiting in their claim, first come first served: Redis hands a release (one script, every prompt at
-        # once) to the client blocked longest, which takes up to its free slots and queues again behind the others
+        # once) to the client blocked longest, which reads up to claim_batch_groups and queues again behind the others
         self.claim_order: deque[_Engine] = deque(self.engines)
         self.unconsumed: dict[str, int] = {}  # released, not trained or dropped: group id -> release version
         self.finished: dict[str, _Group] = {}  # finished, not trained, in finishing (stream) order
