@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import load_config  # noqa: E402
-from sr1.plan.measured import pool_busy_fraction, profile_from_run  # noqa: E402
-from sr1.plan.profile import Profile, load_profile  # noqa: E402
+from sr1.plan.measured import pool_busy_fraction, profile_from_run, step_rows  # noqa: E402
+from sr1.plan.profile import Profile, load_profile, with_engine_curve  # noqa: E402
 from sr1.plan.simulate import simulate  # noqa: E402
 from sr1.plan.splits import pipeline  # noqa: E402
 from sr1.sweep import ROOT, Case  # noqa: E402
@@ -84,11 +84,8 @@ def predict(case: CalibrationCase, profile: Profile, steps: int, warmup: int, ex
     cfg = load_config("tiny", [*extra, *case.overrides])
     engines = cfg.generators.num_engines
     if engines > 1:  # engines sharing one core: each gets its share of the core's throughput
-        curve = profile.generator.tokens_per_s
-        shared = curve.model_copy(update={"points": [(x, y / engines) for x, y in curve.points]})
-        profile = profile.model_copy(
-            update={"generator": profile.generator.model_copy(update={"tokens_per_s": shared})}
-        )
+        points = profile.generator.tokens_per_s.points
+        profile = with_engine_curve(profile, [(x, y / engines) for x, y in points])
     pipe = pipeline(
         cfg, engines=engines, ranks=cfg.learner.num_ranks, max_staleness=cfg.learner.max_staleness
     )
@@ -110,8 +107,7 @@ def measure(case: CalibrationCase, args, extra: list[str]) -> tuple[dict, Path]:
     measured = phases(run_dir, args.warmup)
     # the generator's busy share over the same steps as the rest (bench_async's figure covers the whole run, start-up
     # included): the heartbeats' cumulative busy and up seconds between the first and the last measured step
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "step" in r and "perf/step_s" in r][args.warmup :]
+    steps = step_rows(run_dir)[args.warmup :]
     measured["generator_busy"] = pool_busy_fraction(steps, run_dir / "metrics.jsonl")
     return measured, run_dir
 

@@ -19,7 +19,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sr1.plan.profile import Profile, ProfileError, list_profiles, load_profile, validate_profile
+from sr1.plan.profile import (
+    Profile,
+    ProfileError,
+    list_profiles,
+    load_profile,
+    validate_profile,
+    with_engine_curve,
+)
 from sr1.plan.simulate import simulate
 from sr1.plan.splits import pipeline
 
@@ -30,12 +37,18 @@ _FIT_RATES = (1.0, 1e9)  # the engine tokens/s the fit searches between
 _FIT_STEPS = 40  # bisection steps over the logarithm of the rate: far finer than the runs' own noise
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
+def step_rows(run_dir: Path) -> list[dict]:
+    """Every learner step's row of a run's `metrics.jsonl` (not its evaluations or segment markers)."""
+    path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise ProfileError(f"{run_dir}: no metrics.jsonl (is it a run directory of `sr1 run`?)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "step" in r and "perf/train_s" in r]
+    return [r for r in rows if "step" in r and "perf/train_s" in r]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    steps = step_rows(run_dir)
+    path = run_dir / "metrics.jsonl"
     if len(steps) < 2:
         raise ProfileError(f"{path}: needs at least 2 step rows to measure from, found {len(steps)}")
     return steps[1:]  # the first step waited for a cold system
@@ -70,12 +83,6 @@ def pool_busy_fraction(rows: list[dict], path: Path) -> float:
     return busy / uptime
 
 
-def _with_engine_rate(profile: Profile, concurrency: float, tokens_per_s: float, source: str) -> Profile:
-    data = json.loads(profile.model_dump_json())
-    data["generator"]["tokens_per_s"] = {"points": [[concurrency, tokens_per_s]], "source": source}
-    return validate_profile(data, profile.name)
-
-
 def fit_engine_rate(
     cfg: Any, profile: Profile, busy: float, *, bound: int, steps: int
 ) -> tuple[float, float]:
@@ -87,7 +94,7 @@ def fit_engine_rate(
     steps = max(steps, 4)
 
     def simulated_busy(rate: float) -> float:
-        trial = _with_engine_rate(profile, concurrency, rate, "fit")
+        trial = with_engine_curve(profile, [(concurrency, rate)], "fit")
         return simulate(pipe, trial, steps=steps, warmup=1).generator_busy
 
     lo, hi = (math.log(r) for r in _FIT_RATES)
@@ -214,10 +221,9 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     bounds = [int(r["staleness/bound"]) for r in rows if r.get("staleness/bound") is not None]
     bound = round(statistics.fmean(bounds)) if bounds else int(cfg.learner.max_staleness)
     concurrency, rate = fit_engine_rate(cfg, partial, busy, bound=bound, steps=len(rows) + 1)
-    return _with_engine_rate(
+    return with_engine_curve(
         partial,
-        concurrency,
-        rate,
+        [(concurrency, rate)],
         f"fitted to {run_dir}: the engine rate at which this simulator, run on the run's configuration and the "
         f"figures above, keeps the generator pool busy {busy:.2f} of the time as the run's heartbeats measured "
         f"(pool/busy_s over pool/uptime_s); at the pipeline's largest concurrency, linear below",

@@ -259,6 +259,19 @@ def with_figures(
     return validate_profile(data, f"{profile.name} with {', '.join(figures)}")
 
 
+def with_engine_curve(
+    profile: Profile, points: list[tuple[float, float]], source: str | None = None
+) -> Profile:
+    """`profile` with the generator's tokens/s curve replaced by `points` ((concurrent sequences, tokens/s), ...);
+    the curve keeps its source unless `source` is given."""
+    data = json.loads(profile.model_dump_json())
+    curve = data["generator"]["tokens_per_s"]
+    curve["points"] = [list(point) for point in points]
+    if source is not None:
+        curve["source"] = source
+    return validate_profile(data, f"{profile.name} with generator.tokens_per_s")
+
+
 def profile_sources(profile: Profile) -> list[tuple[str, str, str]]:
     """(dotted field, value as text, source) for every figure and curve of the profile."""
     out: list[tuple[str, str, str]] = []

@@ -17,6 +17,7 @@ from sr1.plan.profile import (
     gpu_kind,
     list_profiles,
     load_profile,
+    with_engine_curve,
     with_figures,
 )
 from sr1.plan.simulate import simulate
@@ -166,19 +167,16 @@ def test_the_engine_rate_is_fitted_to_the_pools_busy_share(tmp_path, max_stalene
     else:
         assert profile.handoff_s == defaults.handoff_s  # an asynchronous run cannot tell hand-offs apart
     # a slower engine in the same run would have been busier: the fit moves the right way
-    slower = with_figures(profile, {"handoff_s": profile.handoff_s.value})
-    slower = slower.model_copy(
-        update={
-            "generator": slower.generator.model_copy(
-                update={
-                    "tokens_per_s": slower.generator.tokens_per_s.model_copy(
-                        update={"points": [(concurrency, rate / 2)]}
-                    )
-                }
-            )
-        }
-    )
+    slower = with_engine_curve(profile, [(concurrency, rate / 2)])
     assert simulate(pipe, slower, steps=8, warmup=1).generator_busy > simulated
+
+
+def _rewrite_rows(run_dir: Path, change) -> None:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "step" in r:
+            change(r)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_run_directory_errors_name_the_problem(tmp_path):
@@ -188,20 +186,9 @@ def test_run_directory_errors_name_the_problem(tmp_path):
     with pytest.raises(ProfileError, match="at least 2 step rows"):
         profile_from_run(run_dir)
     run_dir = write_run_dir(tmp_path / "old")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    (run_dir / "metrics.jsonl").write_text(
-        "".join(json.dumps({k: v for k, v in r.items() if k != "batch/groups"}) + "\n" for r in rows)
-    )
+    _rewrite_rows(run_dir, lambda r: r.pop("batch/groups"))
     with pytest.raises(ProfileError, match="a step row has no batch/groups"):
         profile_from_run(run_dir)
-
-
-def _rewrite_rows(run_dir: Path, change) -> None:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        if "step" in r:
-            change(r)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_the_pools_heartbeat_figures_must_be_there_and_advance(tmp_path):
@@ -229,11 +216,10 @@ def test_a_run_with_dynamic_sampling_measures_the_dropped_share(tmp_path):
     save_config(
         load_config("tiny", [f"run_dir={run_dir}", "learner.algorithm.dynamic_sampling=true"]), run_dir
     )
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        if "step" in r:
-            r |= {"buffer/produced": 10 * r["step"], "buffer/dropped_groups": 3 * r["step"]}
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _rewrite_rows(
+        run_dir,
+        lambda r: r.update({"buffer/produced": 10 * r["step"], "buffer/dropped_groups": 3 * r["step"]}),
+    )
     profile = profile_from_run(run_dir, load_profile("cpu-tiny"))
     assert profile.workload.dropped_group_fraction.value == pytest.approx(0.3)
     assert "buffer/dropped_groups" in profile.workload.dropped_group_fraction.source
