@@ -4,6 +4,7 @@
     python scripts/bench_generators.py --quick --json     # short run, one JSON object with every figure
     python scripts/bench_generators.py --model DIR --corpus corpus.jsonl --prompts train.parquet
     python scripts/bench_generators.py --identity-layers 14  # same samples, a forward 8x as costly
+    python scripts/bench_generators.py --curve 8,32,128 --json > engine.json   # the engine's tokens/s curve
 
 Both phases run the way a generator worker does, continuously: `--total-groups` prompts go through the engine
 with at most `--groups` groups (x `--group-size` trajectories) in flight, a new one starting as soon as one ends, so
@@ -18,6 +19,14 @@ third figure, "wrapper", is the raw work through the `Engine` wrapper (streamed 
 its observation tokens appended between them (the same prefills and prefix-cache hits). Together they split the gap:
 replay / raw is what multi-turn costs the engine itself, agent / replay what the loop (stop strings, log-probs,
 search, parsing) adds. The prefix cache is reset between phases.
+
+`--curve N1,N2,...` measures something else: the engine's decode tokens/s with exactly N sequences in flight, for
+each N (`sr1 plan --engine-bench FILE` reads it as the generator's `tokens_per_s` curve). At each N, waves of N
+requests start together from distinct prompts (prefix cache reset) and each samples exactly `--curve-tokens` more
+tokens in a long wave than in a short one; the rate is N x that difference over the difference of the waves' median
+times, so prefills and per-request costs cancel and what remains is decode at N sequences. `--engines K` starts K
+engines on the same device and runs their waves together: the curve of one engine while K share it (on a CPU core,
+what generators pinned to one core get).
 """
 
 from __future__ import annotations
@@ -58,6 +67,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="add this many layers whose output projections are zero: the same samples, a costlier forward",
+    )
+    parser.add_argument(
+        "--curve",
+        default=None,
+        help="measure the engine's decode tokens/s at these concurrencies instead (comma-separated, e.g. 8,32,128)",
+    )
+    parser.add_argument(
+        "--curve-tokens", type=int, default=128, help="extra tokens a long wave samples per request (--curve)"
+    )
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="--curve: run this many engines at once on the same device (their rates are per engine)",
     )
     parser.add_argument("--quick", action="store_true", help="a short run (4 groups, 1 repeat)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
@@ -181,6 +204,55 @@ def _segments(rollout) -> list[tuple[bool, list[int]]]:
     return runs
 
 
+async def _wave(engines: list, prompts: list[list[int]], n: int, tokens: int, temperature: float) -> float:
+    """Wall seconds for n requests on each engine, all started together, each sampling exactly `tokens` tokens."""
+    start = time.perf_counter()
+    outs = await asyncio.gather(
+        *(
+            _exactly(engine, prompts[i % len(prompts)], tokens, temperature)
+            for engine in engines
+            for i in range(n)
+        )
+    )
+    elapsed = time.perf_counter() - start
+    if any(len(out) != tokens for out in outs):
+        raise RuntimeError(f"a wave of {n} requests did not sample exactly {tokens} tokens each")
+    return elapsed
+
+
+async def _curve(
+    engines: list,
+    prompts: list[list[int]],
+    concurrencies: list[int],
+    extra: int,
+    repeats: int,
+    temperature: float,
+) -> list[list[float]]:
+    """[concurrency, decode tokens/s of one engine] for each concurrency, every engine batching that many at once:
+    short and long waves alternate, and the rate is the extra tokens over the difference of their median times
+    (prefills and per-request costs cancel)."""
+    import statistics
+
+    short = 4
+    points = []
+    for n in concurrencies:
+        await _wave(engines, prompts, n, short + extra, temperature)  # warm-up: this batch size's first steps
+        times: dict[int, list[float]] = {short: [], short + extra: []}
+        for _ in range(repeats):
+            for tokens, measured in times.items():
+                for engine in engines:
+                    await engine.llm.reset_prefix_cache()
+                measured.append(await _wave(engines, prompts, n, tokens, temperature))
+        decode_s = statistics.median(times[short + extra]) - statistics.median(times[short])
+        if decode_s <= 0:
+            raise RuntimeError(
+                f"at {n} sequences the waves of {short + extra} tokens were not slower than those of {short}: "
+                "too noisy to measure (raise --curve-tokens or --repeats, or quiet the machine)"
+            )
+        points.append([n, round(n * extra / decode_s, 1)])
+    return points
+
+
 async def _replay_phase(engine, rollouts: list, temperature: float, in_flight: int) -> float:
     """The agent's engine work without the agent: per trajectory, the same turns (one request each, as many
     tokens as that turn sampled, EOS ignored) with the same observation tokens appended between them, so the
@@ -228,8 +300,15 @@ async def _bench(args: argparse.Namespace) -> dict:
         prompts_path = prompts_path or world.train_path
     if args.identity_layers:
         model_dir = _with_identity_layers(Path(model_dir), args.identity_layers, args.scratch / "model")
-    prompts = load_prompts(prompts_path)[:total_groups]
-    if len(prompts) < total_groups:
+    wanted = max(args.curve) if args.curve is not None else total_groups
+    prompts = load_prompts(prompts_path)[:wanted]
+    if args.curve is not None:
+        if max(args.curve) > gen_cfg.engine.max_num_seqs:
+            raise SystemExit(
+                f"--curve {max(args.curve)}: the engine batches at most generators.engine.max_num_seqs = "
+                f"{gen_cfg.engine.max_num_seqs} sequences (raise it with an override to measure further)"
+            )
+    elif len(prompts) < total_groups:
         raise SystemExit(
             f"{prompts_path} has only {len(prompts)} prompts; {total_groups} groups were asked for"
         )
@@ -237,11 +316,34 @@ async def _bench(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     max_model_len = gen_cfg.engine.max_model_len or cfg.model.max_seq_len
     settings = AgentSettings.from_config(gen_cfg, max_model_len)
-    engine = VLLMEngine.create(
-        str(model_dir), gen_cfg.engine, dtype=cfg.model.dtype, max_model_len=max_model_len, weight_sync=False
-    )
+    # --curve --engines K: K engines on the same device, as generators sharing one would be
+    engines = [
+        VLLMEngine.create(
+            str(model_dir),
+            gen_cfg.engine,
+            dtype=cfg.model.dtype,
+            max_model_len=max_model_len,
+            weight_sync=False,
+        )
+        for _ in range(args.engines if args.curve is not None else 1)
+    ]
+    engine = engines[0]
     try:
         chat = cfg.model.chat_template
+        if args.curve is not None:
+            encoded = [encode_prompt(tokenizer, p.prompt, chat_template=chat) for p in prompts]
+            points = await _curve(
+                engines, encoded, args.curve, args.curve_tokens, args.repeats, gen_cfg.temperature
+            )
+            return {
+                "engine_curve": points,
+                "engines_sharing_the_device": len(engines),
+                "model": str(model_dir),
+                "device": _device(),
+                "curve_tokens": args.curve_tokens,
+                "repeats": args.repeats,
+                "date": time.strftime("%Y-%m-%d"),
+            }
         kwargs = dict(n=group_size, chat_template=chat)
         # warm-up at full concurrency: the first batches of each size pay for lazy initialisation
         warm = [(encode_prompt(tokenizer, p.prompt, chat_template=chat), 16) for p in prompts[:groups]]
@@ -277,7 +379,8 @@ async def _bench(args: argparse.Namespace) -> dict:
                 {"tokens": sampled, "agent": agent_s, "raw": raw_s, "wrapper": wrapper_s, "replay": replay_s}
             )
     finally:
-        engine.shutdown()
+        for each in engines:
+            each.shutdown()
 
     finish: dict[str, int] = {}
     for r in rollouts:
@@ -324,8 +427,35 @@ async def _bench(args: argparse.Namespace) -> dict:
     }
 
 
+def _device() -> str:
+    """What the engine ran on, for the curve's source: the GPU's name, else the CPU model."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return f"cpu: {line.split(':', 1)[1].strip()}"
+    return "cpu"
+
+
+def _concurrencies(text: str) -> list[int]:
+    """--curve's value: distinct increasing positive integers."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--curve {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
+    if not values or values != sorted(set(values)) or values[0] < 1:
+        raise SystemExit(f"--curve {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.curve is not None:
+        args.curve = _concurrencies(args.curve)
+    if args.engines < 1 or (args.engines > 1 and args.curve is None):
+        raise SystemExit(f"--engines {args.engines}: expected >= 1, and more than 1 only with --curve")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import logging
@@ -336,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         figures = asyncio.run(_bench(args))
     if args.json:
         print(json.dumps(figures))
+    elif args.curve is not None:
+        print(f"engine decode tokens/s ({figures['device']}, {figures['model']}):")
+        for n, rate in figures["engine_curve"]:
+            print(f"  {n:>5} sequences  {rate:>12,.0f} tokens/s  {rate / n:>10,.1f} per sequence")
     else:
         width = max(map(len, figures))
         for key, value in figures.items():

@@ -15,7 +15,10 @@ Measured steps/min come from the learner's per-step wall times (the first `--war
 bench_async.py computes them; the generator's busy share over the same steps from its heartbeats (`pool/busy_s`).
 Predicted ones come from `sr1 plan`'s simulator with a profile: `--profile` (default `cpu-tiny`, measured from
 this harness's synchronous run of 2026-11-25) or, with `--fit-sync`, measured from this run's own synchronous case
-(`sr1 plan --from-run`), so that every other case is a prediction. Prints one table
+(`sr1 plan --from-run`, the engine curve's shape from `bench_generators.py --curve` on the generator core), so that
+every other case is a prediction. Engines sharing the generator core get the curve one engine measured while
+`bench_generators.py --curve --engines 2` ran two there at once (`<out>/engine-curve-2.json`), relative to one alone
+(`<out>/engine-curve-1.json`): both benches run before the cases, on the same core. Prints one table
 (markdown) and writes `<out>/calibration.json`. Exit status 1 when a case misses ±`--tolerance`.
 Quiet machine needed: the runs pin one core each, and a busy machine makes them slower than any model of them.
 """
@@ -24,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +37,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import load_config  # noqa: E402
-from sr1.plan.measured import pool_busy_fraction, profile_from_run, step_rows  # noqa: E402
-from sr1.plan.profile import Profile, load_profile, with_engine_curve  # noqa: E402
+from sr1.plan.measured import (  # noqa: E402
+    pool_busy_fraction,
+    profile_from_run,
+    step_rows,
+    with_engine_bench,
+)
+from sr1.plan.profile import (  # noqa: E402
+    Curve,
+    Profile,
+    load_profile,
+    validate_profile,
+    with_engine_curve,
+    with_figures,
+)
 from sr1.plan.simulate import simulate  # noqa: E402
 from sr1.plan.splits import pipeline  # noqa: E402
 from sr1.sweep import ROOT, Case  # noqa: E402
@@ -79,13 +97,61 @@ RECORDED = {
 }
 
 
-def predict(case: CalibrationCase, profile: Profile, steps: int, warmup: int, extra: list[str]) -> dict:
+def bench_engine(core: int, concurrencies: str, engines: int, seed: int, out: Path) -> Path:
+    """`bench_generators.py --curve` pinned to `core` with `engines` engines at once, on the tiny world the runs use;
+    its JSON in `out` (reused when there)."""
+    path = out / f"engine-curve-{engines}.json"
+    if path.exists():
+        return path
+    world = ROOT / "runs" / ".world-cache" / f"seed{seed}"  # where `sr1 run tiny` keeps it
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_generators.py"), "--curve", concurrencies, "--json"]
+    cmd += ["--engines", str(engines), "--world", str(world), f"seed={seed}"]
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(core))
+    done = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {core})
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(done.stdout.strip().splitlines()[-1] + "\n")
+    return path
+
+
+def shared_core(profile: Profile, solo: Path, shared: Path, engines: int) -> Profile:
+    """The profile for one of `engines` engines on one core. Its curve is scaled at each concurrency by what one
+    engine measured while sharing the core (`shared`) over what it measured alone (`solo`); without the benches, each
+    gets 1/engines of the core (an assumption). Every other second the generator core spends — a search's round
+    trip as the worker sees it, receiving a publish, the hand-off — is divided by the same share (the median ratio):
+    an engine's processes take their share of the core whether or not it has work (vLLM's workers poll)."""
+    points = profile.generator.tokens_per_s.points
+    if solo.exists() and shared.exists():
+        curves = [
+            Curve(points=json.loads(f.read_text())["engine_curve"], source=str(f)) for f in (solo, shared)
+        ]
+        ratios = [curves[1].tokens_per_s(x) / curves[0].tokens_per_s(x) for x, _ in points]
+    else:
+        ratios = [1 / engines] * len(points)
+    share = statistics.median(ratios)
+    profile = with_engine_curve(profile, [(x, y * r) for (x, y), r in zip(points, ratios, strict=True)])
+    slower = {
+        "workload.search_latency_s": profile.workload.search_latency_s.value / share,
+        "weight_sync_s": profile.weight_sync_s.value / share,
+        "handoff_s": profile.handoff_s.value / share,
+    }
+    return with_figures(
+        profile, slower, f"the profile's figure over {share:.2f}, the engine's share of the core"
+    )
+
+
+def predict(
+    case: CalibrationCase, profile: Profile, steps: int, warmup: int, extra: list[str], out: Path
+) -> dict:
     """The planner's figures for one case: its config's pipeline, one generator core and one learner core."""
     cfg = load_config("tiny", [*extra, *case.overrides])
     engines = cfg.generators.num_engines
-    if engines > 1:  # engines sharing one core: each gets its share of the core's throughput
-        points = profile.generator.tokens_per_s.points
-        profile = with_engine_curve(profile, [(x, y / engines) for x, y in points])
+    if engines > 1:  # engines sharing one core
+        solo, shared = (out / f"engine-curve-{k}.json" for k in (1, engines))
+        profile = shared_core(profile, solo, shared, engines)
     pipe = pipeline(
         cfg, engines=engines, ranks=cfg.learner.num_ranks, max_staleness=cfg.learner.max_staleness
     )
@@ -133,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fit-sync", action="store_true", help="measure the profile from this run's sync case"
     )
+    parser.add_argument(
+        "--engine-curve",
+        default="4,8,16,32,64,128",
+        help="concurrencies bench_generators.py --curve measures on the generator core",
+    )
     parser.add_argument("--tolerance", type=float, default=0.15, help="largest relative error that passes")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "calibrate-plan")
     args = parser.parse_args(argv)
@@ -156,6 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         f"learner.cpu_cores=[{learner_core}]",
     ]
     profile = load_profile(args.profile)
+    if not args.recorded:  # the engine's curve on the generator core: alone, and beside a second engine
+        print("bench_generators.py --curve on the generator core ...", flush=True)
+        solo = bench_engine(gen_core, args.engine_curve, 1, args.seed, args.out)
+        sharing = {load_config("tiny", [*extra, *c.overrides]).generators.num_engines for c in cases} - {1}
+        for engines in sorted(sharing):
+            bench_engine(gen_core, args.engine_curve, engines, args.seed, args.out)
+        if args.fit_sync:  # its shape; the sync run fits the scale
+            profile = validate_profile(
+                with_engine_bench(json.loads(profile.model_dump_json()), solo), f"{profile.name} with {solo}"
+            )
     rows = []
     for case in cases:
         if args.recorded:
@@ -166,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             measured, run_dir = measure(case, args, extra)
             if args.fit_sync and case.name == "sync":
                 profile = profile_from_run(run_dir, profile)
-        predicted = predict(case, profile, args.steps, args.warmup, extra)
+        predicted = predict(case, profile, args.steps, args.warmup, extra, args.out)
         error = predicted["steps_per_min"] / measured["steps_per_min"] - 1
         rows.append(
             {

@@ -3,6 +3,7 @@
     sr1 plan qwen2.5-3b-8xh100 --gpus 8 --gpu-kind h100 --profile qwen2.5-3b-h100
     sr1 plan tiny --gpus 2 --gpu-kind cpu --from-run runs/tiny-20261124-101010
     sr1 plan tiny --gpus 2 --gpu-kind cpu --from-run RUN --learner-bench bench.json --json
+    sr1 plan tiny --gpus 2 --gpu-kind cpu --from-run RUN --engine-bench engine.json   # the curve's shape measured
     sr1 plan PRESET [section.field=value ...] --bounds 0,1,2,4 --png plan.png
 
 Simulates every split of the GPUs between the generator pool and the learner pool at each bound (docs/plan.md says
@@ -36,6 +37,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="`bench_learner.py --json` output: the learner's tokens/s",
+    )
+    parser.add_argument(
+        "--engine-bench",
+        type=Path,
+        default=None,
+        help="`bench_generators.py --curve N,... --json` output: the engine's tokens/s curve (with --from-run, "
+        "its shape; the run fits its scale)",
     )
     parser.add_argument(
         "--figure",
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_kind(args.gpu_kind)
         bounds = [int(b) for b in args.bounds.split(",") if b.strip()]
         cfg = load_config(args.preset, args.overrides)
-        profile = resolve_profile(args.profile, args.from_run, args.learner_bench)
+        profile = resolve_profile(args.profile, args.from_run, args.learner_bench, args.engine_bench)
         if args.figure:
             profile = with_figures(profile, _figures(args.figure))
         plan = make_plan(

@@ -1,14 +1,17 @@
-"""Profiles measured rather than written down: from a finished run's logs, and from a learner benchmark.
+"""Profiles measured rather than written down: from a finished run's logs, and from benchmark outputs.
 
-    profile_from_run(Path("runs/tiny-..."), load_profile("cpu-tiny"))   # metrics.jsonl + config.yaml of `sr1 run`
-    with_learner_bench(data, Path("bench.json"))                         # learner tokens/s, `bench_learner.py --json`
-    resolve_profile(profile, from_run, learner_bench)                    # what `sr1 plan` composes from its flags
+    profile_from_run(Path("runs/tiny-..."), load_profile("cpu-tiny"))  # metrics.jsonl + config.yaml of `sr1 run`
+    with_learner_bench(data, Path("bench.json"))     # learner tokens/s, `bench_learner.py --json`
+    with_engine_bench(data, Path("engine.json"))     # engine curve, `bench_generators.py --curve ... --json`
+    resolve_profile(profile, from_run, learner_bench, engine_bench)  # what `sr1 plan` composes from its flags
 
 A run measures its trajectory shapes, the learner's tokens/s, its step overhead and its publish time directly. The
 engine's throughput it cannot read off a counter: a trajectory in flight spends part of its time in search round
 trips and in the engine's queue, so tokens per busy second understate the engine. It is fitted instead: the engine
 rate at which this simulator, run on the run's own configuration and figures, keeps the generator pool busy for the
-same share of the time as the run's heartbeats say it was (`pool/busy_s` over `pool/uptime_s`).
+same share of the time as the run's heartbeats say it was (`pool/busy_s` over `pool/uptime_s`). Only its scale is
+fitted: its shape (tokens/s against concurrent sequences) is the profile's, best measured on the same hardware by
+`bench_generators.py --curve` (`--engine-bench`).
 """
 
 from __future__ import annotations
@@ -83,18 +86,26 @@ def pool_busy_fraction(rows: list[dict], path: Path) -> float:
     return busy / uptime
 
 
-def fit_engine_rate(
+def fit_engine_curve(
     cfg: Any, profile: Profile, busy: float, *, bound: int, steps: int
-) -> tuple[float, float]:
-    """(concurrency, tokens/s): the engine rate at the pipeline's largest concurrency (linear below) at which the
-    simulated run of `cfg` at staleness `bound` keeps its engines busy for the share `busy` of the time; `profile`
-    gives every other figure. A faster engine is busy for less of the time: a bisection over the rate's logarithm."""
+) -> list[tuple[float, float]]:
+    """The profile's engine curve, scaled so that the simulated run of `cfg` at staleness `bound` keeps its engines
+    busy for the share `busy` of the time; `profile` gives every other figure. A curve of several points (measured by
+    `bench_generators.py --curve`) keeps its shape; a one-point curve becomes one point at the pipeline's largest
+    concurrency, linear below. A faster engine is busy for less of the time: a bisection over the scale's logarithm."""
     pipe = pipeline(cfg, engines=cfg.generators.num_engines, ranks=cfg.learner.num_ranks, max_staleness=bound)
-    concurrency = float(min(pipe.max_num_seqs, pipe.max_inflight_groups * pipe.group_size))
+    points = profile.generator.tokens_per_s.points
+    if len(points) == 1:
+        points = [(float(min(pipe.max_num_seqs, pipe.max_inflight_groups * pipe.group_size)), 1.0)]
+    peak = max(y for _, y in points)
+    shape = [(x, y / peak) for x, y in points]  # its highest point at 1: the scale is the peak tokens/s
     steps = max(steps, 4)
 
+    def scaled(rate: float) -> list[tuple[float, float]]:
+        return [(x, y * rate) for x, y in shape]
+
     def simulated_busy(rate: float) -> float:
-        trial = with_engine_curve(profile, [(concurrency, rate)], "fit")
+        trial = with_engine_curve(profile, scaled(rate), "fit")
         return simulate(pipe, trial, steps=steps, warmup=1).generator_busy
 
     lo, hi = (math.log(r) for r in _FIT_RATES)
@@ -109,7 +120,7 @@ def fit_engine_rate(
             lo = mid  # busier than the run: the engine is faster than that
         else:
             hi = mid
-    return concurrency, math.exp((lo + hi) / 2)
+    return scaled(math.exp((lo + hi) / 2))
 
 
 def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
@@ -220,13 +231,18 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     partial = validate_profile(data, f"from run {run_dir} (give the missing figures with --profile)")
     bounds = [int(r["staleness/bound"]) for r in rows if r.get("staleness/bound") is not None]
     bound = round(statistics.fmean(bounds)) if bounds else int(cfg.learner.max_staleness)
-    concurrency, rate = fit_engine_rate(cfg, partial, busy, bound=bound, steps=len(rows) + 1)
+    base = partial.generator.tokens_per_s
+    shape = (
+        f"the shape of {base.source}"
+        if len(base.points) > 1
+        else "one point at the pipeline's largest concurrency, linear below"
+    )
     return with_engine_curve(
         partial,
-        [(concurrency, rate)],
+        fit_engine_curve(cfg, partial, busy, bound=bound, steps=len(rows) + 1),
         f"fitted to {run_dir}: the engine rate at which this simulator, run on the run's configuration and the "
         f"figures above, keeps the generator pool busy {busy:.2f} of the time as the run's heartbeats measured "
-        f"(pool/busy_s over pool/uptime_s); at the pipeline's largest concurrency, linear below",
+        f"(pool/busy_s over pool/uptime_s); {shape}",
     )
 
 
@@ -252,17 +268,47 @@ def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[s
     return data
 
 
+def with_engine_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
+    """`profile_data` with the generator's tokens/s curve taken from a `bench_generators.py --curve --json` output."""
+    bench_path = Path(bench_path)
+    try:
+        bench = json.loads(bench_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ProfileError(f"{bench_path}: not a bench_generators.py --curve --json output: {err}") from None
+    if not isinstance(bench, dict) or "engine_curve" not in bench:
+        raise ProfileError(
+            f"{bench_path}: no 'engine_curve' (run `python scripts/bench_generators.py --curve 8,32,128 --json`)"
+        )
+    data = dict(profile_data)
+    generator = dict(data.get("generator", {}))
+    generator["tokens_per_s"] = {
+        "points": bench["engine_curve"],
+        "source": f"bench_generators.py --curve in {bench_path} (device {bench.get('device', '?')}, model "
+        f"{bench.get('model', '?')}, {bench.get('date', 'undated')}): decode tokens/s at each concurrency",
+    }
+    data["generator"] = generator
+    return data
+
+
 def resolve_profile(
-    profile: str | Path | None = None, from_run: Path | None = None, learner_bench: Path | None = None
+    profile: str | Path | None = None,
+    from_run: Path | None = None,
+    learner_bench: Path | None = None,
+    engine_bench: Path | None = None,
 ) -> Profile:
-    """The profile `sr1 plan` uses: a file, a run's measurements (over the file's figures when both are given),
-    and the learner's tokens/s from a bench output on top."""
+    """The profile `sr1 plan` uses: a file, with the engine's curve from a bench output; a run's measurements over it
+    when given (the fitted engine curve keeps the bench's shape); and the learner's tokens/s from a bench on top."""
     if profile is None and from_run is None:
         raise ProfileError(
-            "give a profile: --profile NAME_OR_FILE, --from-run RUN_DIR (with --learner-bench FILE to replace the "
-            f"learner's figure); shipped profiles: {', '.join(list_profiles())}"
+            "give a profile: --profile NAME_OR_FILE, --from-run RUN_DIR (with --learner-bench FILE and "
+            "--engine-bench FILE to replace the learner's figure and the engine's curve); shipped profiles: "
+            f"{', '.join(list_profiles())}"
         )
     base = load_profile(profile) if profile is not None else None
+    if engine_bench is not None:
+        base = base or load_profile(DEFAULT_RUN_PROFILE)
+        data = with_engine_bench(json.loads(base.model_dump_json()), engine_bench)
+        base = validate_profile(data, f"{base.name} with {engine_bench}")
     if from_run is not None:
         # what a run cannot measure (prefill cost, spreads, memory) comes from the file, else from the shipped
         # CPU profile: each such figure keeps that profile's source, so the printed sources say so

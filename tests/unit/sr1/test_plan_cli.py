@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sr1.cli import main as sr1_main
@@ -149,7 +150,8 @@ def test_no_split_fits_exits_1_with_the_reasons(capsys):
     assert "excluded: learner needs" in out and "no split can run this config" in out
 
 
-def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
+def _calibration_harness(monkeypatch):
+    """scripts/calibrate_plan.py, imported as a module."""
     import importlib.util
     import sys
 
@@ -157,15 +159,42 @@ def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
     calibrate = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "calibrate_plan", calibrate)  # its dataclasses look their module up
     spec.loader.exec_module(calibrate)
+    return calibrate
+
+
+def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
+    calibrate = _calibration_harness(monkeypatch)
     assert calibrate.main(["--recorded", "--out", str(tmp_path), "--steps", "8"]) in (0, 1)
     rows = json.loads((tmp_path / "calibration.json").read_text())["rows"]
     assert [r["case"] for r in rows] == ["sync", "async1", "async2", "async4"]
     assert "| bench_async: sync (max_staleness 0) | 62.3 (61.0 / 63.3 / 62.5)" in capsys.readouterr().out
     profile = calibrate.load_profile("cpu-tiny")
     one, two = (
-        calibrate.predict(c, profile, 6, 1, []) for c in calibrate.CASES if c.name in ("sync", "e2s0")
+        calibrate.predict(c, profile, 6, 1, [], tmp_path)
+        for c in calibrate.CASES
+        if c.name in ("sync", "e2s0")
     )
     assert two["steps_per_min"] > 0 and one["steps_per_min"] > 0
+
+
+def test_engines_sharing_a_core_get_the_curve_measured_beside_each_other(tmp_path, monkeypatch):
+    calibrate = _calibration_harness(monkeypatch)
+    profile = calibrate.with_engine_curve(calibrate.load_profile("cpu-tiny"), [(8.0, 2000.0), (64.0, 9000.0)])
+    solo, shared = tmp_path / "engine-curve-1.json", tmp_path / "engine-curve-2.json"
+    # without the benches: the assumption, each of two engines gets half the core
+    halves = calibrate.shared_core(profile, solo, shared, 2)
+    assert [y for _, y in halves.generator.tokens_per_s.points] == [1000.0, 4500.0]
+    assert halves.weight_sync_s.value == pytest.approx(2 * profile.weight_sync_s.value)
+    solo.write_text(json.dumps({"engine_curve": [[4, 500.0], [64, 8000.0]]}))
+    shared.write_text(json.dumps({"engine_curve": [[4, 200.0], [64, 3200.0]]}))  # 0.4 of alone at both ends
+    measured = calibrate.shared_core(profile, solo, shared, 2)
+    assert [y for _, y in measured.generator.tokens_per_s.points] == pytest.approx([800.0, 3600.0])
+    # the generator core's other seconds stretch by the same share
+    for figure in ("weight_sync_s", "handoff_s"):
+        assert getattr(measured, figure).value == pytest.approx(getattr(profile, figure).value / 0.4)
+    latency = measured.workload.search_latency_s
+    assert latency.value == pytest.approx(profile.workload.search_latency_s.value / 0.4)
+    assert "0.40, the engine's share of the core" in latency.source
 
 
 def test_overrides_may_follow_the_options(capsys):

@@ -151,7 +151,7 @@ def test_the_engine_rate_is_fitted_to_the_pools_busy_share(tmp_path, max_stalene
     time the heartbeats measured; a synchronous run also gives the hand-off (its wait less the time in flight)."""
     overrides = (f"learner.max_staleness={max_staleness}",)
     run_dir = write_run_dir(tmp_path / "run", steps=8, overrides=overrides)
-    defaults = load_profile("cpu-tiny")
+    defaults = with_engine_curve(load_profile("cpu-tiny"), [(1.0, 1.0)])  # one point: no shape to keep
     profile = profile_from_run(run_dir, defaults)
     measured = BUSY_S_PER_STEP / STEP["perf/step_s"]
     cfg = load_config("tiny", list(overrides))
@@ -169,6 +169,49 @@ def test_the_engine_rate_is_fitted_to_the_pools_busy_share(tmp_path, max_stalene
     # a slower engine in the same run would have been busier: the fit moves the right way
     slower = with_engine_curve(profile, [(concurrency, rate / 2)])
     assert simulate(pipe, slower, steps=8, warmup=1).generator_busy > simulated
+
+
+def test_a_measured_engine_curve_keeps_its_shape_and_the_run_fits_its_scale(tmp_path):
+    run_dir = write_run_dir(tmp_path / "run", steps=8)
+    shape = [(4.0, 1000.0), (32.0, 5000.0), (128.0, 8000.0)]
+    defaults = with_engine_curve(
+        load_profile("cpu-tiny"), shape, "bench_generators.py --curve in engine.json"
+    )
+    profile = profile_from_run(run_dir, defaults)
+    points = profile.generator.tokens_per_s.points
+    assert [x for x, _ in points] == [x for x, _ in shape]
+    scale = points[-1][1] / shape[-1][1]
+    assert [y / scale for _, y in points] == pytest.approx([y for _, y in shape])
+    assert "the shape of bench_generators.py --curve" in profile.generator.tokens_per_s.source
+    cfg = load_config("tiny")
+    pipe = pipeline(cfg, engines=1, ranks=1, max_staleness=cfg.learner.max_staleness)
+    busy = simulate(pipe, profile, steps=8, warmup=1).generator_busy
+    assert busy == pytest.approx(BUSY_S_PER_STEP / STEP["perf/step_s"], abs=0.01)
+
+
+def test_engine_bench_output_replaces_the_engine_curve(tmp_path):
+    bench = tmp_path / "engine.json"
+    curve = [[4, 1200.0], [32, 6100.0], [128, 9000.0]]
+    bench.write_text(
+        json.dumps({"engine_curve": curve, "device": "cpu: Xeon", "model": "m", "date": "2026-11-25"})
+    )
+    profile = resolve_profile("cpu-tiny", engine_bench=bench)
+    assert [list(p) for p in profile.generator.tokens_per_s.points] == curve
+    assert "bench_generators.py --curve" in profile.generator.tokens_per_s.source
+    assert "cpu: Xeon" in profile.generator.tokens_per_s.source
+    # with a run, the bench gives the shape and the run the scale
+    fitted = resolve_profile(from_run=write_run_dir(tmp_path / "run"), engine_bench=bench)
+    ratios = [y / y0 for (_, y), (_, y0) in zip(fitted.generator.tokens_per_s.points, curve, strict=True)]
+    assert ratios == pytest.approx([ratios[0]] * 3)
+    bad = tmp_path / "bad.json"
+    for text, match in [
+        ("not json", "not a bench_generators.py --curve --json output"),
+        (json.dumps({"agent_tokens_per_s": 1.0}), "no 'engine_curve'"),
+        (json.dumps({"engine_curve": [[32, 10.0], [4, 5.0]]}), "generator.tokens_per_s"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ProfileError, match=match):
+            resolve_profile("cpu-tiny", engine_bench=bad)
 
 
 def _rewrite_rows(run_dir: Path, change) -> None:
