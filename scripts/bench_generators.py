@@ -316,19 +316,20 @@ async def _bench(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     max_model_len = gen_cfg.engine.max_model_len or cfg.model.max_seq_len
     settings = AgentSettings.from_config(gen_cfg, max_model_len)
-    # --curve --engines K: K engines on the same device, as generators sharing one would be
-    engines = [
-        VLLMEngine.create(
-            str(model_dir),
-            gen_cfg.engine,
-            dtype=cfg.model.dtype,
-            max_model_len=max_model_len,
-            weight_sync=False,
-        )
-        for _ in range(args.engines if args.curve is not None else 1)
-    ]
-    engine = engines[0]
+    engines = []
     try:
+        # --curve --engines K: K engines on the same device, as generators sharing one would be
+        for _ in range(args.engines if args.curve is not None else 1):
+            engines.append(
+                VLLMEngine.create(
+                    str(model_dir),
+                    gen_cfg.engine,
+                    dtype=cfg.model.dtype,
+                    max_model_len=max_model_len,
+                    weight_sync=False,
+                )
+            )
+        engine = engines[0]
         chat = cfg.model.chat_template
         if args.curve is not None:
             encoded = [encode_prompt(tokenizer, p.prompt, chat_template=chat) for p in prompts]
@@ -456,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         args.curve = _concurrencies(args.curve)
     if args.engines < 1 or (args.engines > 1 and args.curve is None):
         raise SystemExit(f"--engines {args.engines}: expected >= 1, and more than 1 only with --curve")
+    if args.curve_tokens < 1:
+        raise SystemExit(f"--curve-tokens {args.curve_tokens}: expected >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import logging

@@ -1,7 +1,7 @@
 """Calibrate `sr1 plan` on this CPU: real runs and the planner's predictions side by side, steps/min within ±15 %.
 
     python scripts/calibrate_plan.py --recorded            # no runs: the planner against bench_async's recorded runs
-    python scripts/calibrate_plan.py                       # run every case below, then predict them (~10 min)
+    python scripts/calibrate_plan.py                       # the engine benches and every case below (~11 min)
     python scripts/calibrate_plan.py --cases sync,async2 --steps 12 --out runs/calibrate-quick
 
 Each case is `sr1 run tiny` with the generator pool pinned to one core and the learner to another (as

@@ -246,48 +246,39 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     )
 
 
+def _bench_output(path: Path, command: str, key: str) -> dict[str, Any]:
+    """A benchmark's `--json` output file, checked to hold `key` (`command` is what writes it)."""
+    try:
+        bench = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ProfileError(f"{path}: not a {command} output: {err}") from None
+    if not isinstance(bench, dict) or key not in bench:
+        raise ProfileError(f"{path}: no '{key}' (run `python scripts/{command}`)")
+    return bench
+
+
 def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
     """`profile_data` with the learner's per-rank tokens/s taken from a `bench_learner.py --json` output file."""
-    bench_path = Path(bench_path)
-    try:
-        bench = json.loads(bench_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ProfileError(f"{bench_path}: not a bench_learner.py --json output: {err}") from None
-    if "packed/tokens_per_s" not in bench:
-        raise ProfileError(
-            f"{bench_path}: no 'packed/tokens_per_s' (run `python scripts/bench_learner.py --json`)"
-        )
-    data = dict(profile_data)
-    learner = dict(data.get("learner", {}))
+    bench = _bench_output(bench_path, "bench_learner.py --json", "packed/tokens_per_s")
+    learner = dict(profile_data.get("learner", {}))
     learner["tokens_per_s_per_rank"] = {
         "value": float(bench["packed/tokens_per_s"]),
         "source": f"bench_learner.py --json in {bench_path} (device {bench.get('device', '?')}, packed, budget "
         f"{bench.get('micro_batch_tokens', '?')} tokens, mean sequence {bench.get('mean_seq_len', 0):.0f} tokens)",
     }
-    data["learner"] = learner
-    return data
+    return {**profile_data, "learner": learner}
 
 
 def with_engine_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
     """`profile_data` with the generator's tokens/s curve taken from a `bench_generators.py --curve --json` output."""
-    bench_path = Path(bench_path)
-    try:
-        bench = json.loads(bench_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ProfileError(f"{bench_path}: not a bench_generators.py --curve --json output: {err}") from None
-    if not isinstance(bench, dict) or "engine_curve" not in bench:
-        raise ProfileError(
-            f"{bench_path}: no 'engine_curve' (run `python scripts/bench_generators.py --curve 8,32,128 --json`)"
-        )
-    data = dict(profile_data)
-    generator = dict(data.get("generator", {}))
+    bench = _bench_output(bench_path, "bench_generators.py --curve 8,32,128 --json", "engine_curve")
+    generator = dict(profile_data.get("generator", {}))
     generator["tokens_per_s"] = {
         "points": bench["engine_curve"],
         "source": f"bench_generators.py --curve in {bench_path} (device {bench.get('device', '?')}, model "
         f"{bench.get('model', '?')}, {bench.get('date', 'undated')}): decode tokens/s at each concurrency",
     }
-    data["generator"] = generator
-    return data
+    return {**profile_data, "generator": generator}
 
 
 def resolve_profile(

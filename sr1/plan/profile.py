@@ -1,11 +1,12 @@
 """What `sr1 plan` simulates with: the measured or given figures of one model on one kind of hardware.
 
 A `Profile` holds every number the simulation needs, each with the source it came from (`Figure`: a value and a
-`source` sentence), so a projection can always say where its inputs came from. Three ways to get one:
+`source` sentence), so a projection can always say where its inputs came from. Ways to get one:
 
     load_profile("qwen2.5-3b-h100")          # a profile file: a name in sr1/plan/profiles/ or a path (YAML/JSON)
     profile_from_run(Path("runs/tiny-..."))  # measured from a finished run (sr1/plan/measured.py)
     with_learner_bench(data, Path("bench.json"))  # the learner's tokens/s from `bench_learner.py --json` (idem)
+    with_engine_bench(data, Path("engine.json"))  # the engine's curve from `bench_generators.py --curve` (idem)
 
 A profile missing a number is a `ProfileError` naming the field (`generator.tokens_per_s`). `GPU_KINDS` lists the
 hardware `sr1 plan --gpu-kind` knows; `check_memory` says why a split cannot hold the model.

@@ -4,7 +4,9 @@
   transformers forward pass of the same model on the same tokens at the same temperature (fp32; tolerance 1e-4
   absolute, observed ~1e-6);
 - after a weight update from a loopback sender (WeightPublisher fed from a transformers model), greedy generations
-  equal the transformers model holding the new weights, and new tokens carry the new version.
+  equal the transformers model holding the new weights, and new tokens carry the new version;
+- `bench_generators.py --curve` measures the engine's decode rate at each concurrency (what `sr1 plan
+  --engine-bench` reads): batching 8 sequences decodes more tokens per second than 1.
 
 One engine is shared by the module (starting it costs ~15 s on 2 CPU cores).
 """
@@ -212,6 +214,27 @@ async def test_later_turns_reuse_the_prompt_kv_in_whole_blocks(engine, tokenizer
     # the next turn's prompt extends this one: its first two 32-token blocks are served from the cache
     second = await engine.generate(prompt + first.token_ids + prompt[:5], SamplingSpec(max_tokens=4, stop=()))
     assert second.cached_prompt_tokens == 64
+
+
+async def test_the_engine_curve_bench_measures_decode_at_each_concurrency(engine, tokenizer):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_generators.py"
+    spec = importlib.util.spec_from_file_location("bench_generators", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    prompts = [
+        tokenizer(f"who founded {w} harbor?")["input_ids"] for w in ("alpha", "delta", "garnet", "juniper")
+    ]
+    points = await bench._curve([engine], prompts, [1, 8], extra=48, repeats=3, temperature=TEMPERATURE)
+    assert [n for n, _ in points] == [1, 8]
+    (_, one), (_, eight) = points
+    assert one > 0 and eight > 2 * one  # one decode step serves all 8: far more than 1's tokens/s
+    with pytest.raises(SystemExit, match="distinct increasing"):
+        bench._concurrencies("8,4")
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        bench._concurrencies("8,x")
 
 
 async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_dir, redis_url):

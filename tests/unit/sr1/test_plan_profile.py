@@ -205,7 +205,7 @@ def test_engine_bench_output_replaces_the_engine_curve(tmp_path):
     assert ratios == pytest.approx([ratios[0]] * 3)
     bad = tmp_path / "bad.json"
     for text, match in [
-        ("not json", "not a bench_generators.py --curve --json output"),
+        ("not json", "not a bench_generators.py --curve 8,32,128 --json output"),
         (json.dumps({"agent_tokens_per_s": 1.0}), "no 'engine_curve'"),
         (json.dumps({"engine_curve": [[32, 10.0], [4, 5.0]]}), "generator.tokens_per_s"),
     ]:
