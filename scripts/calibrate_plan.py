@@ -122,7 +122,8 @@ def shared_core(profile: Profile, solo: Path, shared: Path, engines: int) -> Pro
     engine measured while sharing the core (`shared`) over what it measured alone (`solo`); without the benches, each
     gets 1/engines of the core (an assumption). Every other second the generator core spends — a search's round
     trip as the worker sees it, receiving a publish, the hand-off — is divided by the same share (the median ratio):
-    an engine's processes take their share of the core whether or not it has work (vLLM's workers poll)."""
+    an engine's processes seem to take their share of the core whether or not it has work (docs/plan.md,
+    "Calibration", gives the runs' figures)."""
     points = profile.generator.tokens_per_s.points
     if solo.exists() and shared.exists():
         curves = [
