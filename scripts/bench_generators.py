@@ -432,12 +432,9 @@ def _device() -> str:
     """What the engine ran on, for the curve's source: the GPU's name, else the CPU model."""
     import torch
 
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return f"cpu: {line.split(':', 1)[1].strip()}"
-    return "cpu"
+    from scripts.bench_all import cpu_model
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu: {cpu_model()}"
 
 
 def _concurrencies(text: str) -> list[int]:

@@ -40,6 +40,7 @@ from config import load_config  # noqa: E402
 from sr1.plan.measured import (  # noqa: E402
     pool_busy_fraction,
     profile_from_run,
+    read_bench_output,
     step_rows,
     with_engine_bench,
 )
@@ -126,8 +127,10 @@ def shared_core(profile: Profile, solo: Path, shared: Path, engines: int) -> Pro
     "Calibration", gives the runs' figures)."""
     points = profile.generator.tokens_per_s.points
     if solo.exists() and shared.exists():
+        command = "bench_generators.py --curve 4,8,16,32,64,128 --json"
         curves = [
-            Curve(points=json.loads(f.read_text())["engine_curve"], source=str(f)) for f in (solo, shared)
+            Curve(points=read_bench_output(f, command, "engine_curve")["engine_curve"], source=str(f))
+            for f in (solo, shared)
         ]
         ratios = [curves[1].tokens_per_s(x) / curves[0].tokens_per_s(x) for x, _ in points]
     else:

@@ -246,7 +246,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     )
 
 
-def _bench_output(path: Path, command: str, key: str) -> dict[str, Any]:
+def read_bench_output(path: Path, command: str, key: str) -> dict[str, Any]:
     """A benchmark's `--json` output file, checked to hold `key` (`command` is what writes it)."""
     try:
         bench = json.loads(Path(path).read_text())
@@ -259,7 +259,7 @@ def _bench_output(path: Path, command: str, key: str) -> dict[str, Any]:
 
 def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
     """`profile_data` with the learner's per-rank tokens/s taken from a `bench_learner.py --json` output file."""
-    bench = _bench_output(bench_path, "bench_learner.py --json", "packed/tokens_per_s")
+    bench = read_bench_output(bench_path, "bench_learner.py --json", "packed/tokens_per_s")
     learner = dict(profile_data.get("learner", {}))
     learner["tokens_per_s_per_rank"] = {
         "value": float(bench["packed/tokens_per_s"]),
@@ -271,7 +271,7 @@ def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[s
 
 def with_engine_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[str, Any]:
     """`profile_data` with the generator's tokens/s curve taken from a `bench_generators.py --curve --json` output."""
-    bench = _bench_output(bench_path, "bench_generators.py --curve 8,32,128 --json", "engine_curve")
+    bench = read_bench_output(bench_path, "bench_generators.py --curve 8,32,128 --json", "engine_curve")
     generator = dict(profile_data.get("generator", {}))
     generator["tokens_per_s"] = {
         "points": bench["engine_curve"],
