@@ -1,8 +1,8 @@
 """Calibrate `sr1 plan` on this CPU: real runs and the planner's predictions side by side, steps/min within ±15 %.
 
     python scripts/calibrate_plan.py --recorded            # no runs: the planner against bench_async's recorded runs
-    python scripts/calibrate_plan.py                       # the engine benches and every case below (~11 min)
-    python scripts/calibrate_plan.py --cases sync,async2 --steps 12 --out runs/calibrate-quick
+    python scripts/calibrate_plan.py                       # the engine benches and every case below, twice (~22 min)
+    python scripts/calibrate_plan.py --cases sync,async2 --steps 12 --repeats 1 --out runs/calibrate-quick
 
 Each case is `sr1 run tiny` with the generator pool pinned to one core and the learner to another (as
 scripts/bench_async.py runs them: the planner models dedicated pools, not pools sharing cores):
@@ -18,8 +18,14 @@ this harness's synchronous run of 2026-11-25) or, with `--fit-sync`, measured fr
 (`sr1 plan --from-run`, the engine curve's shape from `bench_generators.py --curve` on the generator core), so that
 every other case is a prediction. Engines sharing the generator core get the curve one engine measured while
 `bench_generators.py --curve --engines 2` ran two there at once (`<out>/engine-curve-2.json`), relative to one alone
-(`<out>/engine-curve-1.json`): both benches run before the cases, on the same core. Prints one table
-(markdown) and writes `<out>/calibration.json`. Exit status 1 when a case misses ±`--tolerance`.
+(`<out>/engine-curve-1.json`): both benches run before the cases, on the same core.
+
+The cases run `--repeats` times (default 2), pass after pass, so that a slow minute of the machine does not fall on
+one case's every run; each pass predicts from its own profile (with `--fit-sync`, its own synchronous run), and a
+case's error compares the median of its predictions with the median of its measured runs: on this machine the same
+pinned learner trains 10-20 % faster in one run than in another, and the planner cannot predict which. Prints one
+table (markdown; each run's figure in brackets) and writes `<out>/calibration.json`. Exit status 1 when a case
+misses ±`--tolerance`.
 Quiet machine needed: the runs pin one core each, and a busy machine makes them slower than any model of them.
 """
 
@@ -168,12 +174,13 @@ def predict(
     }
 
 
-def measure(case: CalibrationCase, args, extra: list[str]) -> tuple[dict, Path]:
-    """Run the case for real (`sr1 run tiny`, pools pinned) and read its steps/min as bench_async.py does."""
+def measure(case: CalibrationCase, args, extra: list[str], name: str) -> tuple[dict, Path]:
+    """Run the case for real (`sr1 run tiny`, pools pinned, run directory `<out>/<name>-s<seed>`) and read its
+    steps/min as bench_async.py does."""
     from scripts.bench_async import phases
     from sr1.sweep import run_case
 
-    run_dir = run_case(Case(case.name, case.label, case.overrides), args.seed, args.out, extra)
+    run_dir = run_case(Case(name, case.label, case.overrides), args.seed, args.out, extra)
     measured = phases(run_dir, args.warmup)
     # the generator's busy share over the same steps as the rest (bench_async's figure covers the whole run, start-up
     # included): the heartbeats' cumulative busy and up seconds between the first and the last measured step
@@ -182,10 +189,20 @@ def measure(case: CalibrationCase, args, extra: list[str]) -> tuple[dict, Path]:
     return measured, run_dir
 
 
-def _shown(measured: dict, key: str, fmt: str) -> str:
-    """A measured figure, with each recorded run's value in brackets when there are several."""
-    value = "-" if measured.get(key) is None else format(measured[key], fmt)
-    runs = measured.get("runs", {})
+def medians(runs: list[dict]) -> dict:
+    """Each figure's median over `runs` (dicts of figures), with every run's value under "runs" when there are
+    several; a figure some run lacks is left out."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, int | float) and all(k in r for r in runs)]
+    out: dict = {k: statistics.median(r[k] for r in runs) for k in keys}
+    if len(runs) > 1:
+        out["runs"] = {k: [r[k] for r in runs] for k in keys}
+    return out
+
+
+def _shown(figures: dict, key: str, fmt: str) -> str:
+    """A figure, with each run's value in brackets when there are several."""
+    value = "-" if figures.get(key) is None else format(figures[key], fmt)
+    runs = figures.get("runs", {})
     return value + (f" ({' / '.join(format(r, fmt) for r in runs[key])})" if key in runs else "")
 
 
@@ -208,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         default="4,8,16,32,64,128",
         help="concurrencies bench_generators.py --curve measures on the generator core",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each case, pass after pass; medians are compared"
+    )
     parser.add_argument("--tolerance", type=float, default=0.15, help="largest relative error that passes")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "calibrate-plan")
     args = parser.parse_args(argv)
@@ -220,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c.name in RECORDED]
     if args.fit_sync and (args.recorded or cases[0].name != "sync"):
         parser.error("--fit-sync needs real runs with the sync case first")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     gen_core, learner_core = (int(c) for c in args.cores.split(","))
     # bench_async.py's balanced layout: no evaluations or checkpoints inside the timed steps
     from scripts.bench_async import BALANCED
@@ -241,17 +263,32 @@ def main(argv: list[str] | None = None) -> int:
             profile = validate_profile(
                 with_engine_bench(json.loads(profile.model_dump_json()), solo), f"{profile.name} with {solo}"
             )
+    passes = 1 if args.recorded else args.repeats
+    runs: dict[str, list[tuple[dict, dict]]] = {c.name: [] for c in cases}  # (measured, predicted) per pass
+    profiles = []
+    for n in range(passes):
+        fitted = profile
+        for case in cases:
+            if args.recorded:
+                measured = {k: sum(values) / len(values) for k, values in RECORDED[case.name].items()}
+                measured["runs"] = RECORDED[case.name]
+            else:
+                name = case.name if passes == 1 else f"{case.name}-r{n + 1}"
+                print(f"{case.label} (pass {n + 1} of {passes}) ...", flush=True)
+                measured, run_dir = measure(case, args, extra, name)
+                if args.fit_sync and case.name == "sync":
+                    fitted = profile_from_run(run_dir, profile)
+            runs[case.name].append(
+                (measured, predict(case, fitted, args.steps, args.warmup, extra, args.out))
+            )
+        profiles.append(fitted)
     rows = []
     for case in cases:
         if args.recorded:
-            measured = {k: sum(runs) / len(runs) for k, runs in RECORDED[case.name].items()}
-            measured["runs"] = RECORDED[case.name]
+            ((measured, predicted),) = runs[case.name]
         else:
-            print(f"{case.label} ...", flush=True)
-            measured, run_dir = measure(case, args, extra)
-            if args.fit_sync and case.name == "sync":
-                profile = profile_from_run(run_dir, profile)
-        predicted = predict(case, profile, args.steps, args.warmup, extra, args.out)
+            measured = medians([m for m, _ in runs[case.name]])
+            predicted = medians([p for _, p in runs[case.name]])
         error = predicted["steps_per_min"] / measured["steps_per_min"] - 1
         rows.append(
             {
@@ -263,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                 "within": abs(error) <= args.tolerance,
             }
         )
-    print(f"\nprofile: {profile.name}")
+    for n, fitted in enumerate(profiles):
+        print(f"\nprofile{f' (pass {n + 1})' if passes > 1 else ''}: {fitted.name}")
     print(
         f"| case | steps/min measured | predicted | error | within ±{args.tolerance:.0%} "
         "| learner busy measured / predicted | generator busy measured / predicted |"
@@ -273,9 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         m, p = row["measured"], row["predicted"]
 
         print(
-            f"| {row['label']} | {_shown(m, 'steps_per_min', '.1f')} | {p['steps_per_min']:.1f} | {row['error']:+.0%} "
-            f"| {'yes' if row['within'] else 'NO'} | {_shown(m, 'learner_busy', '.2f')} / {p['learner_busy']:.2f} "
-            f"| {_shown(m, 'generator_busy', '.2f')} / {p['generator_busy']:.2f} |"
+            f"| {row['label']} | {_shown(m, 'steps_per_min', '.1f')} | {_shown(p, 'steps_per_min', '.1f')} "
+            f"| {row['error']:+.0%} | {'yes' if row['within'] else 'NO'} "
+            f"| {_shown(m, 'learner_busy', '.2f')} / {_shown(p, 'learner_busy', '.2f')} "
+            f"| {_shown(m, 'generator_busy', '.2f')} / {_shown(p, 'generator_busy', '.2f')} |"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     conditions = {
@@ -283,9 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "seed": args.seed,
+        "repeats": passes,
         "overrides": extra,
     }
-    out = {"rows": rows, "profile": json.loads(profile.model_dump_json()), "conditions": conditions}
+    out = {
+        "rows": rows,
+        "profiles": [json.loads(p.model_dump_json()) for p in profiles],
+        "conditions": conditions,
+    }
     (args.out / "calibration.json").write_text(json.dumps(out, indent=2, default=str))
     print(f"\nwrote {args.out}/calibration.json")
     return 0 if all(r["within"] for r in rows) else 1

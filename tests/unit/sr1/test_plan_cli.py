@@ -177,6 +177,44 @@ def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
     assert two["steps_per_min"] > 0 and one["steps_per_min"] > 0
 
 
+def test_each_case_runs_pass_after_pass_and_its_medians_are_compared(tmp_path, capsys, monkeypatch):
+    calibrate = _calibration_harness(monkeypatch)
+    ran = []
+    speeds = {"sync": [60.0, 80.0, 64.0], "async2": [90.0, 100.0, 140.0]}  # one slow or fast run each
+
+    def measure(case, args, extra, name):
+        ran.append(name)
+        speed = speeds[case.name][sum(r.startswith(case.name) for r in ran) - 1]
+        return {"steps_per_min": speed, "learner_busy": 0.9, "generator_busy": 0.5}, tmp_path / name
+
+    monkeypatch.setattr(calibrate, "measure", measure)
+    monkeypatch.setattr(calibrate, "bench_engine", lambda core, curve, engines, seed, out: out / "none.json")
+    args = [
+        "--cases",
+        "sync,async2",
+        "--repeats",
+        "3",
+        "--steps",
+        "6",
+        "--warmup",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    calibrate.main(args)
+    # pass after pass, each run in its own directory
+    assert ran == ["sync-r1", "async2-r1", "sync-r2", "async2-r2", "sync-r3", "async2-r3"]
+    rows = {r["case"]: r for r in json.loads((tmp_path / "calibration.json").read_text())["rows"]}
+    assert rows["sync"]["measured"]["steps_per_min"] == 64.0  # the median, not the mean
+    assert rows["async2"]["measured"]["runs"]["steps_per_min"] == [90.0, 100.0, 140.0]
+    predicted = rows["async2"]["predicted"]["steps_per_min"]
+    assert rows["async2"]["error"] == pytest.approx(predicted / 100.0 - 1)
+    assert "| bench_async: max_staleness 2 | 100.0 (90.0 / 100.0 / 140.0) |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        calibrate.main([*args, "--repeats", "0"])
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_engines_sharing_a_core_get_the_curve_measured_beside_each_other(tmp_path, monkeypatch):
     calibrate = _calibration_harness(monkeypatch)
     profile = calibrate.with_engine_curve(calibrate.load_profile("cpu-tiny"), [(8.0, 2000.0), (64.0, 9000.0)])
