@@ -20,10 +20,11 @@ every other case is a prediction. Engines sharing the generator core get the cur
 `bench_generators.py --curve --engines 2` ran two there at once (`<out>/engine-curve-2.json`), relative to one alone
 (`<out>/engine-curve-1.json`): both benches run before the cases, on the same core.
 
-The cases run `--repeats` times (default 2), pass after pass, so that a slow minute of the machine does not fall on
-one case's every run; each pass predicts from its own profile (with `--fit-sync`, its own synchronous run), and a
-case's error compares the median of its predictions with the median of its measured runs: on this machine the same
-pinned learner trains 10-20 % faster in one run than in another, and the planner cannot predict which. Prints one
+Everything runs `--repeats` times (default 2), pass after pass (the benches, then every case), so that a slow minute
+of the machine does not fall on one case's every run; each pass predicts from its own benches and profile (with
+`--fit-sync`, its own synchronous run), and a case's error compares the median of its predictions with the median of
+its measured runs: on this machine the same pinned learner trains 10-20 % faster in one run than in another, and
+one bench of two engines sharing the core can find a share of 0.35 where the next finds 0.45. Prints one
 table (markdown; each run's figure in brackets) and writes `<out>/calibration.json`. Exit status 1 when a case
 misses ±`--tolerance`.
 Quiet machine needed: the runs pin one core each, and a busy machine makes them slower than any model of them.
@@ -104,10 +105,14 @@ RECORDED = {
 }
 
 
-def bench_engine(core: int, concurrencies: str, engines: int, seed: int, out: Path) -> Path:
+def bench_path(out: Path, engines: int, n: int = 0) -> Path:
+    """Where pass `n` (0-based) keeps its engine bench with `engines` engines on the core."""
+    return out / f"engine-curve-{engines}{'' if n == 0 else f'-r{n + 1}'}.json"
+
+
+def bench_engine(core: int, concurrencies: str, engines: int, seed: int, path: Path) -> Path:
     """`bench_generators.py --curve` pinned to `core` with `engines` engines at once, on the tiny world the runs use;
-    its JSON in `out` (reused when there)."""
-    path = out / f"engine-curve-{engines}.json"
+    its JSON at `path` (reused when there)."""
     if path.exists():
         return path
     world = ROOT / "runs" / ".world-cache" / f"seed{seed}"  # where `sr1 run tiny` keeps it
@@ -119,7 +124,7 @@ def bench_engine(core: int, concurrencies: str, engines: int, seed: int, out: Pa
     )
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    out.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(done.stdout.strip().splitlines()[-1] + "\n")
     return path
 
@@ -154,13 +159,14 @@ def shared_core(profile: Profile, solo: Path, shared: Path, engines: int) -> Pro
 
 
 def predict(
-    case: CalibrationCase, profile: Profile, steps: int, warmup: int, extra: list[str], out: Path
+    case: CalibrationCase, profile: Profile, steps: int, warmup: int, extra: list[str], out: Path, n: int = 0
 ) -> dict:
-    """The planner's figures for one case: its config's pipeline, one generator core and one learner core."""
+    """The planner's figures for one case: its config's pipeline, one generator core and one learner core (engines
+    sharing the core from pass `n`'s benches in `out`)."""
     cfg = load_config("tiny", [*extra, *case.overrides])
     engines = cfg.generators.num_engines
     if engines > 1:  # engines sharing one core
-        solo, shared = (out / f"engine-curve-{k}.json" for k in (1, engines))
+        solo, shared = (bench_path(out, k, n) for k in (1, engines))
         profile = shared_core(profile, solo, shared, engines)
     pipe = pipeline(
         cfg, engines=engines, ranks=cfg.learner.num_ranks, max_staleness=cfg.learner.max_staleness
@@ -253,21 +259,28 @@ def main(argv: list[str] | None = None) -> int:
         f"learner.cpu_cores=[{learner_core}]",
     ]
     profile = load_profile(args.profile)
-    if not args.recorded:  # the engine's curve on the generator core: alone, and beside a second engine
-        print("bench_generators.py --curve on the generator core ...", flush=True)
-        solo = bench_engine(gen_core, args.engine_curve, 1, args.seed, args.out)
-        sharing = {load_config("tiny", [*extra, *c.overrides]).generators.num_engines for c in cases} - {1}
-        for engines in sorted(sharing):
-            bench_engine(gen_core, args.engine_curve, engines, args.seed, args.out)
-        if args.fit_sync:  # its shape; the sync run fits the scale
-            profile = validate_profile(
-                with_engine_bench(json.loads(profile.model_dump_json()), solo), f"{profile.name} with {solo}"
-            )
+    sharing = {load_config("tiny", [*extra, *c.overrides]).generators.num_engines for c in cases} - {1}
     passes = 1 if args.recorded else args.repeats
     runs: dict[str, list[tuple[dict, dict]]] = {c.name: [] for c in cases}  # (measured, predicted) per pass
     profiles = []
     for n in range(passes):
         fitted = profile
+        if not args.recorded:  # the engine's curve on the generator core: alone, and beside other engines
+            print(
+                f"bench_generators.py --curve on the generator core (pass {n + 1} of {passes}) ...",
+                flush=True,
+            )
+            solo = bench_engine(gen_core, args.engine_curve, 1, args.seed, bench_path(args.out, 1, n))
+            for engines in sorted(sharing):
+                bench_engine(
+                    gen_core, args.engine_curve, engines, args.seed, bench_path(args.out, engines, n)
+                )
+            if args.fit_sync:  # its shape; the sync run fits the scale
+                fitted = validate_profile(
+                    with_engine_bench(json.loads(profile.model_dump_json()), solo),
+                    f"{profile.name} with {solo}",
+                )
+        shape = fitted
         for case in cases:
             if args.recorded:
                 measured = {k: sum(values) / len(values) for k, values in RECORDED[case.name].items()}
@@ -277,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{case.label} (pass {n + 1} of {passes}) ...", flush=True)
                 measured, run_dir = measure(case, args, extra, name)
                 if args.fit_sync and case.name == "sync":
-                    fitted = profile_from_run(run_dir, profile)
+                    fitted = profile_from_run(run_dir, shape)
             runs[case.name].append(
-                (measured, predict(case, fitted, args.steps, args.warmup, extra, args.out))
+                (measured, predict(case, fitted, args.steps, args.warmup, extra, args.out, n))
             )
         profiles.append(fitted)
     rows = []

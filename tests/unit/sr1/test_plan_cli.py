@@ -188,7 +188,10 @@ def test_each_case_runs_pass_after_pass_and_its_medians_are_compared(tmp_path, c
         return {"steps_per_min": speed, "learner_busy": 0.9, "generator_busy": 0.5}, tmp_path / name
 
     monkeypatch.setattr(calibrate, "measure", measure)
-    monkeypatch.setattr(calibrate, "bench_engine", lambda core, curve, engines, seed, out: out / "none.json")
+    benches = []
+    monkeypatch.setattr(
+        calibrate, "bench_engine", lambda core, curve, engines, seed, path: benches.append(path.name) or path
+    )
     args = [
         "--cases",
         "sync,async2",
@@ -204,6 +207,11 @@ def test_each_case_runs_pass_after_pass_and_its_medians_are_compared(tmp_path, c
     calibrate.main(args)
     # pass after pass, each run in its own directory
     assert ran == ["sync-r1", "async2-r1", "sync-r2", "async2-r2", "sync-r3", "async2-r3"]
+    assert benches == [
+        "engine-curve-1.json",
+        "engine-curve-1-r2.json",
+        "engine-curve-1-r3.json",
+    ]  # one per pass
     rows = {r["case"]: r for r in json.loads((tmp_path / "calibration.json").read_text())["rows"]}
     assert rows["sync"]["measured"]["steps_per_min"] == 64.0  # the median, not the mean
     assert rows["async2"]["measured"]["runs"]["steps_per_min"] == [90.0, 100.0, 140.0]
