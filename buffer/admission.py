@@ -69,7 +69,7 @@ bound in force for the step at u (`in_force`, the learner's `staleness/bound`) i
 version r <= u whose deadline r + s(r) >= u: no token a step at u may legally train is older. It falls to s' at step
 v + s, once the last group released under s has met its deadline. The learner asserts, per group, that no loss token
 is older than the bound its prompt was released under, and that none is older than the bound in force for the step
-(learner/trainer.py, `check_staleness`). The schedule lives in Redis beside the version (`ReplayBuffer.
+(learner/staleness.py, `check_staleness`). The schedule lives in Redis beside the version (`ReplayBuffer.
 staleness_bounds`) and in every checkpoint; a resumed learner reads it back and changes the bound from the version
 after the one it resumes at, so the deadlines of the groups still in flight never change.
 """

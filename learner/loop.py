@@ -38,9 +38,10 @@ from learner.distributed import World, all_reduce, broadcast_frames
 from learner.job import LearnerJob
 from learner.model import DTYPES, named_weights
 from learner.rank0 import REGROUP, Rank0, WeightSink
+from learner.staleness import StepBounds
 from learner.stop import StopFlag
 from learner.tracking import Tracker, merge_metrics
-from learner.trainer import Learner, StepBounds
+from learner.trainer import Learner
 from weight_sync.publisher import gather_in_step
 
 log = logging.getLogger(__name__)

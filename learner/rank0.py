@@ -22,8 +22,8 @@ from buffer.stats import STALENESS_HIST, pool_metrics
 from evaluation import Evaluations, Patience
 from learner.checkpoint import ResumeState
 from learner.job import LearnerJob
+from learner.staleness import StepBounds
 from learner.stop import StopFlag
-from learner.trainer import StepBounds
 from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire
 

@@ -222,8 +222,7 @@ def test_an_adaptive_bound_keeps_every_token_within_the_bound_in_force(
     [floor, ceiling]; every batch is full; every group is trained exactly once."""
     from buffer.admission import StalenessSchedule
     from learner.settings import StalenessAutoConfig
-    from learner.staleness import StalenessController
-    from learner.trainer import StepBounds, check_staleness
+    from learner.staleness import StalenessController, StepBounds, check_staleness
 
     g, ceiling = groups_per_step, floor + span
     controller = StalenessController(

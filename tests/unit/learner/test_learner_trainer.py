@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from learner.settings import LearnerConfig
-from learner.trainer import Learner, StalenessError, check_staleness
+from learner.staleness import StalenessError, check_staleness
+from learner.trainer import Learner
 from tests.fakes.groups import random_groups
 
 

@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from learner.settings import StalenessAutoConfig
-from learner.staleness import StalenessController
-from learner.trainer import StalenessError, StepBounds, check_staleness, effective_sample_size
+from learner.staleness import (
+    StalenessController,
+    StalenessError,
+    StepBounds,
+    check_staleness,
+    effective_sample_size,
+)
 from tests.fakes.groups import random_groups
 
 
@@ -27,7 +32,7 @@ def test_ess_by_hand():
 
 def test_offpolicy_stats_by_hand():
     """k3 KL(mu || pi_0) and the raw weights pi_0 / mu per token; nothing counted without pi_0's log-probs."""
-    from learner.trainer import offpolicy_stats
+    from learner.staleness import offpolicy_stats
 
     start = torch.log(torch.tensor([0.5, 0.2, 0.9, 0.4]))
     behavior = torch.log(torch.tensor([0.5, 0.4, 0.3, 0.4]))  # weights 1, 0.5, 3, 1
