@@ -119,21 +119,37 @@ def _sdpa_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> t
 # -- FlexAttention with a document-causal block mask (CUDA) ---------------------------------------------------------
 
 
+# FlexAttention's block size: a packed row is padded to a whole number of blocks (at least one) before the kernel
+FLEX_BLOCK = 128
+
+
+def flex_padded_length(tokens: int) -> int:
+    """The row length FlexAttention runs at: `tokens` rounded up to whole 128-token blocks. Below one block the
+    compiler picks its decoding kernel, which has no backward for every shape (it failed to compile at the
+    Qwen2.5-3B shape on an H100-class GPU); whole blocks also keep the shapes it compiles for few."""
+    return max(1, -(-tokens // FLEX_BLOCK)) * FLEX_BLOCK
+
+
 def document_causal_block_mask(seq_lens: list[int], device: torch.device):
     """The BlockMask of a packed row: query i sees key j when both lie in the same sequence and j <= i. Built once
-    per micro-batch; every layer reuses it (it reaches them as the model's `attention_mask`)."""
+    per micro-batch; every layer reuses it (it reaches them as the model's `attention_mask`).
+
+    The mask spans the row padded to whole blocks (`flex_padded_length`); the padding is one more sequence of its
+    own, so its queries never meet a real token and no real query sees it. `flex_document_forward` pads q, k and v
+    to that length and drops the padding from the output."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    lengths = torch.tensor(seq_lens, device=device)
-    document = torch.repeat_interleave(torch.arange(len(seq_lens), device=device), lengths)
+    total = int(sum(seq_lens))
+    padded = flex_padded_length(total)
+    lengths = torch.tensor([*seq_lens, padded - total], device=device)
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
 
     def same_document_causal(_batch, _head, q_index, kv_index):
         return (document[q_index] == document[kv_index]) & (q_index >= kv_index)
 
-    total = int(sum(seq_lens))
     # compiling the mask builder avoids materialising T x T on the GPU; on CPU (forward only) it is not needed
     return create_block_mask(
-        same_document_causal, None, None, total, total, device=device, _compile=device.type == "cuda"
+        same_document_causal, None, None, padded, padded, device=device, _compile=device.type == "cuda"
     )
 
 
@@ -165,6 +181,12 @@ def flex_document_forward(
         )
     if dropout and module.training:
         raise ValueError(f"{FLEX_DOCUMENT} does not implement attention dropout ({dropout})")
+    tokens = query.shape[2]
+    pad = attention_mask.seq_lengths[0] - tokens  # the packed mask spans whole blocks; transformers' padded one not
+    if pad < 0:
+        raise ValueError(f"the BlockMask spans {attention_mask.seq_lengths[0]} tokens, the row {tokens}")
+    if pad:
+        query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
     out = _flex_attention(query.device.type)(
         query,
         key,
@@ -173,7 +195,7 @@ def flex_document_forward(
         scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],
     )
-    return out.transpose(1, 2).contiguous(), None
+    return out[:, :, :tokens].transpose(1, 2).contiguous(), None
 
 
 def _flex_mask(*args, **kwargs):

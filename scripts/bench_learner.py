@@ -207,10 +207,13 @@ def run(args) -> dict:
         "packed": lambda groups: learner.train_step(groups),
         "padded": lambda groups: padded_step(learner, groups, args.budget),
     }
-    # Interleave the two modes step by step (alternating which goes first) so that load from other processes on a
-    # shared machine hits both alike; each mode warms up once first.
+    # Warm-up: each mode runs every batch once untimed, so that compilation (FlexAttention on CUDA compiles once per
+    # new shape regime: a first shape, then dynamic shapes, then each mask type) stays out of the timed steps. Then
+    # the two modes interleave step by step (alternating which goes first) so that load from other processes on a
+    # shared machine hits both alike.
     for mode in ("padded", "packed"):
-        steps[mode](batches[0])
+        for groups in batches:
+            steps[mode](groups)
     timers = {mode: _Timer(device) for mode in steps}
     for i, groups in enumerate(batches[1:]):
         for mode in ("padded", "packed") if i % 2 == 0 else ("packed", "padded"):

@@ -136,7 +136,9 @@ def test_chunked_logprobs_in_bf16_match_full_logits(tiny_model_dir):
     hidden = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(5000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     targets = torch.randint(0, 5000, (300,), device="cuda")
-    logprobs, entropy = chunked_logprobs(hidden, weight, targets, temperature=0.7, chunk_tokens=64)
+    logprobs, entropy = chunked_logprobs(
+        hidden, weight, targets, temperature=0.7, chunk_tokens=64, with_entropy=True
+    )
     (logprobs.sum() + entropy.sum()).backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None

@@ -151,3 +151,21 @@ def test_the_attention_is_chosen_by_device():
     if not flash_attn_installed():
         with pytest.raises(ValueError, match="needs the flash-attn package"):
             attention_implementation(torch.device("cuda"), FLASH_VARLEN)
+
+
+@pytest.mark.parametrize("lengths", [[(3, 20), (5, 9)], [(7, 121)], [(40, 90), (3, 123)]])
+def test_flex_pads_the_row_to_whole_blocks_and_drops_the_padding(tiny_model_dir, lengths):
+    """Rows of 37, 128 and 256 tokens: FlexAttention runs at whole 128-token blocks (below one block the compiler
+    would pick its decoding kernel), the padding is a sequence of its own, and the log-probs are the loop's."""
+    from learner.attention import document_causal_block_mask, flex_padded_length
+
+    mb = pack(packed_sequences(3, lengths))
+    total = int(sum(mb.seq_lens))
+    assert document_causal_block_mask(mb.seq_lens, torch.device("cpu")).seq_lengths == (
+        flex_padded_length(total),
+    ) * 2
+    assert flex_padded_length(total) % 128 == 0 and 0 <= flex_padded_length(total) - total < 128
+    with torch.no_grad():
+        loop, _ = token_logprobs(_model(tiny_model_dir, VARLEN_SDPA).eval(), mb, 0.7)
+        flex, _ = token_logprobs(_model(tiny_model_dir, FLEX_DOCUMENT).eval(), mb, 0.7)
+    torch.testing.assert_close(flex, loop, atol=1e-5, rtol=1e-5)
