@@ -263,8 +263,9 @@ def with_learner_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[s
     learner = dict(profile_data.get("learner", {}))
     learner["tokens_per_s_per_rank"] = {
         "value": float(bench["packed/tokens_per_s"]),
-        "source": f"bench_learner.py --json in {bench_path} (device {bench.get('device', '?')}, packed, budget "
-        f"{bench.get('micro_batch_tokens', '?')} tokens, mean sequence {bench.get('mean_seq_len', 0):.0f} tokens)",
+        "source": f"bench_learner.py --json in {bench_path} ({bench.get('gpu') or bench.get('device', '?')}, "
+        f"{bench.get('shape', '?')}, packed, budget {bench.get('micro_batch_tokens', '?')} tokens, mean sequence "
+        f"{bench.get('mean_seq_len', 0):.0f} tokens)",
     }
     return {**profile_data, "learner": learner}
 

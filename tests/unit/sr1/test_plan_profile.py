@@ -273,7 +273,9 @@ def test_learner_bench_output_replaces_the_learner_figure(tmp_path):
     bench.write_text(
         json.dumps(
             {
-                "device": "cuda",
+                "device": "cuda:0",
+                "gpu": "NVIDIA H200",
+                "shape": "qwen2.5-3b",
                 "micro_batch_tokens": 16384,
                 "mean_seq_len": 700.0,
                 "packed/tokens_per_s": 5730.0,
@@ -283,7 +285,8 @@ def test_learner_bench_output_replaces_the_learner_figure(tmp_path):
     )
     profile = resolve_profile("cpu-tiny", learner_bench=bench)
     assert profile.learner.tokens_per_s_per_rank.value == 5730.0
-    assert "bench_learner.py --json" in profile.learner.tokens_per_s_per_rank.source
+    source = profile.learner.tokens_per_s_per_rank.source
+    assert "bench_learner.py --json" in source and "NVIDIA H200, qwen2.5-3b" in source
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"device": "cpu"}))
     with pytest.raises(ProfileError, match="packed/tokens_per_s"):
