@@ -182,7 +182,8 @@ def flex_document_forward(
     if dropout and module.training:
         raise ValueError(f"{FLEX_DOCUMENT} does not implement attention dropout ({dropout})")
     tokens = query.shape[2]
-    pad = attention_mask.seq_lengths[0] - tokens  # the packed mask spans whole blocks; transformers' padded one not
+    # the packed row's mask spans whole blocks (document_causal_block_mask); transformers' mask of a padded batch not
+    pad = attention_mask.seq_lengths[0] - tokens
     if pad < 0:
         raise ValueError(f"the BlockMask spans {attention_mask.seq_lengths[0]} tokens, the row {tokens}")
     if pad:

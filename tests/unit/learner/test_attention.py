@@ -161,9 +161,10 @@ def test_flex_pads_the_row_to_whole_blocks_and_drops_the_padding(tiny_model_dir,
 
     mb = pack(packed_sequences(3, lengths))
     total = int(sum(mb.seq_lens))
-    assert document_causal_block_mask(mb.seq_lens, torch.device("cpu")).seq_lengths == (
-        flex_padded_length(total),
-    ) * 2
+    assert (
+        document_causal_block_mask(mb.seq_lens, torch.device("cpu")).seq_lengths
+        == (flex_padded_length(total),) * 2
+    )
     assert flex_padded_length(total) % 128 == 0 and 0 <= flex_padded_length(total) - total < 128
     with torch.no_grad():
         loop, _ = token_logprobs(_model(tiny_model_dir, VARLEN_SDPA).eval(), mb, 0.7)
