@@ -125,8 +125,8 @@ FLEX_BLOCK = 128
 
 def flex_padded_length(tokens: int) -> int:
     """The row length FlexAttention runs at: `tokens` rounded up to whole 128-token blocks. Below one block the
-    compiler picks its decoding kernel, which has no backward for every shape (it failed to compile at the
-    Qwen2.5-3B shape on an H100-class GPU); whole blocks also keep the shapes it compiles for few."""
+    compiler picks its decoding kernel, which failed to compile in training at the Qwen2.5-3B shape (torch 2.11, an
+    H200: `NoValidChoicesError`); whole blocks also keep the shapes it compiles for few."""
     return max(1, -(-tokens // FLEX_BLOCK)) * FLEX_BLOCK
 
 
