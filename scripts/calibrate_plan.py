@@ -192,7 +192,15 @@ def measure(case: CalibrationCase, args, extra: list[str], name: str) -> tuple[d
     # included): the heartbeats' cumulative busy and up seconds between the first and the last measured step
     steps = step_rows(run_dir)[args.warmup :]
     measured["generator_busy"] = pool_busy_fraction(steps, run_dir / "metrics.jsonl")
+    measured["learner_tokens_per_s"] = learner_rate(run_dir, args.warmup)
     return measured, run_dir
+
+
+def learner_rate(run_dir: Path, warmup: int) -> float:
+    """The learner's tokens/s per rank over a run's measured steps, as `sr1 plan --from-run` reads it."""
+    rows = step_rows(run_dir)[warmup:]
+    ranks = load_config(run_dir / "config.yaml").learner.num_ranks
+    return statistics.fmean(float(r["perf/tokens_per_s"]) for r in rows) / ranks
 
 
 def medians(runs: list[dict]) -> dict:
@@ -291,9 +299,19 @@ def main(argv: list[str] | None = None) -> int:
                 measured, run_dir = measure(case, args, extra, name)
                 if args.fit_sync and case.name == "sync":
                     fitted = profile_from_run(run_dir, shape)
-            runs[case.name].append(
-                (measured, predict(case, fitted, args.steps, args.warmup, extra, args.out, n))
-            )
+            predicted = predict(case, fitted, args.steps, args.warmup, extra, args.out, n)
+            predicted["learner_tokens_per_s"] = fitted.learner.tokens_per_s_per_rank.value
+            if "learner_tokens_per_s" in measured:
+                # the same prediction with the learner as fast as it ran in this run: what is left of the error is
+                # the model's, not the machine's drift between the profile's run and this one
+                at_rate = with_figures(
+                    fitted,
+                    {"learner.tokens_per_s_per_rank": measured["learner_tokens_per_s"]},
+                    f"{run_dir}: its own learner's perf/tokens_per_s",
+                )
+                given = predict(case, at_rate, args.steps, args.warmup, extra, args.out, n)
+                predicted["at_run_learner_steps_per_min"] = given["steps_per_min"]
+            runs[case.name].append((measured, predicted))
         profiles.append(fitted)
     rows = []
     for case in cases:
@@ -303,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = medians([m for m, _ in runs[case.name]])
             predicted = medians([p for _, p in runs[case.name]])
         error = predicted["steps_per_min"] / measured["steps_per_min"] - 1
+        at_rate = predicted.get("at_run_learner_steps_per_min")
         rows.append(
             {
                 "case": case.name,
@@ -311,23 +330,27 @@ def main(argv: list[str] | None = None) -> int:
                 "predicted": predicted,
                 "error": error,
                 "within": abs(error) <= args.tolerance,
+                "error_at_run_learner": None if at_rate is None else at_rate / measured["steps_per_min"] - 1,
             }
         )
     for n, fitted in enumerate(profiles):
         print(f"\nprofile{f' (pass {n + 1})' if passes > 1 else ''}: {fitted.name}")
     print(
         f"| case | steps/min measured | predicted | error | within ±{args.tolerance:.0%} "
-        "| learner busy measured / predicted | generator busy measured / predicted |"
+        "| learner busy measured / predicted | generator busy measured / predicted "
+        "| learner tokens/s: the run / the profile | predicted at the run's learner rate (error) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         m, p = row["measured"], row["predicted"]
-
+        at_rate = row["error_at_run_learner"]
         print(
             f"| {row['label']} | {_shown(m, 'steps_per_min', '.1f')} | {_shown(p, 'steps_per_min', '.1f')} "
             f"| {row['error']:+.0%} | {'yes' if row['within'] else 'NO'} "
             f"| {_shown(m, 'learner_busy', '.2f')} / {_shown(p, 'learner_busy', '.2f')} "
-            f"| {_shown(m, 'generator_busy', '.2f')} / {_shown(p, 'generator_busy', '.2f')} |"
+            f"| {_shown(m, 'generator_busy', '.2f')} / {_shown(p, 'generator_busy', '.2f')} "
+            f"| {_shown(m, 'learner_tokens_per_s', '.0f')} / {_shown(p, 'learner_tokens_per_s', '.0f')} "
+            f"| {'-' if at_rate is None else _shown(p, 'at_run_learner_steps_per_min', '.1f') + f' ({at_rate:+.0%})'} |"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     conditions = {

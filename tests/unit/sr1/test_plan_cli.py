@@ -182,10 +182,15 @@ def test_each_case_runs_pass_after_pass_and_its_medians_are_compared(tmp_path, c
     ran = []
     speeds = {"sync": [60.0, 80.0, 64.0], "async2": [90.0, 100.0, 140.0]}  # one slow or fast run each
 
+    learner = calibrate.load_profile("cpu-tiny").learner.tokens_per_s_per_rank.value
+
     def measure(case, args, extra, name):
         ran.append(name)
         speed = speeds[case.name][sum(r.startswith(case.name) for r in ran) - 1]
-        return {"steps_per_min": speed, "learner_busy": 0.9, "generator_busy": 0.5}, tmp_path / name
+        measured = {"steps_per_min": speed, "learner_busy": 0.9, "generator_busy": 0.5}
+        if case.name == "async2":  # its learner ran twice as fast as the profile's
+            measured["learner_tokens_per_s"] = 2 * learner
+        return measured, tmp_path / name
 
     monkeypatch.setattr(calibrate, "measure", measure)
     benches = []
@@ -218,6 +223,12 @@ def test_each_case_runs_pass_after_pass_and_its_medians_are_compared(tmp_path, c
     predicted = rows["async2"]["predicted"]["steps_per_min"]
     assert rows["async2"]["error"] == pytest.approx(predicted / 100.0 - 1)
     assert "| bench_async: max_staleness 2 | 100.0 (90.0 / 100.0 / 140.0) |" in capsys.readouterr().out
+    # the same case predicted at the learner rate its runs had: a learner-bound pipeline runs faster, and the error
+    # beside it is measured against the same medians; a run without the rate gets none
+    at_rate = rows["async2"]["predicted"]["at_run_learner_steps_per_min"]
+    assert at_rate > 1.3 * predicted
+    assert rows["async2"]["error_at_run_learner"] == pytest.approx(at_rate / 100.0 - 1)
+    assert rows["sync"]["error_at_run_learner"] is None
     with pytest.raises(SystemExit):
         calibrate.main([*args, "--repeats", "0"])
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
