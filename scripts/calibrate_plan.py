@@ -24,7 +24,9 @@ Everything runs `--repeats` times (default 2), pass after pass (the benches, the
 of the machine does not fall on one case's every run; each pass predicts from its own benches and profile (with
 `--fit-sync`, its own synchronous run), and a case's error compares the median of its predictions with the median of
 its measured runs: on this machine the same pinned learner trains 10-20 % faster in one run than in another, and
-one bench of two engines sharing the core can find a share of 0.35 where the next finds 0.45. Prints one
+one bench of two engines sharing the core can find a share of 0.35 where the next finds 0.45. Beside each
+prediction, the case predicted again at the learner rate its own runs had (their `perf/tokens_per_s`): the error
+left there is the model's, the rest is the machine's drift between the profile's run and the case's. Prints one
 table (markdown; each run's figure in brackets) and writes `<out>/calibration.json`. Exit status 1 when a case
 misses ±`--tolerance`.
 Quiet machine needed: the runs pin one core each, and a busy machine makes them slower than any model of them.
