@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import load_config  # noqa: E402
 from sr1.plan.measured import (  # noqa: E402
+    learner_tokens_per_s,
     pool_busy_fraction,
     profile_from_run,
     read_bench_output,
@@ -194,15 +195,10 @@ def measure(case: CalibrationCase, args, extra: list[str], name: str) -> tuple[d
     # included): the heartbeats' cumulative busy and up seconds between the first and the last measured step
     steps = step_rows(run_dir)[args.warmup :]
     measured["generator_busy"] = pool_busy_fraction(steps, run_dir / "metrics.jsonl")
-    measured["learner_tokens_per_s"] = learner_rate(run_dir, args.warmup)
-    return measured, run_dir
-
-
-def learner_rate(run_dir: Path, warmup: int) -> float:
-    """The learner's tokens/s per rank over a run's measured steps, as `sr1 plan --from-run` reads it."""
-    rows = step_rows(run_dir)[warmup:]
+    # the learner's own speed over the same steps (what `sr1 plan --from-run` takes as the learner's figure)
     ranks = load_config(run_dir / "config.yaml").learner.num_ranks
-    return statistics.fmean(float(r["perf/tokens_per_s"]) for r in rows) / ranks
+    measured["learner_tokens_per_s"] = learner_tokens_per_s(steps, run_dir / "metrics.jsonl", ranks)
+    return measured, run_dir
 
 
 def medians(runs: list[dict]) -> dict:

@@ -64,6 +64,11 @@ def _mean(rows: list[dict], key: str, path: Path) -> float:
     return statistics.fmean(values)
 
 
+def learner_tokens_per_s(rows: list[dict], path: Path, ranks: int) -> float:
+    """The learner's tokens/s per rank over `rows` (step rows of the run whose metrics are at `path`)."""
+    return _mean(rows, "perf/tokens_per_s", path) / ranks
+
+
 def pool_busy_fraction(rows: list[dict], path: Path) -> float:
     """The share of the generator pool's time with a trajectory in flight, between the heartbeats the first and the
     last measured step saw (cumulative `pool/busy_s` and `pool/uptime_s`, summed over workers)."""
@@ -164,7 +169,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     data.update(name=f"measured from {run_dir}", gpu_kind=data.get("gpu_kind", "cpu"))
     learner = data.setdefault("learner", {})
     learner["tokens_per_s_per_rank"] = {
-        "value": _mean(rows, "perf/tokens_per_s", metrics) / ranks,
+        "value": learner_tokens_per_s(rows, metrics, ranks),
         "source": f"{where}: perf/tokens_per_s / {ranks} rank(s)",
     }
     learner.setdefault(
