@@ -144,9 +144,10 @@ def run_overrides(tmp_path: Path, model_dir: Path, port: int, run_dir: Path, *ex
 
 def serve_retrieval(stack: Stack, watch: Watch, overrides: list[str], port: int) -> None:
     """`sr1 retrieval serve` (BM25) over the small world's corpus, once it answers."""
+    from config import load_config
     from sr1.launch.supervisor import http_ok
 
-    corpus = next(o.split("=", 1)[1] for o in overrides if o.startswith("retrieval.corpus_path="))
+    corpus = str(load_config("tiny", overrides).retrieval.corpus_path)
     stack.start(
         "retrieval", "retrieval", "serve", "--method", "bm25", "--corpus", corpus, "--port", str(port)
     )
@@ -279,6 +280,7 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
     engine can answer. Once the generator goes on, the learner must give it the final weights again (it is the
     only one who can) and record the evaluation; before, it waited `eval.timeout_s` for an answer that could never
     come (an engine evaluating with pinned weights during the last publish missed it the same way)."""
+    from config import load_config
     from sr1.launch.redis_server import LocalRedis
 
     steps = 4
@@ -328,7 +330,7 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
         # every group the run trains on exists: queued, or already taken by the learner (it may take the last step's
         # batch in the moment between publishing the version and its pause); none is acked before the last step's
         # checkpoint, and the tiny preset drops none
-        per_step = int(next(o for o in overrides if o.startswith("learner.groups_per_step=")).split("=")[1])
+        per_step = load_config("tiny", overrides).learner.groups_per_step
         watch.until(
             lambda: watch.produced_unacked() >= steps * per_step, 300, "a batch for the last step", stack
         )
