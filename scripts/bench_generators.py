@@ -5,6 +5,7 @@
     python scripts/bench_generators.py --model DIR --corpus corpus.jsonl --prompts train.parquet
     python scripts/bench_generators.py --identity-layers 14  # same samples, a forward 8x as costly
     python scripts/bench_generators.py --curve 8,32,128 --json > engine.json   # the engine's tokens/s curve
+    python scripts/bench_generators.py --null-engine      # one worker's ceiling: 64-512 sequences, one core
 
 Both phases run the way a generator worker does, continuously: `--total-groups` prompts go through the engine
 with at most `--groups` groups (x `--group-size` trajectories) in flight, a new one starting as soon as one ends, so
@@ -27,6 +28,10 @@ tokens in a long wave than in a short one; the rate is N x that difference over 
 times, so prefills and per-request costs cancel and what remains is decode at N sequences. `--engines K` starts K
 engines on the same device and runs their waves together: the curve of one engine while K share it (on a CPU core,
 what generators pinned to one core get).
+
+`--null-engine` measures the worker instead of the engine: how many tokens/s one worker process (vLLM's front end,
+the agent loop, Redis traffic) can take from an engine that costs nothing, pinned to one core, at each concurrency;
+`scripts/worker_ceiling.py` says how.
 """
 
 from __future__ import annotations
@@ -449,6 +454,10 @@ def _concurrencies(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--null-engine" in (sys.argv[1:] if argv is None else argv):
+        from scripts.worker_ceiling import main as null_engine_main
+
+        return null_engine_main(argv)
     args = _parse_args(argv)
     if args.curve is not None:
         args.curve = _concurrencies(args.curve)

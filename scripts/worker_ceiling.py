@@ -1,0 +1,552 @@
+"""`bench_generators.py --null-engine`: how many tokens/s one generator worker process can take from an engine.
+
+    python scripts/bench_generators.py --null-engine                          # 64, 128, 256, 512 sequences
+    python scripts/bench_generators.py --null-engine --concurrency 512 --seconds 20 --json
+
+An engine decodes 20-30k tokens/s on an H100 at 256-512 sequences, and the generator streams them through vLLM's
+front end and the agent loop on the worker's CPU. This measures that side alone: the engine core is
+`tests.fakes.null_engine.NullEngineCore` (every step one token to every running sequence, at no cost), everything
+else is what a run uses, in one process pinned to one core: `VLLMEngine.create`'s AsyncLLM (input and output
+processing, detokenizer, stop strings `</search>`/`</answer>`, log-probs, weight-version labels, stats), the
+`GeneratorWorker` with its agent loop and the Search-R1 task (Qwen2.5's tokenizer and chat template), a real Redis
+(on the other cores) for claims, groups and heartbeats, and a publish every `--publish-every-s` seconds through
+`VLLMEngine.apply_update` (pause, the weight-sync call, resume), so that versions change mid-turn as in a run.
+
+The model's turns follow the planner profile's workload (`--profile`, sr1/plan/profiles/): lognormal turn lengths
+(`tokens_per_turn`, `tokens_per_turn_cv`), a `<search>` or an `<answer>` closing each turn with the odds that give
+`searches_per_trajectory` within `max_turns`, and search results of `obs_tokens_per_search` tokens. Searches are
+answered in-process at once (the documents are ready text): the figure is the worker's own ceiling, with neither a
+retrieval server's latency nor its CPU on the core (the HTTP client's cost per search is not in it).
+
+At each concurrency N the engine batches at most N sequences (`max_num_seqs`) and the worker holds 2 N trajectories
+(`max_inflight_groups`), so that the engine stays full although a group keeps its samples' places until its last
+sample ends. Each window (`--seconds`, after `--warmup-s` to reach a steady state) reports tokens/s (wall clock),
+tokens per CPU-second of the process (what a core of its own would give; less sensitive to other load), turns/s and
+the sequences batched per step. The null core's own work (making each step's outputs and serialising them, the
+engine-core process's job in a run) is left out of both clocks; decoding them is the front end's and is counted.
+The baseline in the same run, "front end", is vLLM's AsyncLLM alone: N loops that send the same turns through
+`AsyncLLM.generate` and read only the final output; worker / front end (per CPU-second) is the share of vLLM's own
+ceiling the worker keeps. Every group the worker put is read back from Redis and checked (arrays aligned, versions
+-1 on observations and non-decreasing published versions on sampled tokens, log-probs <= 0). The default run takes
+about four minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+FILLER = (
+    "The question asks about the origin of the place so I recall what the passages said about its history and "
+    "compare the dates and names that appear in them before I decide whether another search would help me find "
+    "the answer or whether the evidence already points to one person and one year that match every clue given "
+)
+PASSAGE = (
+    "was founded in the early years of the century by a group of merchants who settled near the river crossing and "
+    "built a market hall a church and a school that later grew into the university of the region while the town "
+    "itself became known for its bridges its annual fair and the printing works that published the first local "
+    "newspaper"
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The trajectory shape, from a planner profile."""
+
+    prompt_tokens: float
+    tokens_per_turn: float
+    tokens_per_turn_cv: float
+    searches_per_trajectory: float
+    obs_tokens_per_search: float
+    max_turns: int
+
+    @classmethod
+    def from_profile(cls, name: str, max_turns: int) -> Workload:
+        from sr1.plan.profile import load_profile
+
+        w = load_profile(name).workload
+        return cls(
+            prompt_tokens=w.prompt_tokens.value,
+            tokens_per_turn=w.tokens_per_turn.value,
+            tokens_per_turn_cv=w.tokens_per_turn_cv.value,
+            searches_per_trajectory=w.searches_per_trajectory.value,
+            obs_tokens_per_search=w.obs_tokens_per_search.value,
+            max_turns=max_turns,
+        )
+
+    def search_odds(self) -> float:
+        """The chance q that a turn searches, so that min(searches before the first answer, max_turns) averages
+        `searches_per_trajectory`: q + q^2 + ... + q^max_turns."""
+        target = min(self.searches_per_trajectory, self.max_turns - 1e-6)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            q = (lo + hi) / 2
+            if sum(q**k for k in range(1, self.max_turns + 1)) < target:
+                lo = q
+            else:
+                hi = q
+        return (lo + hi) / 2
+
+
+class NullModel:
+    """What the null engine samples for each request: a Search-R1 turn of a lognormal length, `<think>` filler then a
+    `<search>` (chance `search_odds`) or an `<answer>`; each token's log-prob drawn once per position."""
+
+    def __init__(self, tokenizer: Any, workload: Workload, max_tokens_per_turn: int, seed: int = 0):
+        import numpy as np
+
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        self.rng = np.random.default_rng(seed)
+        self.head = encode("<think>")
+        self.filler = encode(" " + " ".join([FILLER] * 40))
+        self.search_tail = [encode(f" </think>\n<search> who founded town {i} </search>") for i in range(97)]
+        self.answer_tail = encode(" </think>\n<answer> Jane Doe </answer>")
+        self.q = workload.search_odds()
+        cv = workload.tokens_per_turn_cv
+        self.sigma = math.sqrt(math.log(1 + cv * cv))
+        self.mu = math.log(workload.tokens_per_turn) - self.sigma**2 / 2
+        self.max_tokens = max_tokens_per_turn
+        self.logprobs = (-self.rng.exponential(0.7, size=8192)).astype(np.float32).tolist()
+
+    def __call__(self, request: Any) -> tuple[list[int], list[float]]:
+        searches = self.rng.random() < self.q
+        tail = (
+            self.search_tail[int(self.rng.integers(len(self.search_tail)))] if searches else self.answer_tail
+        )
+        length = int(self.rng.lognormal(self.mu, self.sigma))
+        fill = max(1, min(length, self.max_tokens) - len(self.head) - len(tail))
+        start = int(self.rng.integers(len(self.filler) - fill)) if fill < len(self.filler) else 0
+        ids = self.head + self.filler[start : start + fill] + tail
+        offset = int(self.rng.integers(len(self.logprobs) - len(ids)))
+        return ids, self.logprobs[offset : offset + len(ids)]
+
+
+def instant_search(tokenizer: Any, obs_tokens: float):
+    """An in-process search answering at once with three passages that make a ~`obs_tokens` observation."""
+    from retrieval.client import SearchResult
+    from tasks.search_r1 import protocol
+
+    words = PASSAGE.split()
+    per_doc = max(8, int(obs_tokens / 3))
+    body = " ".join(words[j % len(words)] for j in range(per_doc))
+    while len(tokenizer.encode(protocol.format_documents([{"contents": f'"Town 0"\n{body}'}]))) > per_doc:
+        body = body.rsplit(" ", 1)[0]
+    searches = iter(range(1 << 62))
+
+    async def search(query: str) -> SearchResult:
+        # every search its own passages (numbered), so that no observation is ever the same text twice
+        k = next(searches)
+        docs = [{"id": f"{k}-{i}", "contents": f'"Town {k}-{i}"\n{body}'} for i in range(3)]
+        return SearchResult(query=query, documents=docs, scores=[1.0, 0.9, 0.8])
+
+    return search
+
+
+def null_model_dir(cache: Path, tokenizer: Path | None = None) -> Path:
+    """A tokenizer (Qwen2.5's, with its chat template, unless `tokenizer` names another) with a model config and no
+    weights, in `cache` (Qwen2.5's tokenizer is built once, ~10 s)."""
+    from tests.fakes.null_engine import write_null_model
+    from world.qwen import build_qwen_tokenizer
+
+    if tokenizer is not None:
+        return write_null_model(cache, tokenizer)
+    if not (cache / "config.json").is_file():
+        build_qwen_tokenizer(cache)
+        write_null_model(cache, cache)
+    return cache
+
+
+def _prompts(count: int) -> list:
+    from buffer.records import PromptRecord, make_group_id
+    from tasks.search_r1.protocol import make_prompt_messages
+
+    records = []
+    for i in range(count):
+        question = f"who founded the town number {i} on the river"
+        records.append(
+            PromptRecord(
+                group_id=make_group_id("nq", "train", i, 0),
+                question=question,
+                prompt=make_prompt_messages(question),
+                ground_truth=["Jane Doe"],
+                data_source="nq",
+                index=i,
+            )
+        )
+    return records
+
+
+def pin(core: int) -> set[int]:
+    """Pin this process (and the threads it starts from now on) to `core`; returns the other allowed cores."""
+    allowed = os.sched_getaffinity(0)
+    if core not in allowed:
+        raise SystemExit(f"--cpu-core {core}: not one of this process's cores {sorted(allowed)}")
+    os.sched_setaffinity(0, {core})
+    return allowed - {core} or allowed
+
+
+class Window:
+    """Counters at the start and the end of a measured window."""
+
+    def __init__(self, core: Any, worker: Any = None):
+        self.core, self.worker = core, worker
+
+    def mark(self) -> dict[str, float]:
+        snap = self.core.stats.snapshot() | {"cpu": time.process_time()}
+        if self.worker is not None:
+            snap |= {"trajectories": self.worker.trajectories_done, "searches": self.worker.tool_calls}
+        return snap
+
+    async def measure(self, args: argparse.Namespace, label: str) -> dict[str, float]:
+        """Wait `warmup_s`, then the rates over `seconds`; a progress line every 5 s (on stderr)."""
+        await asyncio.sleep(args.warmup_s)
+        start = last = self.mark()
+        end = start["time"] + args.seconds
+        while (left := end - time.perf_counter()) > 0:
+            await asyncio.sleep(min(5.0, left))
+            now = self.mark()
+            print(
+                f"  {label}: {self.rates(last, now)['tokens_per_s']:,.0f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+            last = now
+        return self.rates(start, last)
+
+    @staticmethod
+    def rates(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        # the null core's own work (making and serialising steps, the engine-core process's job) is left out of
+        # both clocks: it runs on this thread between the front end's turns
+        engine = b["engine_s"] - a["engine_s"]
+        wall, cpu = b["time"] - a["time"] - engine, b["cpu"] - a["cpu"] - engine
+        tokens, steps = b["tokens"] - a["tokens"], max(1, b["steps"] - a["steps"])
+        turns = (b["finished"] + b["aborted"]) - (a["finished"] + a["aborted"])
+        out = {
+            "tokens_per_s": tokens / wall,
+            "tokens_per_cpu_s": tokens / max(cpu, 1e-9),
+            "turns_per_s": turns / wall,
+            "sequences_per_step": (b["batched"] - a["batched"]) / steps,
+            "cpu_utilization": cpu / wall,
+            "publishes": b["pauses"] - a["pauses"],
+            "seconds": wall,
+            "engine_core_seconds_left_out": engine,
+        }
+        if "trajectories" in a:
+            out["trajectories_per_s"] = (b["trajectories"] - a["trajectories"]) / wall
+            out["searches_per_s"] = (b["searches"] - a["searches"]) / wall
+        return {k: round(v, 3) for k, v in out.items()}
+
+
+async def _publish_every(engine: Any, period_s: float) -> None:
+    """The learner's publishes, as the worker's weight-sync loop applies them (pause, receive, resume)."""
+    while True:
+        await asyncio.sleep(period_s)
+        await engine.apply_update({"version": engine.version + 1, "epoch": 0})
+
+
+async def _frontend_phase(engine: Any, model: NullModel, n: int, args: argparse.Namespace, spec: Any) -> dict:
+    """N loops sending turns through AsyncLLM.generate, final output only: vLLM's front end alone."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        stop=list(spec.stop),
+        include_stop_str_in_output=True,
+        logprobs=0,
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+    prompt = TokensPrompt(prompt_token_ids=list(range(1000, 1000 + int(args.workload.prompt_tokens))))
+    ids = iter(range(1 << 62))
+
+    async def loop() -> None:
+        while True:
+            async for _ in engine.llm.generate(prompt, params, f"fe{next(ids)}"):
+                pass
+
+    window = Window(engine.llm.engine_core)
+    tasks = [asyncio.create_task(loop()) for _ in range(n)]
+    try:
+        return await window.measure(args, f"{n} sequences, front end alone")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _worker_phase(
+    engine: Any, tokenizer: Any, n: int, args: argparse.Namespace, redis_url: str
+) -> dict:
+    from buffer.redis_buffer import ReplayBuffer
+    from generators.worker import GeneratorWorker
+    from tasks.search_r1 import SearchR1Task
+
+    gen = args.cfg.generators
+    groups = math.ceil(2 * n / gen.group_size)
+    cfg = gen.model_copy(update={"max_inflight_groups": groups, "heartbeat_s": 1.0, "drain_timeout_s": 10.0})
+    namespace = f"ceiling{n}"
+    buffer = ReplayBuffer(redis_url, namespace, lease_s=120)
+    # enough prompts for 200 groups/s over the whole phase (the worker must never wait for one)
+    released = int(200 * (args.warmup_s + args.seconds + 5))
+    buffer.release_prompts(_prompts(released))
+    task = SearchR1Task(args.cfg.task, search=instant_search(tokenizer, args.workload.obs_tokens_per_search))
+    worker = GeneratorWorker(
+        cfg,
+        buffer,
+        engine,
+        tokenizer,
+        task,
+        worker_id=f"null-{n}",
+        max_model_len=args.max_model_len,
+        chat_template=args.cfg.model.chat_template,
+    )
+    window = Window(engine.llm.engine_core, worker)
+    run = asyncio.create_task(worker.run())
+    publishes = asyncio.create_task(_publish_every(engine, args.publish_every_s))
+    try:
+        rates = await window.measure(args, f"{n} sequences, worker")
+    finally:
+        publishes.cancel()
+        await asyncio.gather(publishes, return_exceptions=True)
+        worker.request_stop()
+        await asyncio.wait_for(run, 60)
+    if worker.groups_done >= released:
+        raise RuntimeError(f"the worker ran out of prompts ({released} released): raise the release count")
+    rates["trajectory_check"] = await asyncio.to_thread(check_groups, buffer, worker.groups_done)
+    buffer.close()
+    return rates
+
+
+def check_groups(buffer: Any, expected: int) -> dict[str, Any]:
+    """Read back every group the worker put and check its trajectories; returns their shape."""
+    import numpy as np
+
+    seen = turns = searches = sampled = obs = mixed = 0
+    finish: dict[str, int] = {}
+    while seen < expected:
+        taken = buffer.take(min(256, expected - seen), "ceiling-check", 2000)
+        if not taken:
+            raise RuntimeError(f"read back {seen} of the {expected} groups the worker put")
+        for item in taken:
+            item.group.validate()
+            seen += 1
+            for t in item.group.trajectories:
+                versions = t.versions[t.loss_mask == 1]
+                if np.any(np.diff(versions) < 0):
+                    raise RuntimeError(f"group {item.group.group_id}: versions go backwards {versions}")
+                if np.any(t.behavior_logprobs[t.loss_mask == 1] > 0):
+                    raise RuntimeError(f"group {item.group.group_id}: a positive log-prob")
+                turns += int(t.info["turns"])
+                searches += int(t.info["tool_calls"])
+                sampled += int(t.loss_mask.sum())
+                obs += int((t.loss_mask == 0).sum())
+                mixed += int(len(set(versions.tolist())) > 1)
+                reason = str(t.info["finish_reason"])
+                finish[reason] = finish.get(reason, 0) + 1
+        buffer.ack([item.entry_id for item in taken])
+    trajectories = sum(finish.values())
+    return {
+        "groups": seen,
+        "trajectories": trajectories,
+        "turns_per_trajectory": round(turns / max(1, trajectories), 3),
+        "searches_per_trajectory": round(searches / max(1, trajectories), 3),
+        "sampled_tokens_per_turn": round(sampled / max(1, turns), 1),
+        "observation_tokens_per_search": round(obs / max(1, searches), 1),
+        "trajectories_across_a_publish": mixed,
+        "finish_reasons": finish,
+    }
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from generators.engine import SamplingSpec
+    from sr1.launch.redis_server import LocalRedis
+    from tasks.search_r1 import protocol
+    from tests.fakes.null_engine import null_vllm_engine
+
+    gen = args.cfg.generators
+    model_dir = null_model_dir(args.cache, args.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = NullModel(tokenizer, args.workload, gen.max_tokens_per_turn, seed=args.seed)
+    engine_cfg = gen.engine.model_copy(update={"max_num_seqs": max(args.concurrency)})
+    spec = SamplingSpec(
+        max_tokens=gen.max_tokens_per_turn, temperature=gen.temperature, stop=protocol.STOP_STRINGS
+    )
+    points = []
+    with tempfile.TemporaryDirectory(prefix="sr1-null-engine-") as scratch:
+        redis = LocalRedis(Path(scratch) / "redis").start()
+        try:
+            if args.others:  # Redis works on the other cores, as it would on another host
+                os.sched_setaffinity(redis.child.process.pid, args.others)
+            engine = null_vllm_engine(
+                str(model_dir), engine_cfg, turns=model, max_model_len=args.max_model_len, weight_sync=False
+            )
+            core = engine.llm.engine_core
+            try:
+                for n in args.concurrency:
+                    core.max_num_seqs = n
+                    point: dict[str, Any] = {"sequences": n}
+                    if args.baseline:
+                        point["frontend"] = await _frontend_phase(engine, model, n, args, spec)
+                    point["worker"] = await _worker_phase(engine, tokenizer, n, args, redis.url)
+                    if args.baseline:
+                        point["worker_over_frontend"] = round(
+                            point["worker"]["tokens_per_cpu_s"] / point["frontend"]["tokens_per_cpu_s"], 3
+                        )
+                    points.append(point)
+                    _progress(args, point)
+            finally:
+                engine.shutdown()
+        finally:
+            redis.stop()
+    from scripts.bench_all import cpu_model
+
+    return {
+        "null_engine": points,
+        "cpu": cpu_model(),
+        "pinned_core": args.cpu_core,
+        "date": time.strftime("%Y-%m-%d"),
+        "config": args.config,
+        "profile": args.profile,
+        "workload": vars(args.workload) | {"search_odds_per_turn": round(args.workload.search_odds(), 3)},
+        "group_size": gen.group_size,
+        "seconds": args.seconds,
+        "warmup_s": args.warmup_s,
+        "publish_every_s": args.publish_every_s,
+    }
+
+
+def _progress(args: argparse.Namespace, point: dict[str, Any]) -> None:
+    w = point["worker"]
+    print(
+        f"{point['sequences']:>4} sequences: worker {w['tokens_per_s']:,.0f} tokens/s "
+        f"({w['tokens_per_cpu_s']:,.0f} per CPU-second), {w['turns_per_s']:,.0f} turns/s"
+        + (
+            f", front end alone {point['frontend']['tokens_per_s']:,.0f} tokens/s"
+            if "frontend" in point
+            else ""
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def table(figures: dict[str, Any]) -> str:
+    """The figures as a Markdown table."""
+    lines = [
+        "| sequences | tokens/s | tokens per CPU-s | turns/s | trajectories/s | sequences per step | "
+        "front end alone, tokens/s | worker / front end |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in figures["null_engine"]:
+        w, f = p["worker"], p.get("frontend", {})
+        lines.append(
+            f"| {p['sequences']} | {w['tokens_per_s']:,.0f} | {w['tokens_per_cpu_s']:,.0f} | {w['turns_per_s']:,.0f} "
+            f"| {w['trajectories_per_s']:,.1f} | {w['sequences_per_step']:,.0f} | "
+            f"{f.get('tokens_per_s', float('nan')):,.0f} | {p.get('worker_over_frontend', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def _concurrencies(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--concurrency {text!r}: expected comma-separated integers, e.g. 64,512") from None
+    if not values or values != sorted(set(values)) or values[0] < 1:
+        raise SystemExit(
+            f"--concurrency {text!r}: expected distinct increasing counts >= 1, e.g. 64,128,256,512"
+        )
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench_generators.py --null-engine", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--null-engine", action="store_true", help="(this mode)")
+    parser.add_argument(
+        "--concurrency", default="64,128,256,512", help="sequences in flight, comma-separated"
+    )
+    parser.add_argument("--seconds", type=float, default=15.0, help="measured window per phase")
+    parser.add_argument(
+        "--warmup-s", type=float, default=10.0, help="seconds before each window (steady state)"
+    )
+    parser.add_argument("--publish-every-s", type=float, default=2.0, help="seconds between weight publishes")
+    parser.add_argument(
+        "--config", default="qwen2.5-3b-8xh100", help="preset or YAML: generators and model sections"
+    )
+    parser.add_argument(
+        "--profile", default="qwen2.5-3b-h100", help="planner profile whose workload shapes turns"
+    )
+    parser.add_argument(
+        "--cpu-core",
+        type=int,
+        default=None,
+        help="pin the worker to this core (default: the last one; -1: none)",
+    )
+    parser.add_argument(
+        "--no-baseline", dest="baseline", action="store_false", help="skip the front-end phase"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the null model's random turns")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("runs/.world-cache/null-qwen2.5"),
+        help="the null model's directory",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a tokenizer directory (default: Qwen2.5's, built in --cache)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. generators.group_size=8")
+    args = parser.parse_args(argv)
+    args.concurrency = _concurrencies(args.concurrency)
+    for name in ("seconds", "warmup_s", "publish_every_s"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)}: expected > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs to stdout: keep --json's output clean
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("vllm").setLevel(logging.WARNING)
+    from config import load_config
+
+    args.cfg = load_config(args.config, args.overrides)
+    args.workload = Workload.from_profile(args.profile, args.cfg.generators.max_turns)
+    args.max_model_len = args.cfg.generators.engine.max_model_len or args.cfg.model.max_seq_len
+    if args.cpu_core is None:
+        args.cpu_core = max(os.sched_getaffinity(0))
+    args.others = pin(args.cpu_core) if args.cpu_core >= 0 else set()
+    figures = asyncio.run(_run(args))
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(f"one generator worker, null engine ({figures['cpu']}, core {figures['pinned_core']}):")
+        print(table(figures))
+    return 0
