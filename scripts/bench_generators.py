@@ -442,14 +442,14 @@ def _device() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu: {cpu_model()}"
 
 
-def _concurrencies(text: str) -> list[int]:
-    """--curve's value: distinct increasing positive integers."""
+def concurrencies(text: str, flag: str = "--curve") -> list[int]:
+    """A list of concurrencies given to `flag` (--curve, --concurrency): distinct increasing positive integers."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"--curve {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
+        raise SystemExit(f"{flag} {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
     if not values or values != sorted(set(values)) or values[0] < 1:
-        raise SystemExit(f"--curve {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
+        raise SystemExit(f"{flag} {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
     return values
 
 
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         return null_engine_main(argv)
     args = _parse_args(argv)
     if args.curve is not None:
-        args.curve = _concurrencies(args.curve)
+        args.curve = concurrencies(args.curve)
     if args.engines < 1 or (args.engines > 1 and args.curve is None):
         raise SystemExit(f"--engines {args.engines}: expected >= 1, and more than 1 only with --curve")
     if args.curve_tokens < 1:

@@ -463,18 +463,6 @@ def table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _concurrencies(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"--concurrency {text!r}: expected comma-separated integers, e.g. 64,512") from None
-    if not values or values != sorted(set(values)) or values[0] < 1:
-        raise SystemExit(
-            f"--concurrency {text!r}: expected distinct increasing counts >= 1, e.g. 64,128,256,512"
-        )
-    return values
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench_generators.py --null-engine", description=__doc__.split("\n\n")[0]
@@ -519,7 +507,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. generators.group_size=8")
     args = parser.parse_args(argv)
-    args.concurrency = _concurrencies(args.concurrency)
+    from scripts.bench_generators import concurrencies
+
+    args.concurrency = concurrencies(args.concurrency, "--concurrency")
     for name in ("seconds", "warmup_s", "publish_every_s"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)}: expected > 0")
