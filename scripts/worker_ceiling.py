@@ -24,9 +24,9 @@ sample ends. Each window (`--seconds`, after `--warmup-s` to reach a steady stat
 tokens per CPU-second of the process (what a core of its own would give; less sensitive to other load), turns/s and
 the sequences batched per step. The null core's own work (making each step's outputs and serialising them, the
 engine-core process's job in a run) is left out of both clocks; decoding them is the front end's and is counted.
-The baseline in the same run, "front end", is vLLM's AsyncLLM alone: N loops that send the same turns through
-`AsyncLLM.generate` and read only the final output; worker / front end (per CPU-second) is the share of vLLM's own
-ceiling the worker keeps. Every group the worker put is read back from Redis and checked (arrays aligned, versions
+The baseline in the same run, "front end", is vLLM's front end alone: N loops that send the same turns through the
+engine wrapper (`VLLMEngine.generate`) and nothing else; worker / front end (per CPU-second) is the share of that
+ceiling the worker keeps, with its agent loop, search results to tokenize, Redis and publishes. Every group the worker put is read back from Redis and checked (arrays aligned, versions
 -1 on observations and non-decreasing published versions on sampled tokens, log-probs <= 0). The default run takes
 about four minutes.
 """
@@ -255,28 +255,13 @@ async def _publish_every(engine: Any, period_s: float) -> None:
         await engine.apply_update({"version": engine.version + 1, "epoch": 0})
 
 
-async def _frontend_phase(engine: Any, model: NullModel, n: int, args: argparse.Namespace, spec: Any) -> dict:
-    """N loops sending turns through AsyncLLM.generate, final output only: vLLM's front end alone."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
-    params = SamplingParams(
-        max_tokens=spec.max_tokens,
-        temperature=spec.temperature,
-        stop=list(spec.stop),
-        include_stop_str_in_output=True,
-        logprobs=0,
-        flat_logprobs=True,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )
-    prompt = TokensPrompt(prompt_token_ids=list(range(1000, 1000 + int(args.workload.prompt_tokens))))
-    ids = iter(range(1 << 62))
+async def _frontend_phase(engine: Any, n: int, args: argparse.Namespace, spec: Any) -> dict:
+    """N loops calling the engine wrapper with the same turns, nothing else: vLLM's front end alone."""
+    prompt = list(range(1000, 1000 + int(args.workload.prompt_tokens)))
 
     async def loop() -> None:
         while True:
-            async for _ in engine.llm.generate(prompt, params, f"fe{next(ids)}"):
-                pass
+            await engine.generate(prompt, spec)
 
     window = Window(engine.llm.engine_core)
     tasks = [asyncio.create_task(loop()) for _ in range(n)]
@@ -402,7 +387,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     core.max_num_seqs = n
                     point: dict[str, Any] = {"sequences": n}
                     if args.baseline:
-                        point["frontend"] = await _frontend_phase(engine, model, n, args, spec)
+                        point["frontend"] = await _frontend_phase(engine, n, args, spec)
                     point["worker"] = await _worker_phase(engine, tokenizer, n, args, redis.url)
                     if args.baseline:
                         point["worker_over_frontend"] = round(
