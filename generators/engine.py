@@ -166,8 +166,7 @@ class VLLMEngine:
         if use_extension:
             args["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
         args.update(cfg.extra_args)
-        with serving_front_end():
-            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         skip_logprob_text()
         return cls(llm, version=version, has_weight_sync=use_extension)
 
@@ -237,7 +236,9 @@ class VLLMEngine:
         logprobs: list[float] | None = [] if with_logprobs else None
         versions: list[int] = []
         last = None
-        async for out in stream:  # every output carries the request's cached prompt tokens: the last one will do
+        async for (
+            out
+        ) in stream:  # every output carries the request's cached prompt tokens: the last one will do
             last = out
             new = list(out.outputs[0].token_ids)
             token_ids += new
@@ -282,9 +283,6 @@ class VLLMEngine:
             self.llm.shutdown()
             # dropped now, so its finalizer runs while Python is whole (at interpreter exit it prints a TypeError)
             self.llm = None
-            # what `serving_front_end` froze is collectable again, as vLLM's engine core does at its shutdown (and
-            # frozen objects left at exit make nanobind extensions report leaks)
-            gc.unfreeze()
 
 
 DIE_WITH_PARENT_ENV = "SR1_DIE_WITH_PARENT"
@@ -306,31 +304,23 @@ def die_with_parent_plugin() -> None:
 
 
 @contextlib.contextmanager
-def serving_front_end() -> Iterator[None]:
-    """Start an engine inside: once it has started, this process serves it as vLLM's own server processes do.
+def serving_process() -> Iterator[None]:
+    """Serve inside: a generator process whose engine has started (and that has built what it keeps for its life)
+    settles in as vLLM's own engine-core and server processes do, with two of vLLM's settings; leaving undoes both.
 
-    vLLM's engine-core processes, and its API server, settle in once started; a generator process, where vLLM's front
-    end (output processing) and the agent loop share a core, did not. Two settings, each vLLM's own helper:
+    - `VLLM_*` variables are cached (`vllm.envs.enable_envs_cache`): vLLM's front end reads some on every output it
+      processes (`envs.VLLM_COMPUTE_NANS_IN_LOGITS` in every request's stats at every step), each an `os.getenv`.
+    - The heap built so far (some 650k objects: torch, transformers, vLLM, the engine) is frozen out of the cyclic
+      garbage collector (`vllm.utils.gc_utils.freeze_gc_heap`). Otherwise every full collection walks it, and the
+      allocations of every step (vLLM decodes each step's outputs from the engine core, a few small arrays per
+      sequence with log-probs) trigger them: decoding a step of 512 sequences took 4x longer.
 
-    - `VLLM_*` variables are cached (`vllm.envs.enable_envs_cache`). vLLM reads some on every output it processes
-      (`envs.VLLM_COMPUTE_NANS_IN_LOGITS` in every request's stats at every step), each an `os.getenv`. The cache is
-      lifted while an engine starts, so that a second engine in this process reads the environment as it is then.
-    - The heap of everything imported and built so far (some 650k objects: torch, transformers, vLLM, the engine) is
-      frozen out of the cyclic garbage collector (`vllm.utils.gc_utils.freeze_gc_heap`). Otherwise every full
-      collection walks it, and the allocations of each step (vLLM decodes every step's outputs from the engine core:
-      a few small arrays per sequence with log-probs) trigger them: decoding a step of 512 sequences took 4x longer.
-
-    Together they let one worker process take about 1.5x the tokens per second from an engine
-    (`scripts/bench_generators.py --null-engine`). On a vLLM without these helpers it does what it can."""
+    In the worker process, vLLM's front end and the agent loop share one core, and these are part of what lets it keep
+    up with an engine (`scripts/bench_generators.py --null-engine` measures it). On leaving, the heap is
+    unfrozen (as vLLM's engine core does at shutdown; frozen objects left at exit make nanobind extensions report
+    leaks) and the environment is read afresh again. On a vLLM without these helpers it does what it can."""
     import vllm.envs as envs
 
-    disable = getattr(envs, "disable_envs_cache", None)
-    if disable is not None:
-        disable()
-    yield
-    enable = getattr(envs, "enable_envs_cache", None)
-    if enable is not None:
-        enable()
     try:
         from vllm.utils.gc_utils import freeze_gc_heap
     except ImportError:  # pragma: no cover - another vLLM layout
@@ -339,7 +329,16 @@ def serving_front_end() -> Iterator[None]:
             gc.collect()
             gc.freeze()
 
+    enable, disable = getattr(envs, "enable_envs_cache", None), getattr(envs, "disable_envs_cache", None)
+    if enable is not None:
+        enable()
     freeze_gc_heap()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if disable is not None:
+            disable()
 
 
 def skip_logprob_text() -> bool:

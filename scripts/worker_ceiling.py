@@ -356,10 +356,27 @@ def check_groups(buffer: Any, expected: int) -> dict[str, Any]:
     }
 
 
+async def _point(
+    engine: Any, tokenizer: Any, n: int, args: argparse.Namespace, spec: Any, redis_url: str
+) -> dict[str, Any]:
+    """The figures at `n` sequences in flight: the front end alone, then the worker."""
+    engine.llm.engine_core.max_num_seqs = n
+    point: dict[str, Any] = {"sequences": n}
+    if args.baseline:
+        point["frontend"] = await _frontend_phase(engine, n, args, spec)
+    point["worker"] = await _worker_phase(engine, tokenizer, n, args, redis_url)
+    if args.baseline:
+        point["worker_over_frontend"] = round(
+            point["worker"]["tokens_per_cpu_s"] / point["frontend"]["tokens_per_cpu_s"], 3
+        )
+    _progress(point)
+    return point
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from generators.engine import SamplingSpec
+    from generators.engine import SamplingSpec, serving_process
     from sr1.launch.redis_server import LocalRedis
     from tasks.search_r1 import protocol
     from tests.fakes.null_engine import null_vllm_engine
@@ -381,20 +398,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             engine = null_vllm_engine(
                 str(model_dir), engine_cfg, turns=model, max_model_len=args.max_model_len, weight_sync=False
             )
-            core = engine.llm.engine_core
             try:
-                for n in args.concurrency:
-                    core.max_num_seqs = n
-                    point: dict[str, Any] = {"sequences": n}
-                    if args.baseline:
-                        point["frontend"] = await _frontend_phase(engine, n, args, spec)
-                    point["worker"] = await _worker_phase(engine, tokenizer, n, args, redis.url)
-                    if args.baseline:
-                        point["worker_over_frontend"] = round(
-                            point["worker"]["tokens_per_cpu_s"] / point["frontend"]["tokens_per_cpu_s"], 3
-                        )
-                    points.append(point)
-                    _progress(args, point)
+                with serving_process():  # as generators/main.py serves
+                    for n in args.concurrency:
+                        points.append(await _point(engine, tokenizer, n, args, spec, redis.url))
             finally:
                 engine.shutdown()
         finally:
@@ -416,7 +423,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _progress(args: argparse.Namespace, point: dict[str, Any]) -> None:
+def _progress(point: dict[str, Any]) -> None:
     w = point["worker"]
     print(
         f"{point['sequences']:>4} sequences: worker {w['tokens_per_s']:,.0f} tokens/s "
