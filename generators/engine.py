@@ -303,22 +303,29 @@ def die_with_parent_plugin() -> None:
         os._exit(1)
 
 
+# the cyclic GC's thresholds while a worker serves (Python's default is 700, 10, 10): see `serving_process`
+SERVING_GC_THRESHOLDS = (50_000, 20, 10)
+
+
 @contextlib.contextmanager
 def serving_process() -> Iterator[None]:
     """Serve inside: a generator process whose engine has started (and that has built what it keeps for its life)
-    settles in as vLLM's own engine-core and server processes do, with two of vLLM's settings; leaving undoes both.
+    settles in, as vLLM's own engine-core and server processes do; leaving undoes it. In the worker process vLLM's
+    front end and the agent loop share one core, and at hundreds of sequences these three settings are much of what
+    lets it keep up with a GPU engine (`scripts/bench_generators.py --null-engine` measures it):
 
-    - `VLLM_*` variables are cached (`vllm.envs.enable_envs_cache`): vLLM's front end reads some on every output it
+    - `VLLM_*` variables are cached (vLLM's `envs.enable_envs_cache`): vLLM's front end reads some on every output it
       processes (`envs.VLLM_COMPUTE_NANS_IN_LOGITS` in every request's stats at every step), each an `os.getenv`.
     - The heap built so far (some 650k objects: torch, transformers, vLLM, the engine) is frozen out of the cyclic
-      garbage collector (`vllm.utils.gc_utils.freeze_gc_heap`). Otherwise every full collection walks it, and the
-      allocations of every step (vLLM decodes each step's outputs from the engine core, a few small arrays per
-      sequence with log-probs) trigger them: decoding a step of 512 sequences took 4x longer.
+      garbage collector (vLLM's `freeze_gc_heap`): full collections no longer walk it. Decoding the outputs of one
+      engine step of 512 sequences (a few small arrays each, with log-probs) took 4x longer while they did.
+    - The collector runs less often (`SERVING_GC_THRESHOLDS`): a full collection still walks every token list of
+      the trajectories and requests in flight (some 100 ms at 512 sequences), and with Python's thresholds the
+      allocations of each step started one about every second: 17 % of the worker's time.
 
-    In the worker process, vLLM's front end and the agent loop share one core, and these are part of what lets it keep
-    up with an engine (`scripts/bench_generators.py --null-engine` measures it). On leaving, the heap is
-    unfrozen (as vLLM's engine core does at shutdown; frozen objects left at exit make nanobind extensions report
-    leaks) and the environment is read afresh again. On a vLLM without these helpers it does what it can."""
+    On leaving, the thresholds are restored, the heap unfrozen (as vLLM's engine core does at shutdown; frozen objects
+    left at exit make nanobind extensions report leaks) and the environment read afresh again. On a vLLM without
+    these helpers it does what it can."""
     import vllm.envs as envs
 
     try:
@@ -333,9 +340,12 @@ def serving_process() -> Iterator[None]:
     if enable is not None:
         enable()
     freeze_gc_heap()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*SERVING_GC_THRESHOLDS)
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
         if disable is not None:
             disable()

@@ -119,9 +119,8 @@ async def serve(job: GeneratorJob) -> int:
         await asyncio.sleep(0)  # deliver a signal that arrived during the engine start
         if stop_requested:
             worker.request_stop()
-        with (
-            serving_process()
-        ):  # settled in: vLLM's environment cached, the startup heap frozen out of the GC
+        # settled in while it serves: vLLM's environment cached, the garbage collector kept off the startup heap
+        with serving_process():
             return await worker.run()
     finally:
         await task.close()
