@@ -228,8 +228,8 @@ class Window:
     def rates(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
         # the null core's own work (making and serialising steps, the engine-core process's job) is left out of
         # both clocks: it runs on this thread between the front end's turns
-        engine = b["engine_s"] - a["engine_s"]
-        wall, cpu = b["time"] - a["time"] - engine, b["cpu"] - a["cpu"] - engine
+        engine, engine_cpu = b["engine_s"] - a["engine_s"], b["engine_cpu_s"] - a["engine_cpu_s"]
+        wall, cpu = b["time"] - a["time"] - engine, b["cpu"] - a["cpu"] - engine_cpu
         tokens, steps = b["tokens"] - a["tokens"], max(1, b["steps"] - a["steps"])
         turns = (b["finished"] + b["aborted"]) - (a["finished"] + a["aborted"])
         out = {

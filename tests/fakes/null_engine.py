@@ -63,9 +63,10 @@ class NullCoreStats:
     aborted: int = 0
     batched: int = 0  # sum over steps of the sequences in that step
     pauses: int = 0
-    # seconds spent on what the engine-core process would do (make each step's outputs and serialise them): not
-    # the front end's work; a benchmark subtracts them
+    # what the engine-core process would do (make each step's outputs and serialise them), in seconds of wall clock
+    # and of this thread's CPU: not the front end's work; a benchmark leaves it out
     engine_s: float = 0.0
+    engine_cpu_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     def snapshot(self) -> dict[str, float]:
@@ -78,6 +79,7 @@ class NullCoreStats:
             "batched": self.batched,
             "pauses": self.pauses,
             "engine_s": self.engine_s,
+            "engine_cpu_s": self.engine_cpu_s,
             "time": time.perf_counter(),
         }
 
@@ -120,9 +122,10 @@ class NullEngineCore:
                 break
             self._wake.clear()
             await self._wake.wait()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         frames = self._encoder.encode(self._step())
         self.stats.engine_s += time.perf_counter() - started
+        self.stats.engine_cpu_s += time.thread_time() - started_cpu
         return self._decoder.decode(frames)  # what AsyncMPClient does with each message from the engine core
 
     def _step(self) -> Any:
