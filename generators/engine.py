@@ -267,14 +267,15 @@ class VLLMEngine:
     async def apply_update(self, update: dict) -> int:
         """Receive the weights of `update` in place between a pause and a resume; returns tensors loaded."""
         async with self._update_lock:
-            # "keep": in-flight requests are frozen, not aborted; the caches computed with the old weights go
-            await self.llm.pause_generation(mode="keep", clear_cache=True)
             try:
+                # "keep": in-flight requests are frozen, not aborted; the caches computed with the old weights go
+                await self.llm.pause_generation(mode="keep", clear_cache=True)
                 loaded = await self.llm.collective_rpc("ws_receive", args=(update,))
                 if self.labels_versions:  # the tokens sampled after the resume carry the new label
                     await self.llm.update_weight_version(str(int(update["version"])))
                 self.version = int(update["version"])
             finally:
+                # also when the pause itself was interrupted (cancelled once the engine had paused): never left paused
                 await self.llm.resume_generation()
         return int(sum(x or 0 for x in loaded)) if isinstance(loaded, list) else int(loaded or 0)
 

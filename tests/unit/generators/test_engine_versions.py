@@ -183,3 +183,15 @@ def test_labels_that_do_not_cover_the_tokens_are_an_error():
     with pytest.raises(RuntimeError, match="3 tokens without a weight-version label"):
         engine._labelled_versions(None, 3)
     assert engine._labelled_versions(None, 0) == []
+
+
+async def test_an_update_cancelled_while_pausing_leaves_the_engine_running(engine):
+    """A weight-sync task cancelled in the middle of the pause (the engine already paused) still resumes it."""
+    core = engine.llm.engine_core
+    update = asyncio.create_task(engine.apply_update({"version": 1}))
+    while not await core.is_scheduler_paused_async():
+        await asyncio.sleep(0)
+    update.cancel()  # AsyncLLM.pause_generation is in its short sleep after the engine paused
+    with pytest.raises(asyncio.CancelledError):
+        await update
+    assert not await core.is_scheduler_paused_async() and engine.version == 0
