@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -248,11 +249,14 @@ class Window:
         return {k: round(v, 3) for k, v in out.items()}
 
 
-async def _publish_every(engine: Any, period_s: float) -> None:
-    """The learner's publishes, as the worker's weight-sync loop applies them (pause, receive, resume)."""
-    while True:
-        await asyncio.sleep(period_s)
-        await engine.apply_update({"version": engine.version + 1, "epoch": 0})
+async def _publish_every(engine: Any, period_s: float, stop: asyncio.Event) -> None:
+    """The learner's publishes, as the worker's weight-sync loop applies them (pause, receive, resume), until
+    `stop` (never in the middle of one)."""
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), period_s)
+        if not stop.is_set():
+            await engine.apply_update({"version": engine.version + 1, "epoch": 0})
 
 
 async def _frontend_phase(engine: Any, n: int, args: argparse.Namespace, spec: Any) -> dict:
@@ -301,12 +305,13 @@ async def _worker_phase(
     )
     window = Window(engine.llm.engine_core, worker)
     run = asyncio.create_task(worker.run())
-    publishes = asyncio.create_task(_publish_every(engine, args.publish_every_s))
+    stop_publishing = asyncio.Event()
+    publishes = asyncio.create_task(_publish_every(engine, args.publish_every_s, stop_publishing))
     try:
         rates = await window.measure(args, f"{n} sequences, worker")
     finally:
-        publishes.cancel()
-        await asyncio.gather(publishes, return_exceptions=True)
+        stop_publishing.set()
+        await publishes
         worker.request_stop()
         await asyncio.wait_for(run, 60)
     if worker.groups_done >= released:
