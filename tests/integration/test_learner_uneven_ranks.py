@@ -11,7 +11,6 @@ advantages over two mini-batches.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,62 +25,43 @@ CASES = {
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str, case: str) -> None:
-    if world_size > 1:  # a single rank runs inside pytest and needs no rendezvous
-        os.environ.update(
-            {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
-        )
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    from learner.distributed import init_distributed, shutdown_distributed
     from learner.model import full_tensor
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
+    from tests.fakes.gloo import gloo_rank
     from tests.fakes.groups import random_groups
 
-    world = init_distributed("cpu")
-    cfg = LearnerConfig(
-        groups_per_step=GROUPS,
-        num_ranks=world_size,
-        lr=LR,
-        micro_batch_tokens=64,
-        max_staleness=1,
-        correction="tis",
-        **CASES[case],
-    )
-    learner = Learner(cfg, model_dir, world, seed=0)
+    with gloo_rank(rank, world_size, port) as world:
+        cfg = LearnerConfig(
+            groups_per_step=GROUPS,
+            num_ranks=world_size,
+            lr=LR,
+            micro_batch_tokens=64,
+            max_staleness=1,
+            correction="tis",
+            **CASES[case],
+        )
+        learner = Learner(cfg, model_dir, world, seed=0)
 
-    def weights() -> dict[str, np.ndarray]:  # every rank joins each gather
-        return {
-            name: full_tensor(tensor.detach()).double().cpu().numpy()
-            for name, tensor in learner.model.state_dict().items()
-        }
+        def weights() -> dict[str, np.ndarray]:  # every rank joins each gather
+            return {
+                name: full_tensor(tensor.detach()).double().cpu().numpy()
+                for name, tensor in learner.model.state_dict().items()
+            }
 
-    before = weights()
-    groups = random_groups(np.random.default_rng(0), n_groups=GROUPS, group_size=GROUP_SIZE, version=0)
-    metrics = learner.train_step(groups)
-    update = {name: after - before[name] for name, after in weights().items()}
-    if rank == 0:
-        np.savez(out + ".npz", **update)
-        Path(out + ".json").write_text(json.dumps(metrics))
-    shutdown_distributed()
-    torch.set_num_threads(threads)
+        before = weights()
+        groups = random_groups(np.random.default_rng(0), n_groups=GROUPS, group_size=GROUP_SIZE, version=0)
+        metrics = learner.train_step(groups)
+        update = {name: after - before[name] for name, after in weights().items()}
+        if rank == 0:
+            np.savez(out + ".npz", **update)
+            Path(out + ".json").write_text(json.dumps(metrics))
 
 
 def _run(world_size: int, port: int, model_dir: Path, out: Path, case: str) -> tuple[dict, dict]:
-    import torch.multiprocessing as mp
+    from tests.fakes.gloo import run_ranks
 
-    args = (world_size, port, str(model_dir), str(out), case)
-    if world_size == 1:
-        _rank_main(0, *args)
-    else:
-        mp.spawn(_rank_main, args=args, nprocs=world_size, join=True)
+    run_ranks(_rank_main, world_size, port, str(model_dir), str(out), case)
     with np.load(str(out) + ".npz") as saved:
         weights = {name: saved[name] for name in saved.files}
     return weights, json.loads(Path(str(out) + ".json").read_text())
