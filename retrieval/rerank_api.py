@@ -10,10 +10,12 @@ An answer's document is the passage as Search-R1's reranker scores it: `(Title: 
 Search-R1's generation then shows it as `Doc {i}{document}`, the same bytes as `Doc {i}(Title: ...) ...` from a
 plain search. An omitted, null or 0 `rerank_topk` means the server's default.
 
-Where sr1 differs from Search-R1's server: it scores each query against its *own* documents (Search-R1's pairs every
-query of the request with every document of the request and keeps the best overall), and it answers every query,
-one with no documents with an empty list (Search-R1's leaves such a query out, so later answers shift). sr1's
-client (`retrieval/rerank_client.py`) sends one query per request, where both behave the same.
+Where sr1's server differs from Search-R1's: it scores each query against its *own* documents (Search-R1's pairs
+every query of the request with every document of the request and keeps the best overall); it answers every query,
+one with no documents with an empty list (Search-R1's leaves such a query out, so later answers shift); its
+cross-encoder reads the documents' `contents` as sr1's reranker does for /retrieve (Search-R1's reads the
+`(Title: ...)` string). sr1's client (`retrieval/rerank_client.py`) sends one query per request, where both servers
+pair the same documents.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from retrieval.api import RequestError, check_queries, load_json_object, return_
 from retrieval.http_json import BadAnswer
 from retrieval.settings import RetrievalConfig
 
-REQUEST_FIELDS = ("queries", "documents", "rerank_topk", "return_scores")
 TITLE_OPEN = "(Title: "
 
 
