@@ -322,7 +322,9 @@ the pairs.
 ## Retrieval server
 
 `sr1 retrieval serve` takes `retrieval_server.py`'s flags as aliases: `--index_path`, `--corpus_path`, `--topk`,
-`--retriever_name` (e5 / bge / bm25), `--retriever_model`, `--faiss_gpu`.
+`--retriever_name` (e5 / bge / bm25), `--retriever_model`, `--faiss_gpu`; and `retrieval_rerank_server.py`'s:
+`--reranker_model` (a cross-encoder reranks each search), `--retrieval_topk` (its candidates), `--reranking_topk`
+(the documents kept), `--reranker_batch_size`.
 
 ## Reranker
 
