@@ -335,7 +335,9 @@ default) and shows the model the best 3. sr1 does the same: those keys set `retr
 `retrieval.reranker.url`, `retrieval.reranker.candidates` (10) and `retrieval.topk` (3), and the generators' search
 client asks `/retrieve` for the candidates, then the `/rerank` endpoint at that URL, with the retrieval client's
 timeout and retries; a reranker that fails or answers in another shape fails the search (the model reads `Search
-unavailable: ...`, `tools/errors` counts it). The request and answer are Search-R1's
+unavailable: ...`, `tools/errors` counts it). Overrides without `retriever.topk` keep the preset's
+`retrieval.reranker.candidates` (20) where Search-R1 would retrieve its default 3; a whole script's translation takes
+that default. The request and answer are Search-R1's
 (`{{"queries", "documents", "rerank_topk", "return_scores"}}` → `{{"result": [[{{"document": "(Title: ...) ...",
 "score"}}]]}}`), so the model sees the same bytes as under Search-R1. Differences: sr1 sends one query per request
 (Search-R1's server scores every query of a request against every document of the request, so a batch could mix
