@@ -108,7 +108,8 @@ def plan_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def split_across_ranks(lengths: list[int], world_size: int) -> list[list[int]]:
-    """Assign sequences to ranks balancing tokens (longest first onto the least-loaded rank)."""
+    """Assign sequences to ranks balancing tokens (longest first onto the least-loaded rank); any number of ranks,
+    some possibly empty (learner/minibatches.py says why single trajectories, not groups)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     shares: list[list[int]] = [[] for _ in range(world_size)]
     loads = [0] * world_size

@@ -112,7 +112,12 @@ class LearnerConfig(BaseModel):
         "decoupled, ...}.",
     )
     # -- execution
-    num_ranks: int = Field(1, ge=1, description="Learner ranks (FSDP2 shards).")
+    num_ranks: int = Field(
+        1,
+        ge=1,
+        description="Learner ranks (FSDP2 shards); any number for any groups_per_step: each mini-batch's "
+        "trajectories are dealt to the ranks balanced by tokens (learner/minibatches.py).",
+    )
     num_engines: int | None = Field(
         None,
         ge=0,
@@ -191,10 +196,6 @@ class LearnerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _invariants(self) -> LearnerConfig:
-        if self.groups_per_step % self.num_ranks:
-            raise ValueError(
-                f"groups_per_step ({self.groups_per_step}) must be divisible by num_ranks ({self.num_ranks})"
-            )
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})"

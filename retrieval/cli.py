@@ -12,6 +12,10 @@ Search-R1's spellings work too: `retrieval_server.py`'s flags (`--index_path --c
 
     python -m retrieval.cli serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
         --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu
+
+and `retrieval_rerank_server.py`'s (`--retrieval_topk 10 --reranking_topk 3 --reranker_model DIR
+--reranker_batch_size 32`): the server retrieves 10 candidates per query and its cross-encoder keeps 3; it also
+answers POST /rerank.
 """
 
 from __future__ import annotations
@@ -77,6 +81,19 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="Put the faiss index on the GPUs (sr1's default).",
     )
+    serve.add_argument(
+        "--reranker_model",
+        help="Search-R1's retrieval_rerank_server.py flag: a cross-encoder (retrieval.reranker.enabled, .model).",
+    )
+    serve.add_argument(
+        "--retrieval_topk",
+        type=int,
+        help="With --reranker_model: first-stage candidates per query (retrieval.reranker.candidates).",
+    )
+    serve.add_argument(
+        "--reranking_topk", type=int, help="With --reranker_model: documents kept per query (retrieval.topk)."
+    )
+    serve.add_argument("--reranker_batch_size", type=int, help="retrieval.reranker.batch_size.")
     serve.add_argument("--host", help="Bind address (default 127.0.0.1).")
     serve.add_argument("--port", type=int, help="Bind port (0: any free port, printed when listening).")
     serve.add_argument("--topk", type=int, help="Default documents per query.")
@@ -177,6 +194,16 @@ def load_retrieval_config(args: argparse.Namespace) -> Any:
         data["batching"] = False
     if args.encoder:
         data.setdefault("encoder", {})["model"] = args.encoder
+    reranker = {
+        "model": getattr(args, "reranker_model", None),
+        "candidates": getattr(args, "retrieval_topk", None),
+        "batch_size": getattr(args, "reranker_batch_size", None),
+    }
+    if reranker["model"]:
+        reranker["enabled"] = True
+    data.setdefault("reranker", {}).update({k: v for k, v in reranker.items() if v is not None})
+    if getattr(args, "reranking_topk", None) is not None:
+        data["topk"] = args.reranking_topk
     try:
         return RetrievalConfig.model_validate(data)
     except Exception as exc:

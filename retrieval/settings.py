@@ -76,14 +76,32 @@ class EncoderConfig(BaseModel):
 
 
 class RerankerConfig(BaseModel):
-    """A cross-encoder that re-orders each query's own candidate list."""
+    """Reranking each query's own candidate list: a cross-encoder in the retrieval server (`model`), or a remote
+    `/rerank` endpoint speaking Search-R1's rerank API that the generators call (`url`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(False, description="Rerank the first-stage candidates before returning top-k.")
-    model: str = Field("", description="HF directory of a sequence-classification cross-encoder.")
+    enabled: bool = Field(
+        False, description="Rerank the first-stage candidates before a search returns its top-k."
+    )
+    model: str = Field(
+        "",
+        description="HF directory of a sequence-classification cross-encoder the retrieval server loads: it reranks "
+        "the server's searches (unless `url` is set) and answers POST /rerank.",
+    )
+    url: str | None = Field(
+        None,
+        description="A /rerank endpoint speaking Search-R1's rerank API (its rerank_server.py on port 6980, or an "
+        "sr1 retrieval server with a `model`): the generators ask /retrieve for `candidates` documents and keep the "
+        "best retrieval.topk in this endpoint's order; with the retrieval client's timeout and retries. None: rerank "
+        "in the retrieval server with `model`.",
+    )
     candidates: int = Field(
-        20, ge=1, le=1000, description="First-stage candidates per query fed to the reranker."
+        20,
+        ge=1,
+        le=1000,
+        description="First-stage candidates per query fed to the reranker (Search-R1: retriever.topk when it "
+        "reranks).",
     )
     batch_size: int = Field(64, ge=1, description="(query, passage) pairs per forward pass.")
     max_length: int = Field(512, ge=8, description="Longest (query, passage) input in tokens.")
@@ -202,6 +220,11 @@ class RetrievalConfig(BaseModel):
         return name
 
     @property
+    def reranks_searches(self) -> bool:
+        """Whether the retrieval server reranks its own searches with its cross-encoder (no remote `url`)."""
+        return self.reranker.enabled and bool(self.reranker.model) and self.reranker.url is None
+
+    @property
     def serves_locally(self) -> bool:
         """`is_local_method(self.method)`: a local index over a corpus, served by a retrieval server process."""
         return is_local_method(self.method)
@@ -210,10 +233,23 @@ class RetrievalConfig(BaseModel):
     def _check(self) -> RetrievalConfig:
         if self.topk > self.max_topk:
             raise ValueError(f"retrieval.topk ({self.topk}) must be <= retrieval.max_topk ({self.max_topk})")
-        if self.reranker.enabled and not self.reranker.model:
-            raise ValueError("retrieval.reranker.enabled is true but retrieval.reranker.model is empty")
-        if self.reranker.enabled and self.reranker.candidates < self.topk:
+        reranker = self.reranker
+        if reranker.enabled and not reranker.model and reranker.url is None:
             raise ValueError(
-                f"retrieval.reranker.candidates ({self.reranker.candidates}) must be >= retrieval.topk ({self.topk})"
+                "retrieval.reranker.enabled is true but neither retrieval.reranker.model (a cross-encoder the "
+                "retrieval server loads) nor retrieval.reranker.url (a /rerank endpoint; Search-R1's reranker.url) is "
+                "set"
             )
+        if reranker.enabled and reranker.candidates < self.topk:
+            raise ValueError(
+                f"retrieval.reranker.candidates ({reranker.candidates}) must be >= retrieval.topk ({self.topk})"
+            )
+        if reranker.enabled and reranker.url is not None and reranker.candidates > self.max_topk:
+            raise ValueError(
+                f"retrieval.reranker.candidates ({reranker.candidates}) must be <= retrieval.max_topk "
+                f"({self.max_topk}): the generators ask /retrieve for that many documents before reranking them "
+                "remotely"
+            )
+        if reranker.url is not None and not reranker.url.startswith(("http://", "https://")):
+            raise ValueError(f"retrieval.reranker.url must be an http(s) URL, got {reranker.url!r}")
         return self

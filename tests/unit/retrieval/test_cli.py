@@ -89,3 +89,13 @@ def test_search_r1_retrieval_server_flags_and_keys_are_aliases(tmp_path):
         load_retrieval_config(parse_args(["serve", "search_url=http://x:1/r", "topk=2"])).url
         == "http://x:1/r"
     )
+
+
+def test_search_r1_rerank_server_flags_are_aliases(tmp_path):
+    """retrieval_launch_hierarchical.sh's command: retrieve 10 candidates, rerank, keep 3."""
+    argv = ["serve", "--retriever_name", "bm25", "--retrieval_topk", "10", "--reranking_topk", "3"]
+    argv += ["--reranker_model", str(tmp_path / "xenc"), "--reranker_batch_size", "32"]
+    cfg = load_retrieval_config(parse_args(argv))
+    assert cfg.reranks_searches and cfg.reranker.model == str(tmp_path / "xenc")
+    assert (cfg.reranker.candidates, cfg.topk, cfg.reranker.batch_size) == (10, 3, 32)
+    assert not load_retrieval_config(parse_args(["serve", "--retrieval_topk", "10"])).reranker.enabled

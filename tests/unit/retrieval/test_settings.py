@@ -11,7 +11,8 @@ def test_defaults_are_the_embedded_cpu_run():
 
 
 def test_every_field_is_documented():
-    for model in (RetrievalConfig, RetrievalConfig.model_fields["encoder"].annotation):
+    fields = RetrievalConfig.model_fields
+    for model in (RetrievalConfig, fields["encoder"].annotation, fields["reranker"].annotation):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no description"
 
@@ -19,8 +20,17 @@ def test_every_field_is_documented():
 def test_validation_names_the_numbers():
     with pytest.raises(ValidationError, match=r"topk \(7\) must be <= retrieval.max_topk \(5\)"):
         RetrievalConfig(topk=7, max_topk=5)
-    with pytest.raises(ValidationError, match="reranker.model is empty"):
+    with pytest.raises(
+        ValidationError, match="neither retrieval.reranker.model .* nor retrieval.reranker.url"
+    ):
         RetrievalConfig(reranker={"enabled": True})
+    remote = {"enabled": True, "url": "http://h:6980/rerank"}
+    with pytest.raises(ValidationError, match=r"candidates \(200\) must be <= retrieval.max_topk \(100\)"):
+        RetrievalConfig(reranker=remote | {"candidates": 200})
+    with pytest.raises(ValidationError, match=r"candidates \(2\) must be >= retrieval.topk \(3\)"):
+        RetrievalConfig(reranker=remote | {"candidates": 2})
+    with pytest.raises(ValidationError, match="reranker.url must be an http"):
+        RetrievalConfig(reranker=remote | {"url": "h:6980/rerank"})
     with pytest.raises(ValidationError, match="extra"):
         RetrievalConfig(topK=3)
 
@@ -40,3 +50,11 @@ def test_registry_says_which_methods_serve_a_local_index():
     assert not RetrievalConfig(method="brave").serves_locally
     with pytest.raises(ValueError, match="known methods: bm25, dense"):
         is_local_method("pyserini")
+
+
+def test_who_reranks():
+    local = RetrievalConfig(reranker={"enabled": True, "model": "/models/xenc"})
+    remote = RetrievalConfig(reranker={"enabled": True, "url": "http://h:6980/rerank"})
+    both = RetrievalConfig(reranker={"enabled": True, "model": "/models/xenc", "url": "http://h:8000/rerank"})
+    assert local.reranks_searches and not remote.reranks_searches and not both.reranks_searches
+    assert not RetrievalConfig(reranker={"model": "/models/xenc"}).reranks_searches  # not enabled
