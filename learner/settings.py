@@ -191,10 +191,6 @@ class LearnerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _invariants(self) -> LearnerConfig:
-        if self.groups_per_step % self.num_ranks:
-            raise ValueError(
-                f"groups_per_step ({self.groups_per_step}) must be divisible by num_ranks ({self.num_ranks})"
-            )
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})"
