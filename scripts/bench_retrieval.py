@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"{name}: batched ({workers} worker(s)) / baseline queries/s at concurrency {top}: "
             f"{entry[f'ratio_qps_c{top}']}x"
-            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if workers > 1 else "")
+            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if "batched_1_worker" in entry else "")
         )
     if args.curve:
         report["retrieval_curves"] = {

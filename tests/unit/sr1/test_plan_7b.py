@@ -33,7 +33,9 @@ def test_the_7b_memory_plan_fits_an_h100(preset):
         chunk_tokens=learner.logprob_chunk_tokens,
         **flags,
     )
-    check_micro_batch_fits(memory, learner.micro_batch_tokens, H100_BYTES, "H100", learner.gradient_checkpointing)
+    check_micro_batch_fits(
+        memory, learner.micro_batch_tokens, H100_BYTES, "H100", learner.gradient_checkpointing
+    )
     profile = load_profile("qwen2.5-7b-h100")
     assert profile.params_billion.value * 1e9 == pytest.approx(QWEN_7B.parameters, rel=1e-3)
     h100 = gpu_kind("h100")
@@ -67,7 +69,9 @@ def test_the_planners_activation_figure_is_the_learners_estimate():
             reference=True,
         )
         state = (16 + 4) * QWEN_7B.parameters / ranks
-        assert (memory.peak(16384) - state) / GIB == pytest.approx(profile.learner.activation_gib.value, abs=0.1)
+        assert (memory.peak(16384) - state) / GIB == pytest.approx(
+            profile.learner.activation_gib.value, abs=0.1
+        )
 
 
 @pytest.mark.parametrize("preset", PRESETS)

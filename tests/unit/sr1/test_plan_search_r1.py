@@ -48,7 +48,9 @@ def test_one_turn_without_searches_matches_the_closed_form():
     result = search_r1_step(pipe, profile, H100, gpus=8, reference=True, critic=False, steps=2)
     n, params, flops = 320, profile.params_billion.value * 1e9, 8 * PEAK * sr.trainer_mfu.value
     tokens = n * 300
-    generation = (n / 8) * 100 / profile.generator.tokens_per_s.at(n // 8)  # 40 sequences of 100 tokens per engine
+    generation = (
+        (n / 8) * 100 / profile.generator.tokens_per_s.at(n // 8)
+    )  # 40 sequences of 100 tokens per engine
     expected = {
         "generation": generation,
         "generate calls": sr.generate_call_s.value,
@@ -93,12 +95,16 @@ def test_the_shipped_profile_reproduces_search_r1s_published_step():
 
 
 def test_the_fit_finds_the_mfu_that_gives_the_target_step():
-    cfg = load_config("search-r1-grpo-8xh100", ["learner.groups_per_step=32", "learner.ppo_mini_batch_size=32"])
+    cfg = load_config(
+        "search-r1-grpo-8xh100", ["learner.groups_per_step=32", "learner.ppo_mini_batch_size=32"]
+    )
     profile = load_profile("qwen2.5-3b-h100")
     pipe = pipeline(cfg, engines=8, ranks=8, max_staleness=0)
     step = search_r1_step(pipe, profile, H100, gpus=8, reference=True, critic=False, steps=2).step_s
     target = step + 10.0  # a slower trainer
-    fitted = fit_trainer_mfu(pipe, profile, H100, gpus=8, target_s=target, reference=True, critic=False, steps=2)
+    fitted = fit_trainer_mfu(
+        pipe, profile, H100, gpus=8, target_s=target, reference=True, critic=False, steps=2
+    )
     assert fitted.search_r1.trainer_mfu.value < profile.search_r1.trainer_mfu.value
     again = search_r1_step(pipe, fitted, H100, gpus=8, reference=True, critic=False, steps=2).step_s
     assert again == pytest.approx(target, rel=2e-3)  # the MFU is rounded to 4 digits

@@ -185,9 +185,7 @@ def test_groups_that_do_not_divide_the_ranks_wait_for_the_slowest_rank():
     assert deal_by_tokens([5, 4, 3, 3, 3], 2) == [8, 10]  # largest first, each to the least loaded rank
     result = simulate(pipe(ranks=2, groups_per_step=3), fixed_profile(), steps=6, warmup=1)
     group = 4 * (PROMPT + TURN)
-    assert result.step_s == pytest.approx(
-        12 * TURN / T + 2 * group / LEARNER + OVERHEAD_S + SYNC_S, rel=1e-9
-    )
+    assert result.step_s == pytest.approx(12 * TURN / T + 2 * group / LEARNER + OVERHEAD_S + SYNC_S, rel=1e-9)
 
 
 def _searching(**figures: float) -> Profile:
