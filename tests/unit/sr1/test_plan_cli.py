@@ -272,6 +272,13 @@ def test_the_table_compares_every_split_with_search_r1_as_it_runs(capsys):
     assert "vs Search-R1 as it runs" in out and "vs colocated sync" in out
     assert "Search-R1 as it runs (veRL's synchronous multi-turn loop on all 8 GPUs" in out
     assert "calibrated: search_r1.trainer_mfu = " in out
+    slow_worker = ["--figure", "generator.worker_tokens_per_s=2000"]
+    assert (
+        sr1_main(["plan", "qwen2.5-3b-8xh100", *SMALL_QWEN, *H100_3B, "--bounds", "0", *slow_worker, *QUICK])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "worker-bound: with 1 gen / 7 learn" in out and "(2,000 tokens/s" in out
 
 
 def test_a_retrieval_curve_from_a_bench_or_inline_makes_searches_queue(capsys, tmp_path):
