@@ -139,7 +139,7 @@ def print_plan(plan: Plan, console=None) -> None:
         console.print(f"{label}: excluded: {why}")
     if plan.colocated is not None:
         console.print(
-            f"colocated synchronous baseline (Search-R1's layout: all {plan.gpus} GPUs generate, then all train): "
+            f"colocated synchronous baseline (sr1's engines and learner on all {plan.gpus} GPUs: generate, then train): "
             f"{plan.colocated.steps_per_hour:,.1f} steps/h ({plan.colocated.step_s:.2f} s/step)"
         )
     else:

@@ -147,7 +147,8 @@ def make_plan(
 
 
 def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warmup: int, seed: int) -> None:
-    """Search-R1's layout: all GPUs generate, then all train; both models must fit on every GPU."""
+    """The colocated synchronous layout, with sr1's engines and learner: all GPUs generate, then all train; both
+    models must fit on every GPU."""
     profile, gpus = plan.profile, plan.gpus
     if hardware.memory_gib is not None:
         need = learner_memory_gib(profile, gpus, **flags) + engine_memory_gib(profile, tp)
