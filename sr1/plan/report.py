@@ -153,7 +153,8 @@ def print_plan(plan: Plan, console=None) -> None:
             f"[bold]recommended: {rec.generator_gpus} generator GPU(s), {rec.learner_gpus} learner GPU(s), "
             f"max_staleness {rec.max_staleness}: {rec.result.steps_per_hour:,.1f} steps/h[/bold] "
             f"({_ratio(rec.speedup_vs_sync_split)} its synchronous run, {_ratio(rec.speedup_vs_colocated)} the "
-            f"colocated synchronous baseline, {_ratio(rec.speedup_vs_search_r1)} Search-R1 as it runs)"
+            "colocated synchronous baseline"
+            + (f", {_ratio(rec.speedup_vs_search_r1)} Search-R1 as it runs)" if plan.search_r1 else ")")
         )
     if (
         rec is not None
