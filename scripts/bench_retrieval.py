@@ -11,12 +11,19 @@ several workers, it also measures one worker at concurrency 128 (what batching a
     python scripts/bench_retrieval.py            # full: 100k passages (indexes cached in --cache-dir)
     python scripts/bench_retrieval.py --quick    # a couple of minutes
     python scripts/bench_retrieval.py --json     # one JSON object with every figure
+    python scripts/bench_retrieval.py --curve 1,2,4,8,16,32,64,128 --json > retrieval.json   # for `sr1 plan`
+
+`--curve` measures requests/s at each concurrency for both servers of each method and adds `retrieval_curves`
+(`bm25/naive`, `bm25/batched`, `dense_flat/naive`, `dense_flat/batched`: [[clients, requests/s], ...]) to the
+output: `sr1 plan --retrieval-bench retrieval.json --retrieval-server dense_flat/naive` simulates searches queueing
+at that server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import itertools
 import json
 import os
@@ -212,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--duration", type=float, help="Seconds per measurement (default 6; quick 2.5).")
     p.add_argument("--concurrency", default="1,16,128", help="Comma-separated client concurrencies.")
+    p.add_argument(
+        "--curve",
+        default=None,
+        metavar="N,...",
+        help="Measure requests/s at each of these concurrencies for both servers and add the curves `sr1 plan "
+        "--retrieval-bench` reads (replaces --concurrency).",
+    )
     p.add_argument("--methods", default="bm25,dense", help="Comma-separated: bm25, dense.")
     p.add_argument("--topk", type=int, default=3)
     p.add_argument(
@@ -227,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     n_bm25 = args.passages or (20_000 if args.quick else 100_000)
     n_dense = args.dense_passages or (20_000 if args.quick else 100_000)
     duration = args.duration or (2.5 if args.quick else 6.0)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = _levels(args.curve or args.concurrency, "--curve" if args.curve else "--concurrency", p)
     methods = args.methods.split(",")
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     n_full = min(n_dense, args.dense_full_passages or (2_000 if args.quick else 10_000))
@@ -246,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_at_start": round(os.getloadavg()[0], 2),
         "torch_threads": args.torch_threads,
         "baseline": "same retriever in one process, each request encoded and searched on its own in a 40-thread pool",
+        "date": datetime.datetime.now().isoformat(timespec="minutes"),
+        "machine": _machine(),
         "methods": {},
     }
     for method in methods:
@@ -269,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         # the baseline is one process, as Search-R1's server; ours runs its default worker count, and when that is
         # more than one, also a single worker at the top concurrency, to show what batching alone gives
         modes = [("baseline", False, 1, levels), ("batched", True, 0, levels)]
-        if workers > 1:
+        if workers > 1 and not args.curve:
             modes.append(("batched_1_worker", True, 1, levels[-1:]))
         for mode, batching, n_workers, mode_levels in modes:
             proc, url = start_server(method, corpus, index, batching, args.torch_threads, n_workers)
@@ -298,8 +314,14 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"{name}: batched ({workers} worker(s)) / baseline queries/s at concurrency {top}: "
             f"{entry[f'ratio_qps_c{top}']}x"
-            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if workers > 1 else "")
+            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if "batched_1_worker" in entry else "")
         )
+    if args.curve:
+        report["retrieval_curves"] = {
+            f"{name}/{label}": [[c, e[mode][str(c)]["qps"]] for c in levels]
+            for name, e in report["methods"].items()
+            for label, mode in (("naive", "baseline"), ("batched", "batched"))
+        }
     top = str(max(levels))
     report["target"] = f">= 3x baseline queries/s at concurrency {top}"
     report["load_avg_at_end"] = round(os.getloadavg()[0], 2)
@@ -323,7 +345,33 @@ def main(argv: list[str] | None = None) -> int:
                     f"{e[f'ratio_qps_c{top}_1_worker']}x"
                 )
         print(f"target {report['target']}: {'met' if report['target_met'] else 'NOT met'}")
+        for name, points in report.get("retrieval_curves", {}).items():
+            print(
+                f"curve {name}: " + ", ".join(f"{c}:{qps:g}" for c, qps in points) + " (clients:requests/s)"
+            )
     return 0
+
+
+def _levels(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
+    """Concurrency levels, increasing, each >= 1 (the parser's error names the flag otherwise)."""
+    try:
+        levels = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected comma-separated integers (1,4,16,64)")
+    if not levels or levels != sorted(set(levels)) or levels[0] < 1:
+        parser.error(f"{flag} {text!r}: expected distinct, increasing concurrencies >= 1")
+    return levels
+
+
+def _machine() -> str:
+    """The CPU model, as `lscpu` names it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from config.cli import reference_rows
 @pytest.mark.parametrize("preset", list_presets())
 def test_every_preset_loads(preset):
     cfg = load_config(preset)
+    assert cfg.learner.groups_per_step >= cfg.learner.num_ranks  # every rank gets a group (dealt by tokens)
     assert cfg.model.max_prompt_tokens + cfg.generators.max_response_tokens <= cfg.model.max_seq_len
 
 
@@ -90,6 +91,8 @@ def test_any_number_of_learner_ranks_takes_any_batch():
 
 
 def test_invariants_carry_the_numbers():
+    with pytest.raises(ConfigError, match=r"warmup_steps \(50\) must be <= total_steps \(10\)"):
+        load_config("tiny", ["learner.warmup_steps=50", "learner.total_steps=10"])
     with pytest.raises(ConfigError, match=r"= 1192 exceeds model.max_seq_len \(512\)"):
         load_config("tiny", ["generators.max_response_tokens=1000"])
     with pytest.raises(ConfigError, match=r"micro_batch_tokens \(100\) must be >= model.max_seq_len \(512\)"):
