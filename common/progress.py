@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 INTERVAL_S = 10.0  # the longest a phase stays silent without a terminal
@@ -51,6 +52,7 @@ class PhaseProgress:
         stream: TextIO | None = None,
         terminal: bool | None = None,
         enabled: bool = True,
+        printer: Callable[[str], None] | None = None,
         clock: Any = time.monotonic,
     ):
         self.name, self.total, self.unit, self.expected_s = name, total, unit, expected_s
@@ -58,6 +60,7 @@ class PhaseProgress:
         self.stream = stream if stream is not None else sys.stdout
         self.terminal = self.stream.isatty() if terminal is None else terminal
         self.enabled = enabled
+        self.printer = printer  # how a plain line is printed (default: to `stream`)
         self.clock = clock
         self.completed = 0
         self.note = ""  # a short extra field shown after the count (e.g. the loss)
@@ -117,7 +120,10 @@ class PhaseProgress:
         self.update(advance=steps, note=note)
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        if self.printer is not None:
+            self.printer(text)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -4,8 +4,9 @@
     sr1 run tiny learner.max_staleness=0     # the synchronous baseline, same report
     sr1 run --resume runs/tiny-20261121-231500
 
-Order: tiny world (if the model is `tiny`) -> Redis (embedded unless buffer.redis_url) -> retrieval server ->
-generator workers -> greedy evaluation before training -> learner -> live view -> evaluation after -> report.
+Order: tiny world (if the model is `tiny`) -> Redis (embedded unless buffer.redis_url) -> retrieval server and
+generator workers, side by side -> greedy evaluation before training -> learner -> live view -> evaluation after ->
+report. Each phase says what it is waiting for and about how long is left.
 
 Every part is supervised: a dead Redis, retrieval server, generator or learner is restarted with back-off (the
 learner with `--resume`; the others ride out the gap), and the run fails with the dead part's last log lines only
@@ -41,6 +42,9 @@ from sr1.preflight import BadInput, check_inputs
 RUNS_ROOT = Path("runs")
 EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")  # built by `sr1 run` itself (see _with_embedded_world)
 _OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
+# typical times on a 2-core CPU for the tiny preset: the progress lines' "about N s left" before anything is measured
+ENGINE_START_S = 30.0
+EVAL_S = 25.0
 T = TypeVar("T")
 
 
@@ -99,6 +103,9 @@ class Orchestrator:
         self.started = time.monotonic()
         self.view = None
         self.inputs_checked = False
+        self._eval_s = (
+            EVAL_S  # what an evaluation is expected to take (the last one's time, once there was one)
+        )
 
     # -- set-up -------------------------------------------------------------------------------------------------
 
@@ -192,7 +199,8 @@ class Orchestrator:
         log_path = self.run_dir / "logs" / f"{name}.log"
         return self.supervisor.start(Child(name, cmd, log_path, restart=restart))
 
-    def start_retrieval(self) -> None:
+    def launch_retrieval(self) -> None:
+        """Start the run's retrieval server (when it serves locally); `wait_for_retrieval` waits for its health."""
         if not self.cfg.retrieval.serves_locally:
             return  # online engines need no local server
         job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
@@ -200,25 +208,50 @@ class Orchestrator:
         self._child(
             "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), RestartPolicy()
         )
+
+    def wait_for_retrieval(self) -> None:
+        if not self.cfg.retrieval.serves_locally:
+            return
         health = self.cfg.retrieval.url.rsplit("/", 1)[0] + "/health"
         self.supervisor.wait_until(
             lambda: http_ok(health), timeout_s=self.startup_timeout_s, what="the retrieval server"
         )
 
-    def start_generators(self) -> None:
+    def start_retrieval(self) -> None:
+        self.launch_retrieval()
+        self.wait_for_retrieval()
+
+    def launch_generators(self) -> None:
+        """Start the generator workers; `wait_for_generators` waits until each heartbeats (its engine is up)."""
         from sr1.launch.pools import generator_children
 
-        wanted = self.cfg.generators.num_engines
-        for child in generator_children(self.cfg, wanted, "generator-", logs=True):
-            child.restart = (
-                RestartPolicy()
-            )  # a restarted worker takes back its leases and waits for the weights
+        for child in generator_children(self.cfg, self.cfg.generators.num_engines, "generator-", logs=True):
+            # a restarted worker takes back its leases and waits for the weights
+            child.restart = RestartPolicy()
             self.supervisor.start(child)
+
+    def wait_for_generators(self) -> None:
+        wanted = self.cfg.generators.num_engines
         self.supervisor.wait_until(
             lambda: self._riding_out_redis(lambda: self._count_generators() >= wanted),
             timeout_s=self.startup_timeout_s,
             what=f"{wanted} generator worker(s) to heartbeat",
         )
+
+    def start_generators(self) -> None:
+        self.launch_generators()
+        self.wait_for_generators()
+
+    def start_serving(self) -> None:
+        """The retrieval server and the generator workers, started side by side: an engine needs the server only
+        when it first searches, and its start (processes, imports, weights, KV cache) is most of the wait."""
+        engines = self.cfg.generators.num_engines
+        what = f"starting the retrieval server and {engines} vLLM engine(s)"
+        with self.view.phase(what, expected_s=ENGINE_START_S):
+            self.launch_retrieval()
+            self.launch_generators()
+            self.wait_for_retrieval()
+            self.wait_for_generators()
 
     def _count_generators(self) -> int:
         return sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
@@ -241,8 +274,12 @@ class Orchestrator:
         from learner.tracking import Tracker
 
         evals = Evaluations(self.buffer, self.cfg.eval, self.run_dir)
-        eval_id = self._riding_out_redis(lambda: evals.request(step))
-        result = self._riding_out_redis(lambda: evals.wait(eval_id, self.startup_timeout_s))
+        what = f"evaluating the policy at version {step} (greedy, test split)"
+        started = time.monotonic()
+        with self.view.phase(what, expected_s=self._eval_s):
+            eval_id = self._riding_out_redis(lambda: evals.request(step))
+            result = self._riding_out_redis(lambda: evals.wait(eval_id, self.startup_timeout_s))
+        self._eval_s = time.monotonic() - started  # the next evaluation's estimate
         tracker = Tracker(
             self.run_dir, self.cfg.logging
         )  # metrics.jsonl and wandb, as the learner's evaluations
@@ -291,12 +328,8 @@ class Orchestrator:
         self.prepare()
         self.view = view = self.make_view()
         view.log(f"run directory: {self.run_dir}")
-        view.log("starting retrieval server")
-        self.start_retrieval()
-        view.log(f"starting {self.cfg.generators.num_engines} generator worker(s) (vLLM)")
-        self.start_generators()
+        self.start_serving()
         if not any(e["step"] == 0 for e in self.evals):
-            view.log("evaluating the initial policy (greedy, test split)")
             first = self.evaluate(0)
             view.log(f"test EM before: {first['eval/em']:.3f}")
         view.log("starting learner")

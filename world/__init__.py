@@ -117,6 +117,8 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
             "--sizes",
             json.dumps(sizes),
         ] + ([] if progress else ["--quiet"])
+        if progress:
+            print(f"[tiny world] building seed {seed} into {out_dir} (once per seed and size)", flush=True)
         subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True)
         if not marker_path.exists():
             raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")
