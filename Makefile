@@ -11,7 +11,8 @@ PYTEST_ARGS ?=
 setup:
 	@SR1_VENV=$(VENV) $(PYTHON) scripts/setup_env.py
 
-run: setup  ## the main job: `sr1 run` on the embedded tiny default (ARGS="learner.max_staleness=0" ...)
+run:  ## the main job: `sr1 run` on the embedded tiny default (ARGS="learner.max_staleness=0" ...)
+	@SR1_VENV=$(VENV) $(PYTHON) scripts/setup_env.py --world '$(ARGS)'  # a fresh install builds the world meanwhile
 	$(VENV)/bin/sr1 run $(ARGS)
 
 test: setup  ## the whole test suite, slow integration tests included

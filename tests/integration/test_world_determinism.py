@@ -67,7 +67,7 @@ def data_checksums(world) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def default_world():
-    from sr1.run import RUNS_ROOT
+    from sr1.embedded import RUNS_ROOT
     from world import build_world
 
     return build_world(RUNS_ROOT / ".world-cache" / f"seed{SEED}", seed=SEED, progress=False)

@@ -166,3 +166,45 @@ def test_a_second_run_with_nothing_changed_installs_nothing(setup_env, tmp_path)
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "installing" not in proc.stdout and "[setup] redis-server:" in proc.stdout
+
+
+def test_make_run_builds_the_world_while_uv_installs_what_only_the_run_needs(
+    setup_env, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(setup_env.shutil, "which", lambda name: "/usr/bin/uv" if name == "uv" else None)
+    runner = FakeRunner(setup_env)
+    setup, out = make_setup(setup_env, tmp_path, runner)
+    events: list[str] = []
+
+    class FakeWorld:
+        proc = None
+
+        def start(self, reporter):
+            events.append(f"world starts after {len(runner.commands)} commands")
+
+        def wait(self, reporter, plan):
+            events.append(f"world waited for after {len(runner.commands)} commands")
+            return True
+
+    assert setup.install(FakeWorld()) == "uv"
+    dry_run, base, extras = runner.commands
+    assert (
+        base[-2:] == ["-e", str(setup_env.ROOT)] and "--constraints" in base
+    )  # the project's own dependencies
+    assert extras[-2:] == ["-e", f"{setup_env.ROOT}[cpu,dev]"]
+    assert events == ["world starts after 2 commands", "world waited for after 3 commands"]
+
+
+def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_env, tmp_path):
+    script = tmp_path / "python"  # stands in for the venv's python: records its arguments
+    script.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nexit 3\n')
+    script.chmod(0o755)
+    out = io.StringIO()
+    reporter = setup_env.Reporter(out, terminal=True, interval_s=60)
+    world = setup_env.WorldBuild(str(script), ["seed=101"], tmp_path / "build.log", terminal=True)
+    world.start(reporter)
+    assert (
+        world.wait(reporter, setup_env.Plan(["world"])) is False
+    )  # it failed: sr1 run builds the world instead
+    assert (tmp_path / "args").read_text().split() == ["-m", "sr1", "world", "seed=101"]
+    assert "`sr1 run` builds it instead" in out.getvalue() and "build.log" in out.getvalue()
