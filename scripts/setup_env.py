@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from common.progress import format_seconds  # noqa: E402 - standard library only, like this script
+
 CONSTRAINTS = ROOT / "scripts" / "cpu-constraints.txt"
 TORCH_CPU = "torch==2.13.0"
 UV_VERSION = "0.13.9"
@@ -65,11 +68,6 @@ class StepFailed(RuntimeError):
 
 
 # -- progress -------------------------------------------------------------------------------------------------
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60} s"
 
 
 @dataclass
