@@ -42,21 +42,17 @@ def test_the_tiny_presets_engine_options_reach_vllm(tiny_model_dir, tiny_engine,
     assert config.scheduler_config.max_num_seqs == tiny_engine.max_num_seqs
 
 
-def test_the_environment_and_extra_args_win(tiny_model_dir, tiny_engine, monkeypatch):
+def test_the_environment_and_extra_args_win_and_without_enforce_eager_vllm_would_compile(
+    tiny_model_dir, tiny_engine, monkeypatch
+):
+    from vllm.config import CompilationMode
+
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
-    cfg = tiny_engine.model_copy(update={"extra_args": {"max_num_seqs": 7}})
+    cfg = tiny_engine.model_copy(update={"enforce_eager": False, "extra_args": {"max_num_seqs": 7}})
     config = vllm_config(engine_args(str(tiny_model_dir), cfg, dtype="float32", max_model_len=512, cpu=True))
     assert config.cache_config.kv_cache_memory_bytes == 2 * GIB
     assert config.scheduler_config.max_num_seqs == 7
-
-
-def test_without_enforce_eager_vllm_would_compile(tiny_model_dir, tiny_engine):
-    """The other side of the first test: the option is what turns compilation off."""
-    from vllm.config import CompilationMode
-
-    cfg = tiny_engine.model_copy(update={"enforce_eager": False})
-    config = vllm_config(engine_args(str(tiny_model_dir), cfg, dtype="float32", max_model_len=512, cpu=True))
-    assert config.compilation_config.mode != CompilationMode.NONE
+    assert config.compilation_config.mode != CompilationMode.NONE  # the option is what turns compiling off
 
 
 def test_gpu_builds_get_no_kv_cache_bytes(tiny_engine):
