@@ -58,7 +58,7 @@ LEFT_OUT = UNLOADABLE + NOT_ON_CPU
 INTERVAL_S = 10.0
 # how long each step took on the project's 2-core VM with nothing cached (seconds): the "time left" estimates
 EXPECTED_S = {
-    "venv": 5, "uv": 5, "locate torch": 6, "uv install": 75, "uv base": 45, "uv extras": 35, "world": 70,
+    "uv": 5, "locate torch": 6, "uv install": 75, "uv base": 45, "uv extras": 35, "world": 70,
     "pip torch": 60, "pip install": 200,
 }  # fmt: skip
 
@@ -91,7 +91,6 @@ class Reporter:
         self.stream = stream if stream is not None else sys.stdout
         self.terminal = self.stream.isatty() if terminal is None else terminal
         self.interval_s = interval_s
-        self.started = time.monotonic()
 
     def say(self, text: str) -> None:
         print(f"[setup] {text}", file=self.stream, flush=True)
