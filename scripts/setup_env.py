@@ -56,9 +56,10 @@ UNLOADABLE = ("torchvision", "torchaudio", "torchcodec")
 NOT_ON_CPU = ("triton",)
 LEFT_OUT = UNLOADABLE + NOT_ON_CPU
 INTERVAL_S = 10.0
-# how long each step took on the project's 2-core VM with nothing cached (seconds): the "time left" estimates
+# about how long each step takes on the project's 2-core VM with nothing cached (seconds; measured 2026-11-26,
+# rounded up): the "time left" estimates
 EXPECTED_S = {
-    "uv": 5, "locate torch": 6, "uv install": 75, "uv base": 45, "uv extras": 35, "world": 70,
+    "uv": 3, "locate torch": 3, "uv install": 20, "uv base": 12, "uv extras": 10, "world": 90,
     "pip torch": 60, "pip install": 200,
 }  # fmt: skip
 
