@@ -12,11 +12,10 @@ run needs, so the world is ready when the run starts.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from config import ConfigError, load_config
+from config import ConfigError
 
 RUNS_ROOT = Path("runs")
 EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")
@@ -40,15 +39,12 @@ def build_embedded(model: str, seed: int, *, progress: bool = True) -> tuple[Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sr1 world", description=__doc__.splitlines()[0])
-    parser.add_argument("preset", nargs="?", default="tiny", help="preset name or YAML path (default: tiny)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, as `sr1 run` takes them")
-    args = parser.parse_intermixed_args(argv)
-    if "=" in args.preset:  # `sr1 world seed=3`: the first positional is an override
-        args.overrides.insert(0, args.preset)
-        args.preset = "tiny"
+    """`sr1 world` takes `sr1 run`'s arguments (its run-only flags change nothing here)."""
+    from sr1.run import _resolve, build_parser, parse_args
+
+    args = parse_args(build_parser(prog="sr1 world", description=__doc__.splitlines()[0]), argv)
     try:
-        cfg = load_config(args.preset, args.overrides)
+        cfg, _ = _resolve(args)
     except ConfigError as err:
         print(f"sr1 world: {err}", file=sys.stderr)
         return 2

@@ -20,3 +20,10 @@ def test_a_bad_override_is_named(capsys):
 def test_only_embedded_models_are_built():
     with pytest.raises(ValueError, match="not an embedded model"):
         build_embedded("/models/qwen", 0)
+
+
+def test_it_takes_sr1_runs_flags(capsys):
+    assert (
+        main(["model.path=/models/qwen", "--no-live", "--run-dir", "/tmp/x", "--startup-timeout", "5"]) == 0
+    )
+    assert "nothing to build" in capsys.readouterr().out
