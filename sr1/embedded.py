@@ -1,7 +1,7 @@
-"""The embedded models `sr1 run` builds itself, and `sr1 world`, which builds one ahead of a run.
+"""The embedded models `sr1 run` builds itself (`sr1 world` builds one ahead of a run: `sr1.run.world_main`).
 
     sr1 world                      # the tiny world `sr1 run` would train on (seed 0), built unless cached
-    sr1 world seed=101             # any preset and overrides `sr1 run` takes: the same world that run would use
+    sr1 world seed=101             # any of `sr1 run`'s arguments: the same world that run would use
 
 `tiny` is the tiny world (a warm-started tiny policy on its synthetic knowledge base, `world/`); `tiny-qwen2.5` a
 small random model with Qwen2.5's real tokenizer and chat template on the tiny knowledge base laid out as the
@@ -12,10 +12,7 @@ run needs, so the world is ready when the run starts.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-
-from config import ConfigError
 
 RUNS_ROOT = Path("runs")
 EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")
@@ -36,25 +33,3 @@ def build_embedded(model: str, seed: int, *, progress: bool = True) -> tuple[Pat
         model_dir = build_qwen_shaped(WORLD_CACHE / f"qwen2.5-shaped-seed{seed}", seed=seed)
         return Path(model_dir), build_rehearsal(WORLD_CACHE / f"rehearsal-seed{seed}", seed=seed)
     raise ValueError(f"{model!r} is not an embedded model ({', '.join(EMBEDDED_MODELS)})")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`sr1 world` takes `sr1 run`'s arguments (its run-only flags change nothing here)."""
-    from sr1.run import _resolve, build_parser, parse_args
-
-    args = parse_args(build_parser(prog="sr1 world", description=__doc__.splitlines()[0]), argv)
-    try:
-        cfg, _ = _resolve(args)
-    except ConfigError as err:
-        print(f"sr1 world: {err}", file=sys.stderr)
-        return 2
-    if cfg.model.path not in EMBEDDED_MODELS:
-        print(f"sr1 world: model.path {cfg.model.path!r} is not embedded: nothing to build")
-        return 0
-    model_dir, _ = build_embedded(cfg.model.path, cfg.seed)
-    print(f"sr1 world: {cfg.model.path} (seed {cfg.seed}) ready in {model_dir.parent}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -379,6 +379,22 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(parse_args(build_parser(), argv), Orchestrator)
 
 
+def world_main(argv: list[str] | None = None) -> int:
+    """`sr1 world`: build (or find cached) the embedded world a `sr1 run` with the same arguments would use."""
+    args = parse_args(build_parser(prog="sr1 world", description=world_main.__doc__), argv)
+    try:
+        cfg, _ = _resolve(args)
+    except ConfigError as err:
+        print(f"sr1 world: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if cfg.model.path not in EMBEDDED_MODELS:
+        print(f"sr1 world: model.path {cfg.model.path!r} is not embedded: nothing to build")
+        return 0
+    model_dir, _ = build_embedded(cfg.model.path, cfg.seed)
+    print(f"sr1 world: {cfg.model.path} (seed {cfg.seed}) ready in {model_dir.parent}")
+    return 0
+
+
 def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], **options: Any) -> int:
     """Run an orchestrator (`sr1 run`'s, or `sr1 launch`'s with its `options`) and always stop it; the exit code."""
     command = orchestrator_class.command

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sr1.embedded import build_embedded, main
+from sr1.embedded import build_embedded
+from sr1.run import world_main as main
 
 
 def test_a_model_that_is_not_embedded_needs_no_world(capsys):
@@ -13,7 +14,7 @@ def test_a_model_that_is_not_embedded_needs_no_world(capsys):
 
 
 def test_a_bad_override_is_named(capsys):
-    assert main(["learner.no_such_field=1"]) == 2
+    assert main(["learner.no_such_field=1"]) == 78  # EXIT_BAD_INPUT, as sr1 run
     assert "no_such_field" in capsys.readouterr().err
 
 
