@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "run everything locally: Redis, retrieval, generators, learner (embedded tiny default)",
     ),
     "world": (
-        "sr1.embedded",
+        "sr1.run:world_main",
         "build (or find cached) the embedded world a `sr1 run` with the same arguments uses",
     ),
     "launch": ("sr1.launch.cluster", "run everything on a Ray cluster (RAY_ADDRESS) or a local Ray instance"),

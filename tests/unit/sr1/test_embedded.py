@@ -28,3 +28,10 @@ def test_it_takes_sr1_runs_flags(capsys):
         main(["model.path=/models/qwen", "--no-live", "--run-dir", "/tmp/x", "--startup-timeout", "5"]) == 0
     )
     assert "nothing to build" in capsys.readouterr().out
+
+
+def test_the_sr1_command_dispatches_world(capsys):
+    from sr1.cli import main as sr1
+
+    assert sr1(["world", "model.path=/models/qwen"]) == 0
+    assert "nothing to build" in capsys.readouterr().out
