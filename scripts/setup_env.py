@@ -189,7 +189,11 @@ class WorldBuild:
         reporter.say(
             f"building the tiny world in the background: sr1 world {' '.join(self.args)}{where}".rstrip()
         )
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
+        # SR1_* variables are config overrides to sr1 (pydantic settings): SR1_VENV, this script's, is not one
+        env = {key: value for key, value in os.environ.items() if key != "SR1_VENV"}
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None
+        )
 
     def wait(self, reporter: Reporter, plan: Plan) -> bool:
         """Wait for the build (progress as any step); whether it succeeded."""
