@@ -275,6 +275,8 @@ def warm_start(
     torch.set_num_threads(2)
     torch.manual_seed(seed)
     model_dir = Path(model_dir)
+    if progress:
+        print("[tiny world] the tokenizer and the model", flush=True)
     build_tiny_policy(
         model_dir,
         tokenizer_texts(kb, trajectories),
