@@ -42,7 +42,7 @@ from sr1.preflight import BadInput, check_inputs
 
 _OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
 # typical times on a 2-core CPU for the tiny preset: the progress lines' "about N s left" before anything is measured
-ENGINE_START_S = 30.0
+ENGINE_START_S = 40.0
 EVAL_S = 25.0
 T = TypeVar("T")
 
