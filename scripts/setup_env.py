@@ -1,7 +1,7 @@
 """Create (or reuse) the virtualenv with everything sr1 needs; `make setup`, `make run` and `make test` run it.
 
-    python3 scripts/setup_env.py                    # .venv (SR1_VENV overrides), the cpu or gpu extra plus dev
-    SR1_INSTALLER=pip python3 scripts/setup_env.py  # pip only (the fallback), never uv
+    python3 scripts/setup_env.py                    # .venv (--venv DIR elsewhere), the cpu or gpu extra plus dev
+    python3 scripts/setup_env.py --installer pip    # pip only (the fallback), never uv
     python3 scripts/setup_env.py --write-constraints   # refresh scripts/cpu-constraints.txt from the venv
 
 What it installs, in order (standard library only: it runs before the venv exists):
@@ -189,11 +189,7 @@ class WorldBuild:
         reporter.say(
             f"building the tiny world in the background: sr1 world {' '.join(self.args)}{where}".rstrip()
         )
-        # SR1_* variables are config overrides to sr1 (pydantic settings): SR1_VENV, this script's, is not one
-        env = {key: value for key, value in os.environ.items() if key != "SR1_VENV"}
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None
-        )
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
 
     def wait(self, reporter: Reporter, plan: Plan) -> bool:
         """Wait for the build (progress as any step); whether it succeeded."""
@@ -433,12 +429,12 @@ def ensure_redis(venv_python: str, reporter: Reporter) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("SR1_VENV", ROOT / ".venv")))
+    parser.add_argument("--venv", type=Path, default=ROOT / ".venv")
     parser.add_argument(
         "--installer",
         choices=("auto", "uv", "pip"),
-        default=os.environ.get("SR1_INSTALLER", "auto"),
-        help="auto: uv, falling back to pip (default; SR1_INSTALLER sets it)",
+        default="auto",
+        help="auto: uv, falling back to pip (default; `make setup INSTALLER=pip`)",
     )
     parser.add_argument("--extras", help="default: cpu,dev without a CUDA GPU, gpu,dev with one")
     parser.add_argument("--write-constraints", action="store_true", help="pin the venv's packages and exit")

@@ -195,14 +195,9 @@ def test_make_run_builds_the_world_while_uv_installs_what_only_the_run_needs(
     assert events == ["world starts after 2 commands", "world waited for after 3 commands"]
 
 
-def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_env, tmp_path, monkeypatch):
-    monkeypatch.setenv(
-        "SR1_VENV", "/somewhere/.venv"
-    )  # the script's own variable: sr1 would read it as config
+def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_env, tmp_path):
     script = tmp_path / "python"  # stands in for the venv's python: records its arguments
-    script.write_text(
-        f'#!/bin/sh\necho "$@" > {tmp_path}/args\necho "venv=$SR1_VENV" >> {tmp_path}/args\nexit 3\n'
-    )
+    script.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nexit 3\n')
     script.chmod(0o755)
     out = io.StringIO()
     reporter = setup_env.Reporter(out, terminal=True, interval_s=60)
@@ -211,5 +206,5 @@ def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_
     assert (
         world.wait(reporter, setup_env.Plan(["world"])) is False
     )  # it failed: sr1 run builds the world instead
-    assert (tmp_path / "args").read_text().split() == ["-m", "sr1", "world", "seed=101", "venv="]
+    assert (tmp_path / "args").read_text().split() == ["-m", "sr1", "world", "seed=101"]
     assert "`sr1 run` builds it instead" in out.getvalue() and "build.log" in out.getvalue()
