@@ -1,0 +1,76 @@
+"""Compiled decoder layers: each layer's forward through torch.compile (inductor), before FSDP2 wraps the layer.
+
+    layer.forward = compiled_forward(layer.forward)     # learner/model.py does this per layer when compile is on
+    compile_counters()                                  # {"frames", "graphs", "recompiles", "graph_breaks"}
+
+Only the forward is compiled, not the module call: FSDP2's all-gather and reshard hooks run eagerly around it, and
+inside, the layer's RMSNorms, RoPE, SwiGLU and their backward become a few fused kernels instead of dozens of
+elementwise launches. The attention runs inside the same graph (FlexAttention's kernel, or the varlen custom ops).
+Every layer shares one compiled graph (same code, parameters passed as inputs).
+
+Packed micro-batches change length every time. The row's length is marked dynamic before the first call, so the
+first compile is already shape-generic; the attention's own ints (the longest sequence, the BlockMask's length)
+go dynamic at their first change. So a run compiles a handful of graphs, not one per micro-batch: the counters
+say how many, and the benchmark prints them. The per-sequence SDPA loop takes its boundaries as Python ints,
+which a graph would specialise on, so it is never compiled (`resolve_compile`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def resolve_compile(setting: bool | str, device: torch.device, attention: str) -> bool:
+    """learner.compile: `auto` compiles on CUDA unless the attention is the per-sequence loop; true compiles (and
+    refuses the loop, which would recompile for every micro-batch); false does not."""
+    from learner.attention import VARLEN_SDPA
+
+    if setting == "auto":
+        return device.type == "cuda" and attention != VARLEN_SDPA
+    if setting and attention == VARLEN_SDPA:
+        raise ValueError(
+            f"learner.compile: true with attention {VARLEN_SDPA}: the per-sequence loop takes its boundaries as "
+            "Python ints, so a compiled layer would recompile for every micro-batch; use compile auto/false, or "
+            "another learner.attention"
+        )
+    return bool(setting)
+
+
+def compiled_forward(forward: Callable) -> Callable:
+    """`forward` (a decoder layer's, possibly checkpointed) compiled by inductor, its packed length dynamic."""
+    compiled = torch.compile(forward, fullgraph=False, dynamic=None)
+
+    @functools.wraps(forward)
+    def run(hidden_states, *args, **kwargs):
+        torch._dynamo.maybe_mark_dynamic(
+            hidden_states, 1
+        )  # (batch, tokens, hidden): tokens vary per micro-batch
+        return compiled(hidden_states, *args, **kwargs)
+
+    return run
+
+
+def compile_counters() -> dict[str, int]:
+    """What torch.compile has done in this process: frames compiled, graphs produced, recompilations (a frame
+    compiled again because a guard failed: a new shape regime, a changed constant) and graph breaks."""
+    from torch._dynamo.utils import counters
+
+    recompiles = 0
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        recompiles = sum(1 for m in get_compilation_metrics() if getattr(m, "recompile_reason", None))
+    except ImportError:  # an older torch without compilation metrics
+        pass
+    return {
+        "frames": int(counters["frames"]["ok"]),
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "recompiles": recompiles,
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
