@@ -2,9 +2,11 @@
 
 Same code on CPU (gloo) and GPU (NCCL). Master weights stay fp32; with `model.dtype` bfloat16/float16 FSDP2's
 MixedPrecisionPolicy casts parameters for compute and reduces gradients in fp32. Each decoder layer is its own
-FSDP unit (all-gathered just before it runs, freed after), the embeddings and head belong to the root unit, which
-FSDP2 does not reshard after the forward: the chunked log-prob head (learner/packing.py) uses the head's weight
-between the forward and the backward.
+FSDP unit (all-gathered just before it runs, freed after, or with `reshard_after_forward=False` kept until the
+trainer lets it go: learner/execution.py decides), the embeddings and head belong to the root unit, which FSDP2
+does not reshard after the forward: the log-prob head (learner/packing.py) uses the head's weight between the
+forward and the backward. Before FSDP2 wraps a layer, its forward is wrapped for activation checkpointing
+(learner/recompute.py) and compiled (learner/compiled.py): `prepare_layers`.
 
 `cpu_offload` (`learner.cpu_offload`): FSDP2's CPUOffloadPolicy keeps the sharded parameters, their gradients and
 so the optimizer state in CPU memory, copies each unit to the GPU for its forward/backward, and the optimizer steps

@@ -4,9 +4,9 @@ A trajectory is prompt + response in one row; the log-prob of response token j c
 position before it. Each packed micro-batch concatenates whole sequences (first-fit decreasing under
 `micro_batch_tokens`) and carries, per position t, the target token t + 1 and the loss inputs of that target.
 
-Sequences in a packed row must not attend to each other (learner/attention.py): flash_attention_2 (GPU) and the
-per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries (`cu_seq_lens_q`) and attend within each
-sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
+Sequences in a packed row must not attend to each other (learner/attention.py): flash_attention_2 and
+sr1_torch_varlen (GPU) and the per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries
+(`cu_seq_lens_q`) and attend within each sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
 models get an explicit block-diagonal causal mask (`block_causal_mask`). All give the same log-probs as running each
 sequence alone (tested).
 """

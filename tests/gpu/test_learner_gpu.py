@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from learner.attention import FLASH_VARLEN, FLEX_DOCUMENT, VARLEN_SDPA, flash_attn_installed, register
+from learner.attention import (
+    FLASH_VARLEN,
+    FLEX_DOCUMENT,
+    VARLEN_SDPA,
+    VARLEN_TORCH,
+    flash_attn_installed,
+    register,
+    torch_varlen_available,
+)
 from learner.packing import pack, token_logprobs
 from learner.settings import LearnerConfig
 from tests.fakes.groups import random_groups
@@ -19,7 +27,12 @@ from tests.unit.learner.test_attention import packed_sequences
 
 pytestmark = pytest.mark.gpu
 
-GPU_PATHS = [FLEX_DOCUMENT] + ([FLASH_VARLEN] if flash_attn_installed() else [])
+GPU_PATHS = (
+    [FLEX_DOCUMENT]
+    + ([FLASH_VARLEN] if flash_attn_installed() else [])
+    + ([VARLEN_TORCH] if torch_varlen_available() else [])
+)
+HALF_ONLY = (FLASH_VARLEN, VARLEN_TORCH)  # flash-attention kernels: bf16/fp16 only
 
 
 def _hf_model(model_dir, attn: str, dtype=torch.float32):
@@ -39,11 +52,11 @@ def _logprobs_and_grads(model, mb, weights):
 @pytest.mark.parametrize("attn", GPU_PATHS)
 def test_gpu_attention_matches_the_loop_in_logprobs_and_gradients(tiny_model_dir, attn):
     """fp32 (tight) and bf16 (loose: rounding differs between kernels) on a row with sequences across 128-token
-    blocks; flash-attention runs in bf16 only."""
+    blocks; the flash-attention kernels (flash-attn's, torch's varlen) run in bf16 only."""
     mb = pack(packed_sequences(1, [(7, 150), (3, 20), (40, 90), (5, 300)])).to(torch.device("cuda"))
     weights = torch.linspace(-1, 1, int(mb.keep.numel()), device="cuda")
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
-        if attn == FLASH_VARLEN and dtype == torch.float32:
+        if attn in HALF_ONLY and dtype == torch.float32:
             continue
         loop_lp, loop_grads = _logprobs_and_grads(_hf_model(tiny_model_dir, VARLEN_SDPA, dtype), mb, weights)
         lp, grads = _logprobs_and_grads(_hf_model(tiny_model_dir, attn, dtype), mb, weights)
@@ -53,13 +66,22 @@ def test_gpu_attention_matches_the_loop_in_logprobs_and_gradients(tiny_model_dir
             assert (grad - loop_grads[name]).abs().max() / scale < tolerance * 10, f"{dtype} {name}"
 
 
-def test_the_learner_picks_a_varlen_path_on_cuda(cuda_world, tiny_model_dir):
+def test_the_learner_picks_the_fastest_measured_kernel_on_cuda(
+    cuda_world, tiny_model_dir, tmp_path, monkeypatch
+):
+    """auto times every kernel present on a probe row and takes the fastest; the choice is cached (on disk too)."""
+    from learner.attention_choice import _cache, cuda_candidates
     from learner.trainer import Learner
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _cache.clear()
     learner = Learner(LearnerConfig(groups_per_step=2, micro_batch_tokens=256), tiny_model_dir, cuda_world)
-    expected = FLASH_VARLEN if flash_attn_installed() else FLEX_DOCUMENT
-    assert learner.model.config._attn_implementation == expected
+    seconds = learner.execution.attention_seconds
+    assert set(seconds) == set(cuda_candidates()) and all(s > 0 for s in seconds.values())
+    assert learner.model.config._attn_implementation == min(seconds, key=seconds.get)
+    assert (tmp_path / "sr1" / "attention.json").is_file()
     assert learner.optimizer.defaults["fused"] is True
+    assert learner.execution.compile and learner.execution.logprob_head == "fused"
 
 
 def test_a_micro_batch_budget_that_cannot_fit_fails_before_the_first_step(cuda_world, tiny_model_dir):
