@@ -8,8 +8,8 @@ inside, the layer's RMSNorms, RoPE, SwiGLU and their backward become a few fused
 elementwise launches. The attention runs inside the same graph (FlexAttention's kernel, or the varlen custom ops).
 Every layer shares one compiled graph (same code, parameters passed as inputs).
 
-Packed micro-batches change length every time. The row's length is marked dynamic before the first call, so the
-first compile is already shape-generic; the attention's own ints (the longest sequence, the BlockMask's length)
+Packed micro-batches change length every time. The row's length is marked dynamic in every input before the
+first call, so the first compile is already shape-generic; the attention's own ints (the longest sequence, the BlockMask's length)
 go dynamic at their first change. So a run compiles a handful of graphs, not one per micro-batch: the counters
 say how many, and the benchmark prints them. The per-sequence SDPA loop takes its boundaries as Python ints,
 which a graph would specialise on, so it is never compiled (`resolve_compile`).
@@ -48,12 +48,23 @@ def compiled_forward(forward: Callable) -> Callable:
 
     @functools.wraps(forward)
     def run(hidden_states, *args, **kwargs):
-        torch._dynamo.maybe_mark_dynamic(
-            hidden_states, 1
-        )  # (batch, tokens, hidden): tokens vary per micro-batch
+        mark_tokens_dynamic(hidden_states.shape[1], hidden_states, args, kwargs)
         return compiled(hidden_states, *args, **kwargs)
 
     return run
+
+
+def mark_tokens_dynamic(tokens: int, *inputs) -> None:
+    """Mark every dimension of `tokens` length in the inputs' tensors dynamic (the hidden states, RoPE's cos and sin,
+    the position ids, a mask): one of them left static would pin the row length in the graph, and the next
+    micro-batch would compile again."""
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(inputs):
+        if isinstance(leaf, torch.Tensor):
+            for dim, size in enumerate(leaf.shape):
+                if size == tokens:
+                    torch._dynamo.maybe_mark_dynamic(leaf, dim)
 
 
 def compile_counters() -> dict[str, int]:

@@ -36,11 +36,12 @@ def _logprobs_and_grads(model, mb):
     return logprobs.detach(), grads
 
 
-@pytest.mark.parametrize("checkpointing", ["none", "selective"])
+@pytest.mark.parametrize("checkpointing", ["none", pytest.param("selective", marks=pytest.mark.slow)])
 def test_a_compiled_layer_matches_the_eager_one_without_graph_breaks(tiny_model_dir, checkpointing):
     """Both layers of the tiny model compiled (with the selective checkpoint traced into the graph for `selective`):
     log-probs and every parameter's gradient as the eager model's, on three packed rows of different lengths;
-    no graph break and at most one recompilation (the row length is dynamic from the first compile)."""
+    no graph break, one graph for both layers and every row (the row length is dynamic from the first compile).
+    About 25 s of compiling on a 2-core machine each (`selective` is marked slow)."""
     torch._dynamo.reset()
     eager = _model(tiny_model_dir, "none", compile=False)
     compiled = _model(tiny_model_dir, checkpointing, compile=True)
@@ -54,8 +55,8 @@ def test_a_compiled_layer_matches_the_eager_one_without_graph_breaks(tiny_model_
             torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
     after = compile_counters()
     assert after["graph_breaks"] == before["graph_breaks"]
-    assert after["frames"] > before["frames"]  # it did compile
-    assert after["recompiles"] - before["recompiles"] <= 1
+    assert after["frames"] == before["frames"] + 1  # one frame compiled, shared by the layers and the rows
+    assert after["recompiles"] == before["recompiles"]
 
 
 def test_compile_is_chosen_by_device_and_attention():
