@@ -55,16 +55,38 @@ def compiled_forward(forward: Callable) -> Callable:
 
 
 def mark_tokens_dynamic(tokens: int, *inputs) -> None:
-    """Mark every dimension of `tokens` length in the inputs' tensors dynamic (the hidden states, RoPE's cos and sin,
-    the position ids, a mask): one of them left static would pin the row length in the graph, and the next
+    """Mark the dimensions that follow the packed row's length dynamic in every tensor of the inputs: the row itself
+    (hidden states, RoPE's cos and sin, the position ids, a mask), FlexAttention's row padded to whole blocks and its
+    block counts (the BlockMask's index tensors, its mask's document ids), and the length of 1-D index tensors
+    (the varlen kernels' boundaries). One of them left static would pin the length in the graph, and the next
     micro-batch would compile again."""
     from torch.utils._pytree import tree_leaves
 
-    for leaf in tree_leaves(inputs):
+    from learner.attention import FLEX_BLOCK, flex_padded_length
+
+    padded = flex_padded_length(tokens)
+    for leaf in _tensors(tree_leaves(inputs)):
+        index = not leaf.is_floating_point()
+        for dim, size in enumerate(leaf.shape):
+            if (
+                size in (tokens, padded)
+                or (index and size == padded // FLEX_BLOCK)
+                or (index and leaf.dim() == 1)
+            ):
+                torch._dynamo.maybe_mark_dynamic(leaf, dim)
+
+
+def _tensors(leaves):
+    """The tensors among pytree leaves, and inside a BlockMask (its index tensors and its mask's closure)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            for dim, size in enumerate(leaf.shape):
-                if size == tokens:
-                    torch._dynamo.maybe_mark_dynamic(leaf, dim)
+            yield leaf
+        elif isinstance(leaf, BlockMask):
+            yield from (v for v in vars(leaf).values() if isinstance(v, torch.Tensor))
+            cells = getattr(leaf.mask_mod, "__closure__", None) or ()
+            yield from (c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor))
 
 
 def compile_counters() -> dict[str, int]:

@@ -82,8 +82,9 @@ def _groups(seed: int, version: int = 0):
 
 
 def test_compiled_layers_give_the_eager_step_without_graph_breaks(cuda_world, tiny_model_dir):
-    """fp32, FlexAttention inside the layers' graph: the same metrics and weights as eager layers over three steps
-    of different packed shapes; no graph break, at most two recompilations."""
+    """fp32, FlexAttention inside the layers' graph: the same metrics and weights as eager layers over five steps of
+    different packed shapes; no graph break; a few recompilations early (the BlockMask's length, one-block rows),
+    none in the last step."""
     from learner.compiled import compile_counters
 
     torch._dynamo.reset()
@@ -91,18 +92,21 @@ def test_compiled_layers_give_the_eager_step_without_graph_breaks(cuda_world, ti
     for compile in (False, True):
         learner = _learner(cuda_world, tiny_model_dir, compile=compile)
         assert learner.execution.compile is compile
-        before = compile_counters()
-        metrics = [learner.train_step(_groups(seed, seed)) for seed in range(3)]
+        counts, metrics = [compile_counters()], []
+        for seed in range(5):
+            metrics.append(learner.train_step(_groups(seed, seed)))
+            counts.append(compile_counters())
         weights = {k: v.full_tensor() for k, v in learner.model.state_dict().items()}
-        results.append((metrics, weights, compile_counters(), before))
-    (eager, eager_weights, _, _), (compiled, weights, after, before) = results
+        results.append((metrics, weights, counts))
+    (eager, eager_weights, _), (compiled, weights, counts) = results
     for a, b in zip(eager, compiled, strict=True):
         for key in ("loss/pg", "loss/grad_norm", "loss/entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, eager_weights[name], atol=1e-4, rtol=1e-3, msg=name)
-    assert after["graph_breaks"] == before["graph_breaks"]
-    assert after["recompiles"] - before["recompiles"] <= 2
+    assert counts[-1]["graph_breaks"] == counts[0]["graph_breaks"]
+    assert counts[-1]["recompiles"] - counts[0]["recompiles"] <= 4
+    assert counts[-1]["recompiles"] == counts[-2]["recompiles"]
 
 
 @pytest.mark.parametrize("policy", ["full", "every_n", "selective"])

@@ -74,3 +74,40 @@ def test_compile_counters_name_what_the_benchmark_prints():
     counters = compile_counters()
     assert set(counters) == {"frames", "graphs", "recompiles", "graph_breaks"}
     assert all(isinstance(v, int) and v >= 0 for v in counters.values())
+
+
+@pytest.mark.slow  # about 40 s of compiling FlexAttention for the CPU on a 2-core machine
+def test_flex_attention_inside_the_compiled_layer_settles_on_one_graph(tiny_model_dir):
+    """The CUDA path's shape: FlexAttention in the layer's graph (forward only: FlexAttention has no CPU backward;
+    the reference's no-gradient pass is this). Rows of 2, 2, 3, 1 and 3 blocks of 128 tokens: the log-probs are the
+    eager model's; the first compile is dynamic in the row, the BlockMask's length and a one-block row cost a
+    recompile each, and then nothing more compiles."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.attention import register
+
+    torch._dynamo.reset()
+    register()
+    models = {}
+    for compile in (False, True):
+        models[compile] = AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, attn_implementation=FLEX_DOCUMENT
+        )
+        prepare_layers(models[compile].eval(), "none", compile=compile)
+    rows = [
+        [(7, 150), (3, 20)],
+        [(5, 9), (3, 170)],
+        [(40, 90), (3, 123), (9, 100)],
+        [(20, 30)],
+        [(7, 300), (5, 5)],
+    ]
+    counts = []
+    with torch.no_grad():
+        for i, lengths in enumerate(rows):
+            mb = pack(packed_sequences(i, lengths))
+            expected, _ = token_logprobs(models[False], mb, 0.7)
+            got, _ = token_logprobs(models[True], mb, 0.7)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            counts.append(compile_counters())
+    assert counts[-1]["graph_breaks"] == 0
+    assert counts[-1]["recompiles"] <= 4 and counts[-1]["recompiles"] == counts[-2]["recompiles"]
