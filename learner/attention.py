@@ -102,10 +102,8 @@ def varlen_sdpa_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     boundaries = kwargs.get("cu_seq_lens_q")
-    if boundaries is None:  # an ordinary (padded or single-sequence) batch: plain SDPA with its mask
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if boundaries is None:
+        return _unpacked_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if not isinstance(boundaries, list | tuple):
         raise TypeError(
             f"{VARLEN_SDPA} takes the sequence boundaries as a list of ints (got {type(boundaries).__name__}): a "
@@ -129,6 +127,13 @@ def varlen_sdpa_forward(
     ]
     out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     return out.transpose(1, 2).contiguous(), None
+
+
+def _unpacked_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs):
+    """An ordinary (padded or single-sequence) batch, without boundaries: transformers' SDPA with its mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
 def _sdpa_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
@@ -167,10 +172,8 @@ def torch_varlen_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     boundaries = kwargs.get("cu_seq_lens_q")
-    if boundaries is None:  # an ordinary (padded or single-sequence) batch: plain SDPA with its mask
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if boundaries is None:
+        return _unpacked_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if dropout and module.training:
         raise ValueError(f"{VARLEN_TORCH} does not implement attention dropout ({dropout})")
     if query.shape[0] != 1:

@@ -16,7 +16,7 @@ fails here, naming the budget that would. On CPU: the loop, eager layers, the ch
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -147,11 +147,14 @@ def plan_execution(
             properties.name,
             settings.checkpointing,
         )
-    elif device.type == "cuda" and cfg.gradient_checkpointing == "auto":
+    elif device.type == "cuda":  # a model the estimate does not know: the settings that need least memory
         log.warning(
-            "the memory estimate does not know %s: activation checkpointing auto -> full", type(config)
+            "the memory estimate does not know %s: parameters resharded after use%s",
+            type(config).__name__,
+            ", activation checkpointing auto -> full" if cfg.gradient_checkpointing == "auto" else "",
         )
-        settings = MemorySettings(checkpointing="full", keep_unsharded=False, defer_grad_sync=True)
+        checkpointing = "full" if cfg.gradient_checkpointing == "auto" else settings.checkpointing
+        settings = replace(settings, checkpointing=checkpointing, keep_unsharded=False)
     execution = Execution(
         attention=attention_name,
         compile=compiled,

@@ -149,18 +149,19 @@ def test_fused_adamw_on_cuda_shards_matches_the_loop(cuda_world, tiny_model_dir)
         torch.testing.assert_close(tensor, results[1][name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_chunked_logprobs_in_bf16_match_full_logits(tiny_model_dir):
-    """The chunked head with bf16 hidden states and weight (as under FSDP2 mixed precision) against fp32 logits of
-    the same bf16 products."""
+@pytest.mark.parametrize("head", ["chunked", "fused"])
+def test_chunked_logprobs_in_bf16_match_full_logits(tiny_model_dir, head):
+    """The chunked and the fused head (its kernels compiled: Triton) with bf16 hidden states and weight (as under
+    FSDP2 mixed precision) against fp32 logits of the same bf16 products."""
     from learner.chunked_logprobs import chunked_logprobs
+    from learner.fused_head import fused_logprobs
 
+    run = fused_logprobs if head == "fused" else chunked_logprobs
     torch.manual_seed(0)
     hidden = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(5000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     targets = torch.randint(0, 5000, (300,), device="cuda")
-    logprobs, entropy = chunked_logprobs(
-        hidden, weight, targets, temperature=0.7, chunk_tokens=64, with_entropy=True
-    )
+    logprobs, entropy = run(hidden, weight, targets, temperature=0.7, chunk_tokens=64, with_entropy=True)
     (logprobs.sum() + entropy.sum()).backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
