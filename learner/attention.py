@@ -157,6 +157,7 @@ def _varlen_call_options() -> tuple[dict, bool]:
     from torch.nn.attention.varlen import varlen_attn
 
     parameters = inspect.signature(varlen_attn).parameters
+    # a tuple: varlen_attn tests `window_size == (-1, 0)`, which a list would fail
     causal = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
     return causal, "enable_gqa" in parameters
 

@@ -19,6 +19,7 @@ graph, where the partitioner honours it.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -49,9 +50,11 @@ def saved_ops() -> frozenset:
     flex = getattr(torch.ops.higher_order, "flex_attention", None)
     if flex is not None:
         ops.add(flex)
-    varlen = getattr(getattr(torch.ops, "torch_attn", None), "_varlen_attn", None)
-    if varlen is not None:
-        ops.add(varlen.default)
+    try:  # torch's varlen kernel registers its op when its module is imported
+        importlib.import_module("torch.nn.attention.varlen")
+        ops.add(torch.ops.torch_attn._varlen_attn.default)
+    except (ImportError, AttributeError):
+        pass
     return frozenset(ops)
 
 
