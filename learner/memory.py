@@ -15,8 +15,9 @@ The model of the peak (per rank, FSDP2 with each decoder layer a unit, the chunk
   gradient sync deferred to an update's last micro-batch on several ranks, FSDP2's unsharded fp32 gradient
   accumulators (4 bytes per parameter, not divided by the ranks);
 - resident activations, per token and layer, by how the layer runs (`layer_activation_bytes`);
-- the larger of two transients: the log-prob head's [chunk x vocab] buffers plus its fp32 weight gradient, or one
-  checkpointed layer's recomputed activations.
+- the larger of two transients: the log-prob head's [chunk x vocab] buffers (two fp32 ones for the chunked head,
+  two in the compute dtype for the fused one) plus its weight gradient (fp32; the fused head's in the compute dtype,
+  with an fp32 [tokens x hidden] gradient beside it), or one checkpointed layer's recomputed activations.
 Per layer and token (h hidden, kv the K/V width, I the MLP width, H heads, c compute bytes), what autograd keeps:
 - eager, no checkpointing: the two RMSNorms' fp32 inputs (8h) and, in the compute dtype, the norms' outputs, q/k/v,
   the attention output and the MLP's gate, up, activation and product: 8h + c(4h + 2kv + 4I). Against the peaks
@@ -174,8 +175,9 @@ def memory_of(shape: StepShape, settings: MemorySettings) -> StepMemory:
     accumulators = 4 * shape.parameters * models if s.defer_grad_sync and s.world_size > 1 else 0.0
     resident = sum(layer_activation_bytes(shape, c, mode, s.compiled) for mode in modes)
     recompute = layer_activation_bytes(shape, c, "none", s.compiled) if "full" in modes else 0.0
-    if s.fused_head:  # compute-dtype logits and their gradient, one chunk at a time; fp32 weight gradient
-        head = 2 * s.chunk_tokens * shape.vocab * c + shape.vocab * h * 4
+    if s.fused_head:  # compute-dtype logits and their gradient, a chunk's worth at a time; the weight's gradient in
+        # the compute dtype, the hidden states' in fp32
+        head = 2 * s.chunk_tokens * shape.vocab * c + shape.vocab * h * c + s.tokens * h * 4
     else:  # two fp32 [chunk x vocab] buffers and the fp32 weight gradient
         head = 2 * s.chunk_tokens * shape.vocab * 4 + shape.vocab * h * 4
     return StepMemory(
