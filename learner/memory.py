@@ -175,7 +175,9 @@ def memory_of(shape: StepShape, settings: MemorySettings) -> StepMemory:
     accumulators = 4 * shape.parameters * models if s.defer_grad_sync and s.world_size > 1 else 0.0
     resident = sum(layer_activation_bytes(shape, c, mode, s.compiled) for mode in modes)
     recompute = layer_activation_bytes(shape, c, "none", s.compiled) if "full" in modes else 0.0
-    if s.fused_head:  # compute-dtype logits and their gradient, a chunk's worth at a time; the weight's gradient in
+    if (
+        s.fused_head
+    ):  # compute-dtype logits and their gradient, a chunk's worth at a time; the weight's gradient in
         # the compute dtype, the hidden states' in fp32
         head = 2 * s.chunk_tokens * shape.vocab * c + shape.vocab * h * c + s.tokens * h * 4
     else:  # two fp32 [chunk x vocab] buffers and the fp32 weight gradient
