@@ -10,7 +10,8 @@ On CUDA the choices follow the GPU: `attention: auto` times the kernels present 
 learner/memory.py's estimate of the step's peak picks the checkpointing policy (`auto`) and whether parameters stay
 unsharded through an update and gradient sync waits for its last micro-batch; a micro-batch budget that cannot fit
 fails here, naming the budget that would. On CPU: the loop, eager layers, the chunked head, no checkpointing (for
-`auto`), parameters kept unsharded at world size 1, the sync on the last micro-batch, as before.
+`auto`), the sync on the last micro-batch, as before, and at world size 1 parameters kept unsharded through an update
+when a copy of the layers takes under a tenth of the available memory.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def _model_shape(config) -> tuple[StepShape | None, int, int, int]:
     return StepShape.of(config), heads, kv_heads, head_dim
 
 
+def _host_holds_a_copy(shape: StepShape | None, compute: torch.dtype) -> bool:
+    """On CPU: whether a gathered compute-dtype copy of the layers takes under a tenth of the available memory."""
+    import psutil
+
+    if shape is None:
+        return False
+    return shape.layers * shape.layer_parameters * compute.itemsize < 0.1 * psutil.virtual_memory().available
+
+
 def plan_execution(
     cfg: LearnerConfig,
     model_path: str | Path,
@@ -132,7 +142,8 @@ def plan_execution(
         cpu_offload=cfg.cpu_offload,
         reference=reference,
         critic=critic,
-        keep_unsharded=world.world_size == 1,
+        keep_unsharded=world.world_size == 1
+        and (device.type == "cuda" or _host_holds_a_copy(shape, compute)),
         defer_grad_sync=True,
     )
     plan = None
