@@ -118,6 +118,7 @@ class Learner:
         )
         # a torch.cuda sync debug mode ("warn"/"error") for the micro-batch loops: the GPU tier's check
         self.sync_check: str | None = None
+        self.head_options = {"chunk_tokens": cfg.logprob_chunk_tokens, "head": self.execution.logprob_head}
         options = self.execution.load_options()
         self.model = load_policy(model_path, world, dtype=model_dtype, cpu_offload=cfg.cpu_offload, **options)
         self.model.train()
@@ -180,10 +181,8 @@ class Learner:
         for epoch in range(cfg.ppo_epochs):
             for i, mini in enumerate(updates):  # the first update runs at the step's starting weights
                 self._update(mini, version, totals, train_policy, at_start=epoch == 0 and i == 0)
-        if (
-            self.execution.keep_unsharded
-        ):  # a policy that only ran forward (critic warmup) still holds its gather
-            reshard(self.model)
+        if self.execution.keep_unsharded:
+            reshard(self.model)  # a policy that only ran forward (the critic's warmup) still holds its gather
 
         # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
@@ -284,18 +283,17 @@ class Learner:
         policy_pass = self._needs_policy_pass(several_updates)
         if self.reference is None and self.critic is None and not policy_pass:
             return
-        chunk, head = self.cfg.logprob_chunk_tokens, self.execution.logprob_head
         with torch.no_grad(), synchronisation_check(self.sync_check, self.world.device):
             for mini in updates:
                 for part in mini.micro_batches:
                     mb = part.mb.to(self.world.device)
                     if self.reference is not None:
                         part.ref_logprobs, _ = token_logprobs(
-                            self.reference, mb, self.temperature, False, chunk_tokens=chunk, head=head
+                            self.reference, mb, self.temperature, with_entropy=False, **self.head_options
                         )
                     if policy_pass:
                         part.proximal_logprobs, _ = token_logprobs(
-                            self.model, mb, self.temperature, False, chunk_tokens=chunk, head=head
+                            self.model, mb, self.temperature, with_entropy=False, **self.head_options
                         )
                     if self.critic is not None:
                         part.old_values = self.critic.values(mb)
@@ -470,9 +468,8 @@ class Learner:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # the entropy is computed for the `loss/entropy` metric in any case (one pass over each chunk of logits in the
         # forward); it gets a gradient, in the backward, only when the algorithm's loss uses it (see below)
-        chunk = self.cfg.logprob_chunk_tokens
         logprobs, entropy = token_logprobs(
-            self.model, mb, self.temperature, True, chunk_tokens=chunk, head=self.execution.logprob_head
+            self.model, mb, self.temperature, with_entropy=True, **self.head_options
         )
         keep = mb.keep
         token_versions = mb.versions[keep]
