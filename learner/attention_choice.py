@@ -3,8 +3,8 @@
     name, timings = choose_attention(device, "auto", heads=16, kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                      tokens=16384)
 
-The candidates are the CUDA kernels this installation has (flash_attention_2 with flash-attn, sr1_torch_varlen with
-a torch that has `torch.nn.attention.varlen`, sr1_flex_document always). Each runs a forward and a backward on a
+The candidates are the CUDA kernels this installation has for the compute dtype (flash_attention_2 with flash-attn,
+sr1_torch_varlen with a torch that has `torch.nn.attention.varlen`, both bf16/fp16 only; sr1_flex_document always). Each runs a forward and a backward on a
 representative packed row: `tokens` tokens (the micro-batch budget, at most 16,384) of Search-R1-like trajectories
 (a fixed draw, about 1,350 tokens each, at most 4,096), the model's heads, K/V heads and head size, the compute dtype,
 through the same function the model's layers call. Two untimed runs (FlexAttention compiles in the first), then
@@ -47,11 +47,13 @@ MAX_PROBE_TOKENS = 16384
 _cache: dict[str, tuple[str, dict[str, float]]] = {}
 
 
-def cuda_candidates() -> list[str]:
-    """The packed-row kernels this installation can run on CUDA, in the order ties are broken."""
+def cuda_candidates(dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """The packed-row kernels this installation can run on CUDA in `dtype`, in the order ties are broken (the
+    flash-attention kernels take bf16 and fp16 only)."""
+    half = dtype in (torch.bfloat16, torch.float16)
     return (
-        ([FLASH_VARLEN] if flash_attn_installed() else [])
-        + ([VARLEN_TORCH] if torch_varlen_available() else [])
+        ([FLASH_VARLEN] if half and flash_attn_installed() else [])
+        + ([VARLEN_TORCH] if half and torch_varlen_available() else [])
         + [FLEX_DOCUMENT]
     )
 
@@ -158,7 +160,7 @@ def choose_attention(
     the probe row ({} otherwise). Named choices are checked, not measured; CPU's auto is the loop."""
     if requested != "auto" or device.type != "cuda":
         return attention_implementation(device, requested), {}
-    candidates = cuda_candidates()
+    candidates = cuda_candidates(dtype)
     key = "|".join(
         map(
             str,

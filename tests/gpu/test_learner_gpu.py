@@ -75,9 +75,10 @@ def test_the_learner_picks_the_fastest_measured_kernel_on_cuda(
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     _cache.clear()
-    learner = Learner(LearnerConfig(groups_per_step=2, micro_batch_tokens=256), tiny_model_dir, cuda_world)
+    cfg = LearnerConfig(groups_per_step=2, micro_batch_tokens=256)
+    learner = Learner(cfg, tiny_model_dir, cuda_world, model_dtype="bfloat16")
     seconds = learner.execution.attention_seconds
-    assert set(seconds) == set(cuda_candidates()) and all(s > 0 for s in seconds.values())
+    assert set(seconds) == set(cuda_candidates(torch.bfloat16)) and all(s > 0 for s in seconds.values())
     assert learner.model.config._attn_implementation == min(seconds, key=seconds.get)
     assert (tmp_path / "sr1" / "attention.json").is_file()
     assert learner.optimizer.defaults["fused"] is True
