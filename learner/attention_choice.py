@@ -4,10 +4,10 @@
                                      tokens=16384)
 
 The candidates are the CUDA kernels this installation has for the compute dtype (flash_attention_2 with flash-attn,
-sr1_torch_varlen with a torch that has `torch.nn.attention.varlen`, both bf16/fp16 only; sr1_flex_document always). Each runs a forward and a backward on a
-representative packed row: `tokens` tokens (the micro-batch budget, at most 16,384) of Search-R1-like trajectories
-(a fixed draw, about 1,350 tokens each, at most 4,096), the model's heads, K/V heads and head size, the compute dtype,
-through the same function the model's layers call. Two untimed runs (FlexAttention compiles in the first), then
+sr1_torch_varlen with a torch that has `torch.nn.attention.varlen`, both bf16/fp16 only; sr1_flex_document always).
+Each runs a forward and a backward on a representative packed row: `tokens` tokens (the micro-batch budget, at most
+16,384) of Search-R1-like trajectories (a fixed draw, about 1,350 tokens each, at most 4,096), the model's heads,
+K/V heads and head size, the compute dtype, through the same function the model's layers call. Two untimed runs (FlexAttention compiles in the first), then
 three timed ones; the median wins. A kernel that fails on this GPU (an architecture or dtype it does not support) is
 left out and the failure logged.
 
