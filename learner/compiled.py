@@ -44,6 +44,7 @@ def resolve_compile(setting: bool | str, device: torch.device, attention: str) -
 
 def compiled_forward(forward: Callable) -> Callable:
     """`forward` (a decoder layer's, possibly checkpointed) compiled by inductor, its packed length dynamic."""
+    keep_compilation_records()
     compiled = torch.compile(forward, fullgraph=False, dynamic=None)
 
     @functools.wraps(forward)
@@ -87,6 +88,20 @@ def _tensors(leaves):
             yield from (v for v in vars(leaf).values() if isinstance(v, torch.Tensor))
             cells = getattr(leaf.mask_mod, "__closure__", None) or ()
             yield from (c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor))
+
+
+# torch keeps a record of the last 64 compilations only; a learner's process makes more (layers, the head's kernels,
+# their recompilations), and the recompilation count reads every record
+COMPILATION_RECORDS = 100_000
+
+
+def keep_compilation_records() -> None:
+    """Let torch keep a record of every compilation of this process (it keeps the last 64 by default)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    setter = getattr(dynamo_utils, "set_compilation_metrics_limit", None)
+    if setter is not None and dynamo_utils._compilation_metrics.maxlen != COMPILATION_RECORDS:
+        setter(COMPILATION_RECORDS)
 
 
 def compile_counters() -> dict[str, int]:

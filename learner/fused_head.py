@@ -99,6 +99,9 @@ def _kernels(compiled: bool):
     the entropy's presence is the only variant), or as they are."""
     if not compiled:
         return chunk_statistics, slice_logit_gradient
+    from learner.compiled import keep_compilation_records
+
+    keep_compilation_records()
     return torch.compile(chunk_statistics, dynamic=True), torch.compile(slice_logit_gradient, dynamic=True)
 
 

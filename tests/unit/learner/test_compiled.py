@@ -101,7 +101,7 @@ def test_flex_attention_inside_the_compiled_layer_settles_on_one_graph(tiny_mode
         [(20, 30)],
         [(7, 300), (5, 5)],
     ]
-    counts = []
+    counts = [compile_counters()]
     with torch.no_grad():
         for i, lengths in enumerate(rows):
             mb = pack(packed_sequences(i, lengths))
@@ -109,5 +109,6 @@ def test_flex_attention_inside_the_compiled_layer_settles_on_one_graph(tiny_mode
             got, _ = token_logprobs(models[True], mb, 0.7)
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
             counts.append(compile_counters())
-    assert counts[-1]["graph_breaks"] == 0
-    assert counts[-1]["recompiles"] <= 4 and counts[-1]["recompiles"] == counts[-2]["recompiles"]
+    assert counts[-1]["graph_breaks"] == counts[0]["graph_breaks"]
+    assert counts[-1]["recompiles"] - counts[0]["recompiles"] <= 4
+    assert counts[-1]["recompiles"] == counts[-2]["recompiles"]
