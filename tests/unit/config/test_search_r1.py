@@ -75,7 +75,7 @@ EXAMPLES = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": (
         PPO,
         False,
-        {"learner.gradient_checkpointing": False},
+        {"learner.gradient_checkpointing": "none"},  # false/true mean the policies none/full
     ),
     "actor_rollout_ref.actor.ppo_mini_batch_size": (PPO, 128, {"learner.ppo_mini_batch_size": 128}),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (PPO, 32768, {"learner.micro_batch_tokens": 32768}),
