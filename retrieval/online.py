@@ -16,7 +16,7 @@ import html
 import os
 import re
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -35,6 +35,7 @@ class OnlineSettings(RetrieverSettings):
     config files."""
 
     local = False
+    engine: ClassVar[type[OnlineEngine]]  # the adapter `build()` makes
 
     base_url: str | None = Field(
         None, description="Override the vendor endpoint (tests point it at a loopback fake)."
@@ -45,6 +46,9 @@ class OnlineSettings(RetrieverSettings):
     )
     timeout_s: float = Field(10.0, gt=0, description="Per-call timeout to the vendor.")
     concurrency: int = Field(16, ge=1, description="Vendor calls in flight at once.")
+
+    def build(self, show_progress: bool = False) -> OnlineEngine:
+        return self.engine(self)
 
 
 class OnlineSearchError(RuntimeError):
@@ -230,37 +234,33 @@ class SerpApiEngine(OnlineEngine):
 class GoogleSettings(OnlineSettings):
     """Google Programmable Search: GOOGLE_API_KEY and the search engine id in GOOGLE_CSE_ID."""
 
+    engine = GoogleEngine
+
     method: Literal["google"] = Field("google", description="Which retriever (the union's tag).")
     cx_env: str = Field(
         "GOOGLE_CSE_ID", description="Env var holding the Google Programmable Search id (cx)."
     )
 
-    def build(self, show_progress: bool = False) -> GoogleEngine:
-        return GoogleEngine(self)
-
 
 class BingSettings(OnlineSettings):
     """Bing Web Search API v7: BING_API_KEY."""
 
-    method: Literal["bing"] = Field("bing", description="Which retriever (the union's tag).")
+    engine = BingEngine
 
-    def build(self, show_progress: bool = False) -> BingEngine:
-        return BingEngine(self)
+    method: Literal["bing"] = Field("bing", description="Which retriever (the union's tag).")
 
 
 class BraveSettings(OnlineSettings):
     """Brave Search API: BRAVE_API_KEY."""
 
-    method: Literal["brave"] = Field("brave", description="Which retriever (the union's tag).")
+    engine = BraveEngine
 
-    def build(self, show_progress: bool = False) -> BraveEngine:
-        return BraveEngine(self)
+    method: Literal["brave"] = Field("brave", description="Which retriever (the union's tag).")
 
 
 class SerpApiSettings(OnlineSettings):
     """SerpAPI's Google engine: SERPAPI_API_KEY."""
 
-    method: Literal["serpapi"] = Field("serpapi", description="Which retriever (the union's tag).")
+    engine = SerpApiEngine
 
-    def build(self, show_progress: bool = False) -> SerpApiEngine:
-        return SerpApiEngine(self)
+    method: Literal["serpapi"] = Field("serpapi", description="Which retriever (the union's tag).")
