@@ -11,22 +11,20 @@ and that one line. A retriever defined outside the package registers the same wa
 
 The union is open: `RETRIEVERS` is filled when `retrieval.settings` is imported, and a config is checked against
 the members registered when it is loaded. Unknown methods and another member's knobs fail naming what is known.
-Members' modules import their heavy libraries (bm25s, torch, faiss, aiohttp) inside functions, so loading a config
-imports none of them.
+Members' modules import their heavy libraries (bm25s, transformers, faiss, aiohttp) inside functions, so a
+retriever's settings load without them.
 """
 
 from __future__ import annotations
 
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny
 
+from retrieval.base import Retriever
 from retrieval.corpus import DocStore
-
-if TYPE_CHECKING:
-    from retrieval.base import Retriever
 
 TAG = "method"
 
