@@ -367,10 +367,10 @@ KEYS: dict[str, Rule] = {
     "reranker.topk": Rule(("retrieval.topk",),
         "with do_rerank: the documents a search keeps after reranking; without it ignored, as in Search-R1",
         NO_DEFAULT, _when("retrieval.reranker.enabled", (True,), "retrieval.topk")),
-    "retriever.url": _same("retrieval.url", "", "http://127.0.0.1:8000/retrieve"),
+    "retriever.url": _same("retrieval.client.url", "", "http://127.0.0.1:8000/retrieve"),
     "retriever.topk": Rule(("retrieval.topk", "retrieval.reranker.candidates"),
         "documents per search; with do_rerank, the candidates reranked", 3, _retrieved_topk),
-    "search_url": _same("retrieval.url", "the retriever URL's other spelling"),
+    "search_url": _same("retrieval.client.url", "the retriever URL's other spelling"),
     "topk": Rule(("retrieval.topk", "retrieval.reranker.candidates"), "the retriever top-k's other spelling",
         NO_DEFAULT, _retrieved_topk),
     # -- algorithm

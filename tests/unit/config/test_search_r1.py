@@ -109,12 +109,12 @@ EXAMPLES = {
     "reward_model.structure_format_score": (PPO, 0.2, {"task.structure_format_score": 0.2}),
     "reward_model.final_format_score": (PPO, 0.1, {"task.final_format_score": 0.1}),
     "reward_model.retrieval_score": (PPO, 0.05, {"task.retrieval_score": 0.05}),
-    "retriever.url": (PPO, "http://h:9/retrieve", {"retrieval.url": "http://h:9/retrieve"}),
+    "retriever.url": (PPO, "http://h:9/retrieve", {"retrieval.client.url": "http://h:9/retrieve"}),
     "retriever.topk": (PPO, 5, {"retrieval.topk": 5}),
     "reranker.do_rerank": (PPO, True, {"retrieval.reranker.enabled": True}, RERANK),
     "reranker.url": (PPO, "http://h:6980/rerank", {"retrieval.reranker.url": "http://h:6980/rerank"}),
     "reranker.topk": (PPO, 2, {"retrieval.topk": 2}, ["reranker.do_rerank=true", *RERANK]),
-    "search_url": (PPO, "http://h:9/retrieve", {"retrieval.url": "http://h:9/retrieve"}),
+    "search_url": (PPO, "http://h:9/retrieve", {"retrieval.client.url": "http://h:9/retrieve"}),
     "topk": (PPO, 7, {"retrieval.topk": 7}),
     "algorithm.gamma": (PPO, 0.99, {"learner.algorithm.gamma": 0.99}),
     "algorithm.lam": (PPO, 0.95, {"learner.algorithm.lam": 0.95}),
@@ -313,7 +313,7 @@ RERANKED = {
     "retrieval.reranker.url": "http://10.100.20.21:6980/rerank",
     "retrieval.reranker.candidates": 10,  # retriever.topk: what is retrieved, then reranked
     "retrieval.topk": 3,  # reranker.topk: what a search keeps
-    "retrieval.url": "http://10.100.20.17:8000/retrieve",
+    "retrieval.client.url": "http://10.100.20.17:8000/retrieve",
 }
 
 
