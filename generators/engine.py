@@ -138,6 +138,7 @@ def engine_args(
         "seed": cfg.seed + seed_offset,
         # log-probs of the temperature-scaled distribution the tokens were sampled from
         "logprobs_mode": "processed_logprobs",
+        "disable_log_stats": not cfg.log_stats,
     }
     if cpu:
         args["kv_cache_memory_bytes"] = int(cfg.cpu_kvcache_gb * GIB)
@@ -275,9 +276,8 @@ class VLLMEngine:
         logprobs: list[float] | None = [] if with_logprobs else None
         versions: list[int] = []
         last = None
-        async for (
-            out
-        ) in stream:  # every output carries the request's cached prompt tokens: the last one will do
+        # every output carries the request's cached prompt tokens: the last one will do
+        async for out in stream:
             last = out
             new = list(out.outputs[0].token_ids)
             token_ids += new

@@ -195,3 +195,19 @@ async def test_an_update_cancelled_while_pausing_leaves_the_engine_running(engin
     with pytest.raises(asyncio.CancelledError):
         await update
     assert not await core.is_scheduler_paused_async() and engine.version == 0
+
+
+async def test_vllms_own_statistics_are_off_unless_asked_for(engine, qwen_tokenizer_dir, tmp_path):
+    """`generators.engine.log_stats` (off by default) reaches AsyncLLM: no per-step stats bookkeeping in the front end
+    nor stat loggers, unless the config asks for them."""
+    from tests.fakes.null_engine import null_vllm_engine, write_null_model
+
+    assert engine.llm.log_stats is False and engine.llm.logger_manager is None
+    model_dir = write_null_model(tmp_path / "logged", qwen_tokenizer_dir)
+    logged = null_vllm_engine(
+        str(model_dir), EngineConfig(max_num_seqs=4, log_stats=True), turns=None, weight_sync=False
+    )
+    try:
+        assert logged.llm.log_stats is True and logged.llm.logger_manager is not None
+    finally:
+        logged.shutdown()
