@@ -32,3 +32,13 @@ def test_the_live_view_says_which_generators_paused_and_why():
     assert (
         paused_reason([running, paused]) == "1 of 2 generator(s): 8 of 8 tool calls failed in the last 30 s"
     )
+
+
+def test_the_live_view_shows_the_last_good_checkpoint_and_failures_since():
+    from sr1.live import checkpoint_state
+
+    assert checkpoint_state({"step": 1}) is None
+    assert checkpoint_state({"checkpoint/last_good_step": 8.0, "checkpoint/failed_in_a_row": 0.0}) == "step 8"
+    assert checkpoint_state({"checkpoint/last_good_step": 4.0, "checkpoint/failed_in_a_row": 1.0}) == (
+        "step 4; 1 failed since (logs/learner.log says why)"
+    )
