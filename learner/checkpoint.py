@@ -138,7 +138,8 @@ def checkpoint_bytes(path: Path) -> int | None:
 
 
 def _describe(err: BaseException) -> str:
-    failures = getattr(err, "failures", None)  # torch.distributed.checkpoint's CheckpointException: each rank's own
+    # torch.distributed.checkpoint's CheckpointException carries each failing rank's own exception
+    failures = getattr(err, "failures", None)
     if isinstance(failures, dict) and failures:
         first = next(iter(failures.values()))
         err = first[0] if isinstance(first, tuple) else first
@@ -184,13 +185,14 @@ class Checkpointer:
         final = self.root / f"step_{state.version}"
         partial = self.root / f".step_{state.version}.partial"
         budget = WriteBudget.from_env()
+        # each phase's error (a bug included) reaches every rank in _agree, which removes the partial directory
         error: BaseException | None = None
         if world.is_main:
             try:
                 if partial.exists():
                     shutil.rmtree(partial)
                 (partial / "resume").mkdir(parents=True)
-            except OSError as err:
+            except Exception as err:
                 error = err
         self._agree(error, partial, state.version)
         # 1. HF weights, streamed parameter by parameter (collective), and the model's files
@@ -198,7 +200,7 @@ class Checkpointer:
         if world.is_main and error is None:
             try:
                 copy_hf_files(self.model_dir, partial, self.save_dtype, self.tokenizer_dir, budget)
-            except OSError as err:
+            except Exception as err:
                 error = err
         self._agree(error, partial, state.version)
         # 2. sharded fp32 parameters + optimizer state, each rank its own shards; RNG and schedules per rank
@@ -223,7 +225,7 @@ class Checkpointer:
         if world.is_main:
             try:
                 self._complete(partial, final, entries, state, budget)
-            except OSError as err:
+            except Exception as err:
                 error = err
         self._agree(error, partial, state.version)
         if world.is_main:

@@ -106,7 +106,7 @@ def save_hf_weights(
             if handle is not None and error is None:
                 data = tensor.to(device="cpu", dtype=dtype).contiguous()
                 try:
-                    budget.write(handle, data.view(torch.uint8).numpy().data, path)
+                    budget.write(handle, data.view(torch.uint8).numpy().reshape(-1).data, path)
                 except OSError as err:
                     error = err
             del tensor

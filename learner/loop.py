@@ -130,9 +130,8 @@ def run_learner(
     )
     state = ResumeState(version=0)
     resumed = Resumed(None, None)
-    if (
-        resume
-    ):  # the newest checkpoint that verifies and loads; those skipped are named (CheckpointLoadError: none)
+    # the newest checkpoint that verifies and loads; those skipped are named (CheckpointLoadError: none)
+    if resume:
         resumed = checkpointer.resume(
             learner.model, learner.optimizer, learner.scheduler, critic=learner.critic
         )
@@ -191,9 +190,8 @@ def run_learner(
 
     # the engines get the learner's weights as the current version (a resume rolls them back to it)
     publish(learner.version)
-    used_since_checkpoint: list[
-        tuple[str, str]
-    ] = []  # (entry id, group id) of groups no checkpoint holds yet
+    # (entry id, group id) of the groups trained since the last checkpoint that was written
+    used_since_checkpoint: list[tuple[str, str]] = []
     nonfinite = NonFiniteStreak(cfg.max_nonfinite_steps)
     last_saved = learner.version if latest is not None else -1
     net = SafetyNet(checkpointer, state.version if latest is not None else None)
@@ -388,24 +386,27 @@ def _last_checkpoint(
 ) -> None:
     """The last checkpoint of this process (the run's end, or a stop): its weights exist nowhere else. At the run's
     end it is tried until it is written, waiting longer between tries (a full disk someone frees); asked to stop (or
-    asked while waiting), a failure raises CheckpointsFailing instead."""
+    asked while waiting), one more try, then CheckpointsFailing."""
     waits = iter(FINAL_RETRY_S)
+    failed_already = bool(net.failed_steps) and net.failed_steps[-1] == learner.version  # tried in the loop
     while True:
+        if failed_already:
+            wait_s = next(waits, FINAL_RETRY_S[-1])
+            log.error("the run's last checkpoint (step %d) is tried again in %.0f s", learner.version, wait_s)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not stop.is_set():
+                if side is not None:
+                    side.heartbeat(
+                        learner.version, "waiting", waiting_for=f"space for checkpoint step_{learner.version}"
+                    )
+                time.sleep(0.5)
         flag = torch.tensor([1.0 if stop.is_set() else 0.0], device=world.device)
         stopping = bool(all_reduce(flag, world, "max").item())
-        if _checkpoint(checkpointer, learner, side, used, net, last=not stopping):
+        if _checkpoint(checkpointer, learner, side, used, net, last=True):
             return
         if stopping:
             raise CheckpointsFailing(
                 f"the checkpoint of step {learner.version} could not be written and the learner was asked to stop: "
                 f"{net.last_failure}"
             )
-        wait_s = next(waits, FINAL_RETRY_S[-1])
-        log.error("the run's last checkpoint (step %d) is tried again in %.0f s", learner.version, wait_s)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not stop.is_set():
-            if side is not None:
-                side.heartbeat(
-                    learner.version, "waiting", waiting_for=f"space for checkpoint step_{learner.version}"
-                )
-            time.sleep(0.5)
+        failed_already = True

@@ -7,6 +7,10 @@ exactly once or is still pending, and versions strictly increase; the staleness 
 process of the run outlives it. A table of the time to recover from each fault is printed (`-s` shows it).
 `CHAOS_SEED` picks other kill steps (the default is fixed, so CI is repeatable).
 
+The third run tears a checkpoint and then fills the disk (`scripts/chaos.py --checkpoint-faults`): the resume skips
+the torn checkpoint, the second failed save in a row stops the run with exit status 74, and the resume after it
+finishes the run; the same audit holds.
+
 The second run kills nothing: a poison prompt, a malformed group payload, malformed evaluation requests and a frozen
 retriever under synchronous training (`scripts/chaos.py --faults`); each event must be counted in the run's report.
 """
@@ -30,8 +34,10 @@ FAULT_STEPS = 10
 RETRIEVER_DOWN_S = 20  # `scripts/chaos.py --faults` takes 60 by default
 
 
-def _chaos_script():
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+def _chaos_script(name: str = "chaos"):
+    if name != "chaos":
+        _chaos_script()  # scripts/chaos_checkpoints.py imports it
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -90,3 +96,21 @@ def test_faults_that_kill_nothing_are_survived_and_counted(tmp_path):
     assert verdict.lost == 0 and verdict.trained_twice == 0 and not verdict.orphans
     assert verdict.max_staleness_seen == 0 and verdict.dead_lettered >= 2
     assert counts.missing(list(chaos.FAULTS)) == [], counts
+
+
+def test_a_torn_checkpoint_and_a_full_disk_are_survived(tmp_path):
+    """12 steps, a checkpoint every 2: step_4 torn after a kill (the resume loads step_2), then the disk full after
+    the next checkpoint (two saves fail, the run stops with 74 and the space it needs; resumed, it finishes). The
+    disk fills up through the checkpoint writer's ENOSPC hook, which needs no privileges;
+    `scripts/chaos.py --checkpoint-faults --disk-full tmpfs` does it with a real tmpfs."""
+    checkpoints = _chaos_script("chaos_checkpoints")
+    verdict, faults = checkpoints.run_checkpoint_faults(
+        tmp_path / "ckpt", every=2, max_staleness=MAX_STALENESS
+    )
+    print("\n", verdict, "\n", faults.skipped, faults.stop_code)
+
+    last_log = sorted(tmp_path.glob("ckpt-sr1-run-*.log"))[-1]
+    assert verdict.completed, last_log.read_text()[-4000:]
+    assert verdict.lost == 0 and verdict.trained_twice == 0 and not verdict.orphans
+    assert verdict.versions_increase and verdict.max_staleness_seen <= MAX_STALENESS
+    assert faults.missing(2) == [], faults

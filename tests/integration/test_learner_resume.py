@@ -59,15 +59,11 @@ def _wait_for_version(proc: subprocess.Popen, run_dir: Path, version: int, timeo
     raise AssertionError(f"learner did not reach version {version} in {timeout_s} s")
 
 
-# well past the SIGTERM at version 6: a fast machine may finish a few steps between the poll and the signal
-TOTAL_STEPS = 12
-
-
-@pytest.mark.timeout(400)
-def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_path):
-    from buffer.redis_buffer import ReplayBuffer
+def _run_config(tmp_path: Path, model_dir: Path, namespace: str, *overrides: str) -> tuple[Path, Path]:
+    """A learner job of the tiny preset on 400 short prompts (the learner drops those longer than
+    model.max_prompt_tokens), two groups of two per step, no engines (the toy generator stands in): its config file
+    and run directory."""
     from config import load_config, save_config
-    from tests.fakes.toy_generator import ToyGenerator
 
     run_dir = tmp_path / "run"
     prompts = tmp_path / "prompts.jsonl"
@@ -75,25 +71,38 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
         "".join(
             json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "golden_answers": ["a"]}) + "\n"
             for i in range(400)
-        )  # short prompts: the learner drops those longer than model.max_prompt_tokens
+        )
     )
-    config = load_config(
-        "tiny",
-        [
-            f"model.path={tiny_model_dir}",
-            f"run_dir={run_dir}",
-            f"data.train_files=[{prompts}]",
-            f"buffer.namespace={NAMESPACE}",
-            "generators.group_size=2",
-            "learner.groups_per_step=2",
-            "learner.max_staleness=1",
-            f"learner.total_steps={TOTAL_STEPS}",
-            "learner.micro_batch_tokens=512",
-            "learner.checkpoint_every=3",
-            "learner.num_engines=0",
-        ],
+    common = [
+        f"model.path={model_dir}",
+        f"run_dir={run_dir}",
+        f"data.train_files=[{prompts}]",
+        f"buffer.namespace={namespace}",
+        "generators.group_size=2",
+        "learner.groups_per_step=2",
+        "learner.micro_batch_tokens=512",
+        "learner.num_engines=0",
+    ]
+    return save_config(load_config("tiny", [*common, *overrides]), run_dir), run_dir
+
+
+# well past the SIGTERM at version 6: a fast machine may finish a few steps between the poll and the signal
+TOTAL_STEPS = 12
+
+
+@pytest.mark.timeout(400)
+def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_path):
+    from buffer.redis_buffer import ReplayBuffer
+    from tests.fakes.toy_generator import ToyGenerator
+
+    config_path, run_dir = _run_config(
+        tmp_path,
+        tiny_model_dir,
+        NAMESPACE,
+        "learner.max_staleness=1",
+        f"learner.total_steps={TOTAL_STEPS}",
+        "learner.checkpoint_every=3",
     )
-    config_path = save_config(config, run_dir)
     # a fixed uniform behaviour policy (no weights to follow): this test is about the plumbing
     generator = ToyGenerator(redis_url, NAMESPACE, group_size=2, targets={1, 2, 3}, response_len=3).start()
     try:
@@ -159,34 +168,20 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
     5 and resumed goes on with the bound it had reached (checkpoint and Redis), not from `initial` again; every step
     asserted its tokens against the bound in force (a violation would have failed the process)."""
     from buffer.redis_buffer import ReplayBuffer
-    from config import load_config, save_config
     from tests.fakes.toy_generator import ToyGenerator
 
-    namespace, run_dir = "resume-auto", tmp_path / "run"
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "golden_answers": ["a"]}) + "\n"
-            for i in range(400)
-        )
-    )
-    overrides = [
-        f"model.path={tiny_model_dir}",
-        f"run_dir={run_dir}",
-        f"data.train_files=[{prompts}]",
-        f"buffer.namespace={namespace}",
-        "generators.group_size=2",
-        "learner.groups_per_step=2",
+    namespace = "resume-auto"
+    config_path, run_dir = _run_config(
+        tmp_path,
+        tiny_model_dir,
+        namespace,
         "learner.max_staleness=auto",
         "learner.staleness_auto.ceiling=3",
         "learner.staleness_auto.target_kl=1e9",
         "learner.staleness_auto.patience=1",
         "learner.total_steps=9",
-        "learner.micro_batch_tokens=512",
         "learner.checkpoint_every=3",
-        "learner.num_engines=0",
-    ]
-    config_path = save_config(load_config("tiny", overrides), run_dir)
+    )
     generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
     try:
         first = _start(config_path, redis_url)
@@ -226,33 +221,6 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
 
 
 # -- checkpoints that fail (docs/reliability.md, "Checkpoint faults") ------------------------------------------------
-
-
-def _fault_run(tmp_path: Path, model_dir: Path, namespace: str, total_steps: int) -> tuple[Path, Path]:
-    run_dir = tmp_path / "run"
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "golden_answers": ["a"]}) + "\n"
-            for i in range(400)
-        )
-    )
-    from config import load_config, save_config
-
-    overrides = [
-        f"model.path={model_dir}",
-        f"run_dir={run_dir}",
-        f"data.train_files=[{prompts}]",
-        f"buffer.namespace={namespace}",
-        "generators.group_size=2",
-        "learner.groups_per_step=2",
-        "learner.max_staleness=1",
-        f"learner.total_steps={total_steps}",
-        "learner.micro_batch_tokens=512",
-        "learner.checkpoint_every=4",
-        "learner.num_engines=0",
-    ]
-    return save_config(load_config("tiny", overrides), run_dir), run_dir
 
 
 def _when_latest_is(proc: subprocess.Popen, run_dir: Path, name: str, timeout_s: float = 120) -> None:
@@ -309,7 +277,14 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace, total = "disk-full", 16
-    config_path, run_dir = _fault_run(tmp_path, tiny_model_dir, namespace, total)
+    config_path, run_dir = _run_config(
+        tmp_path,
+        tiny_model_dir,
+        namespace,
+        "learner.max_staleness=1",
+        f"learner.total_steps={total}",
+        "learner.checkpoint_every=4",
+    )
     trigger, log = tmp_path / "disk-full", tmp_path / "learner.log"
     hook = {DISK_FULL_ENV: str(trigger)}
     generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
@@ -359,7 +334,14 @@ def test_a_torn_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace, total = "torn", 12
-    config_path, run_dir = _fault_run(tmp_path, tiny_model_dir, namespace, total)
+    config_path, run_dir = _run_config(
+        tmp_path,
+        tiny_model_dir,
+        namespace,
+        "learner.max_staleness=1",
+        f"learner.total_steps={total}",
+        "learner.checkpoint_every=4",
+    )
     log = tmp_path / "learner.log"
     generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
     try:

@@ -217,3 +217,37 @@ def test_a_real_full_filesystem(world, trained, tiny_model_dir, tmp_path):
         assert stat.f_bfree == stat.f_blocks
     finally:
         subprocess.run(["umount", str(ckpt_dir)], check=True)
+
+
+def test_one_failed_checkpoint_goes_on_and_the_second_in_a_row_stops_saying_what_space_it_needs(
+    world, trained, tiny_model_dir, tmp_path
+):
+    from learner.safety_net import CheckpointsFailing, SafetyNet
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", world, tiny_model_dir)
+    estimate, source = ckpt.space_needed(trained.model)  # no checkpoint yet: from the parameters
+    params = sum(p.numel() for p in trained.model.parameters())
+    assert source == "estimated from the model's parameters" and estimate > 12 * params
+    net = SafetyNet(ckpt, last_good=None)
+    full = CheckpointWriteError("the checkpoint of step 2 could not be written (no space)", no_space=True)
+    net.failed(full, version=2, model=trained.model)  # the first: logged, training goes on
+    assert net.metrics() == {"checkpoint/failed_in_a_row": 1.0, "checkpoint/last_good_step": 0.0}
+    assert "There is no good checkpoint yet" in net.last_failure and "needs about" in net.last_failure
+    net.saved(4)
+    assert net.metrics() == {"checkpoint/failed_in_a_row": 0.0, "checkpoint/last_good_step": 4.0}
+    _save(ckpt, trained, 4)
+    net.failed(full, version=6, model=trained.model)
+    with pytest.raises(
+        CheckpointsFailing, match=r"2 checkpoints in a row could not be written \(step 6, step 8\)"
+    ):
+        net.failed(full, version=8, model=trained.model)
+    assert (
+        "The last good checkpoint is step_4" in net.last_failure
+        and "(the size of step_4;" in net.last_failure
+    )
+    net.failed(
+        full, version=10, model=trained.model, last=True
+    )  # the run's last one is retried, never raised
+    other = CheckpointWriteError("the checkpoint of step 12 could not be written (EIO)", no_space=False)
+    net.failed(other, version=12, model=trained.model, last=True)
+    assert "needs about" not in net.last_failure and "Fix the storage under" in net.last_failure
