@@ -29,8 +29,8 @@ class CheckpointsFailing(RuntimeError):
     was asked to stop. The learner exits with `config.EXIT_CHECKPOINT_FAILED`, which supervisors do not restart."""
 
 
-def _gb(size: float) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e7 else f"{size / 1e6:.1f} MB"
+def _size(size: float) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
 
 
 class SafetyNet:
@@ -38,7 +38,7 @@ class SafetyNet:
         self.checkpointer = checkpointer
         self.last_good = last_good
         self.failed_steps: list[int] = []  # steps whose checkpoint failed since the last good one
-        self.last_failure = ""  # the last failure and what to do about it
+        self.last_failure = ""  # the last failure, the space it needs, what to do
 
     @property
     def failed_in_a_row(self) -> int:
@@ -64,40 +64,41 @@ class SafetyNet:
         """Record that the checkpoint of `version` failed; raise CheckpointsFailing when it is the second in a row
         (mid-run; `last`: the run's final checkpoint, which the caller retries instead)."""
         self.failed_steps.append(version)
-        advice = self.advice(err, model)
-        self.last_failure = f"{err}. {advice}"
+        state = self.state(err, model)
         if self.failed_in_a_row >= MAX_FAILURES_IN_A_ROW and not last:
             steps = ", ".join(f"step {v}" for v in self.failed_steps)
-            raise CheckpointsFailing(
-                f"{self.failed_in_a_row} checkpoints in a row could not be written ({steps}): {err}. "
-                f"Stopping before more training goes without a checkpoint. {advice}"
+            fix = "Free space there (or lower learner.keep_checkpoints), then" if err.no_space else "Then"
+            self.last_failure = (
+                f"{self.failed_in_a_row} checkpoints in a row could not be written ({steps}): {err}. Stopping "
+                f"before more training goes without a checkpoint. {state} {fix} resume the run with --resume: it "
+                "goes on from the last good checkpoint, and the groups trained since are generated again."
             )
+            raise CheckpointsFailing(self.last_failure)
         then = (
-            "it is tried again"
+            "It is tried again until it is written."
             if last
-            else "training goes on and the next checkpoint is tried in learner.checkpoint_every steps; a second "
-            "failure in a row stops the run"
+            else "Training goes on; the next checkpoint is tried in learner.checkpoint_every steps, and a second "
+            "failure in a row stops the run."
         )
-        log.error("checkpoint step_%d failed: %s. %s; %s", version, err, advice, then)
+        self.last_failure = f"{err}. {state}"
+        log.error("checkpoint step_%d failed: %s. %s %s", version, err, state, then)
 
-    def advice(self, err: CheckpointWriteError, model) -> str:
-        """The last good checkpoint, and for a full disk how much space the next one needs and how to go on."""
+    def state(self, err: CheckpointWriteError, model) -> str:
+        """The last good checkpoint, and for a full disk how much space the next one needs and how much is free."""
         root = self.checkpointer.root
         good = (
-            f"The last good checkpoint is step_{self.last_good}"
+            f"The last good checkpoint is step_{self.last_good}."
             if self.last_good is not None
-            else "There is no good checkpoint yet (a resume starts from the initial weights)"
+            else "There is no good checkpoint yet (a resume starts from the initial weights)."
         )
         if not err.no_space:
-            return f"{good}. Fix the storage under {root}, then resume the run with --resume."
+            return f"{good} Fix the storage under {root}."
         needed, source = self.checkpointer.space_needed(model)
         try:
-            free = f"{_gb(shutil.disk_usage(root).free)} is free there now"
+            free = f"{_size(shutil.disk_usage(root).free)} is free there now"
         except OSError:
             free = "its free space is unknown"
         return (
-            f"{good}. The next checkpoint needs about {_gb(needed)} free under {root} ({source}; the "
-            f"{self.checkpointer.keep} kept by learner.keep_checkpoints stay until it is written), and {free}. Free "
-            "space there, or lower learner.keep_checkpoints, then resume the run with --resume: it goes on from the "
-            "last good checkpoint, and the groups trained since are generated again."
+            f"{good} The next checkpoint needs about {_size(needed)} free under {root} ({source}; the "
+            f"{self.checkpointer.keep} kept by learner.keep_checkpoints stay until it is written), and {free}."
         )

@@ -11,7 +11,7 @@ One `sr1 run` of the tiny preset, a checkpoint every `c` steps (2 by default), `
    training goes on, step_5c fails too and the learner stops; `sr1 run` must exit with 74 (EXIT_CHECKPOINT_FAILED)
    and say how much space the next checkpoint needs. Space is freed and the run resumed: it goes on from step_3c
    and finishes.
-The disk fills up either through the checkpoint writer's test hook (`SR1_TEST_DISK_FULL`: its own writes raise
+The disk fills up either through the checkpoint writer's test hook (`SR1TEST_DISK_FULL`: its own writes raise
 ENOSPC; no privileges needed, what CI runs) or for real: `<run_dir>/checkpoints` is a tmpfs of `--tmpfs-mb` and a
 ballast file takes its free space (root with CAP_SYS_ADMIN only). Both are checked by the audit of `chaos.py`
 (complete, nothing lost or trained twice, versions only go up, bound held, no orphans) and by `CheckpointFaults`.
@@ -78,7 +78,7 @@ class DiskFull:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"SR1_TEST_DISK_FULL": str(self.trigger)} if self.how == "hook" else {}
+        return {"SR1TEST_DISK_FULL": str(self.trigger)} if self.how == "hook" else {}
 
     def fill(self) -> None:
         if self.how == "hook":
@@ -144,12 +144,12 @@ def run_checkpoint_faults(
         good = (max(published[-1], 2 * every) // every + 1) * every
         _wait_latest(chaos, good)
         _freeze_learner(chaos, signal.SIGSTOP)  # the fault lands before the next save whatever the step time
+        published.append(chaos.version() or 0)  # read while the run's Redis is up
         disk.fill()
         _freeze_learner(chaos, signal.SIGCONT)
         print(f"disk full after step_{good} ({disk_full})", flush=True)
         stop_code = chaos.finish()
         stop_message = chaos.log_path(chaos.launches - 1).read_text()
-        published.append(chaos.version() or 0)
         disk.free()
         chaos.resume()
         returncode = chaos.finish()

@@ -25,7 +25,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, tmp: str) 
     tmp_path = Path(tmp)
     trigger = tmp_path / "disk-full"
     if rank == 1:  # only rank 1's disk fills up
-        os.environ["SR1_TEST_DISK_FULL"] = str(trigger)
+        os.environ["SR1TEST_DISK_FULL"] = str(trigger)
     import torch
     import torch.distributed as dist
 
