@@ -251,9 +251,8 @@ class Checkpointer:
         write_manifest(partial, entries, version=state.version, world_size=self.world.world_size)
         fsync_tree(partial)
         stale = None
-        if (
-            final.exists()
-        ):  # a checkpoint of the same version that did not verify (or a save a crash cut short)
+        # a checkpoint of the same version already there did not verify at resume (the run went on past it)
+        if final.exists():
             stale = final.with_name(f".{final.name}.stale")
             shutil.rmtree(stale, ignore_errors=True)
             final.rename(stale)
