@@ -254,16 +254,20 @@ def run_learner(
             flag = torch.tensor([1.0 if stop.is_set() else 0.0], device=world.device)
             stopping = bool(all_reduce(flag, world, "max").item())
             done = learner.version >= cfg.total_steps
-            checkpoint_s, failed = None, net.failed_in_a_row
+            checkpoint_s, failed, failing = None, net.failed_in_a_row, None
             if learner.version % cfg.checkpoint_every == 0 or stopping or done:
                 # a failed save leaves its groups unacked for the next one; the second failure in a row mid-run
-                # raises CheckpointsFailing (the last checkpoint of the run is retried below instead)
+                # raises CheckpointsFailing, after this step's metrics row (the run's last checkpoint is retried
+                # below instead)
                 checkpoint_start = time.perf_counter()
-                if _checkpoint(
-                    checkpointer, learner, side, used_since_checkpoint, net, last=stopping or done
-                ):
-                    used_since_checkpoint = []
-                    last_saved = learner.version
+                try:
+                    if _checkpoint(
+                        checkpointer, learner, side, used_since_checkpoint, net, last=stopping or done
+                    ):
+                        used_since_checkpoint = []
+                        last_saved = learner.version
+                except CheckpointsFailing as err:
+                    failing = err
                 checkpoint_s = time.perf_counter() - checkpoint_start
             metrics = merge_metrics(
                 train_metrics,
@@ -275,6 +279,8 @@ def run_learner(
             )
             if learner.version % job.logging.log_every == 0 or done or net.failed_in_a_row != failed:
                 tracker.log(metrics, step=learner.version)
+            if failing is not None:
+                raise failing
             if side is not None:
                 for result in side.evaluations(learner.version, last=done):
                     tracker.log_eval(result, step=result["step"])

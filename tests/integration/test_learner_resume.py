@@ -302,6 +302,7 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
         rows = {r["step"]: r for r in _metrics(run_dir)}
         assert rows[8]["checkpoint/failed_in_a_row"] == 1 and rows[8]["checkpoint/last_good_step"] == 4
         assert rows[4]["checkpoint/failed_in_a_row"] == 0
+        assert rows[12]["checkpoint/failed_in_a_row"] == 2  # the step that stopped the run logged its row
         buffer = ReplayBuffer(redis_url, namespace)
         assert buffer.stats()["buffer/trained_unacked"] == 2 * 8  # steps 5-12: never acked
         buffer.close()
@@ -334,7 +335,7 @@ def test_a_torn_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
     from learner.checkpoint_files import MANIFEST
     from tests.fakes.toy_generator import ToyGenerator
 
-    namespace, total = "torn", 12
+    namespace, total = "torn", 16
     config_path, run_dir = _run_config(
         tmp_path,
         tiny_model_dir,
