@@ -115,14 +115,6 @@ class ChaosRun:
         """`sr1 run --resume` on the run directory (the previous stack has exited)."""
         self.parent = self._launch("--resume", str(self.run_dir))
 
-    def latest_checkpoint(self) -> int:
-        """The version of the newest complete checkpoint (`checkpoints/latest`; 0 before the first)."""
-        pointer = self.run_dir / "checkpoints" / "latest"
-        try:
-            return int(pointer.read_text().strip().split("_")[1])
-        except (OSError, IndexError, ValueError):
-            return 0
-
     def version(self) -> int | None:
         """The published version, read through the run's own Redis (None while it is down)."""
         try:
@@ -505,10 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts to kill")
     parser.add_argument("--sequence", action="store_true", help="one run, the parts killed in turn")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument(
-        "--checkpoint-every", type=int, default=None, help="default: 10 (2 with --checkpoint-faults)"
-    )
+    parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=2)
+    from chaos_checkpoints import add_arguments as add_checkpoint_fault_arguments
+    from chaos_checkpoints import main as checkpoint_faults_main
+
+    add_checkpoint_fault_arguments(parser)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="where the runs go")
     parser.add_argument(
@@ -520,35 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "synchronous run instead of killing parts",
     )
     parser.add_argument("--retriever-down-s", type=float, default=60.0, help="how long retriever-down lasts")
-    parser.add_argument(
-        "--checkpoint-faults",
-        action="store_true",
-        help="a torn checkpoint, then a full disk, in one run (scripts/chaos_checkpoints.py)",
-    )
-    parser.add_argument(
-        "--disk-full",
-        choices=["hook", "tmpfs"],
-        default="hook",
-        help="how the disk fills up: the checkpoint writer's ENOSPC test hook, or a real tmpfs (needs root)",
-    )
-    parser.add_argument(
-        "--tmpfs-mb", type=int, default=512, help="the size of the tmpfs of --disk-full tmpfs"
-    )
     args = parser.parse_args(argv)
-    if args.checkpoint_faults:
-        from chaos_checkpoints import report, run_checkpoint_faults
-
-        every = args.checkpoint_every or 2
-        run_dir = args.out / f"checkpoint-faults-{time.strftime('%Y%m%d-%H%M%S')}"
-        verdict, faults = run_checkpoint_faults(
-            run_dir,
-            every=every,
-            max_staleness=args.max_staleness,
-            disk_full=args.disk_full,
-            tmpfs_mb=args.tmpfs_mb,
-        )
-        return report(verdict, faults, every)
-    args.checkpoint_every = args.checkpoint_every or 10
     if args.faults is not None:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         if unknown := sorted(set(faults) - set(FAULTS)):
@@ -567,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    if args.checkpoint_faults is not None:
+        return checkpoint_faults_main(args)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     common = dict(steps=args.steps, checkpoint_every=args.checkpoint_every, max_staleness=args.max_staleness)
     rows = []

@@ -7,12 +7,12 @@ exactly once or is still pending, and versions strictly increase; the staleness 
 process of the run outlives it. A table of the time to recover from each fault is printed (`-s` shows it).
 `CHAOS_SEED` picks other kill steps (the default is fixed, so CI is repeatable).
 
-The third run tears a checkpoint and then fills the disk (`scripts/chaos.py --checkpoint-faults`): the resume skips
-the torn checkpoint, the second failed save in a row stops the run with exit status 74, and the resume after it
-finishes the run; the same audit holds.
-
 The second run kills nothing: a poison prompt, a malformed group payload, malformed evaluation requests and a frozen
 retriever under synchronous training (`scripts/chaos.py --faults`); each event must be counted in the run's report.
+
+The third run fills the disk and then tears a checkpoint (`scripts/chaos.py --checkpoint-faults`): two saves in a row
+fail and the run stops with exit status 74, leaving no partial files; its last good checkpoint is cut to half, and the
+resume skips it, loads the one before and finishes the run; the same audit holds.
 """
 
 from __future__ import annotations
@@ -98,11 +98,11 @@ def test_faults_that_kill_nothing_are_survived_and_counted(tmp_path):
     assert counts.missing(list(chaos.FAULTS)) == [], counts
 
 
-def test_a_torn_checkpoint_and_a_full_disk_are_survived(tmp_path):
-    """12 steps, a checkpoint every 2: step_4 torn after a kill (the resume loads step_2), then the disk full after
-    the next checkpoint (two saves fail, the run stops with 74 and the space it needs; resumed, it finishes). The
-    disk fills up through the checkpoint writer's ENOSPC hook, which needs no privileges;
-    `scripts/chaos.py --checkpoint-faults --disk-full tmpfs` does it with a real tmpfs."""
+def test_a_full_disk_and_a_torn_checkpoint_are_survived(tmp_path):
+    """10 steps, a checkpoint every 2: the disk fills up once step_4 is written (step_6 fails, training goes on,
+    step_8 fails and the run stops with 74 saying the space it needs), step_4 is then cut to half and the resume
+    loads step_2 and finishes. The disk fills up through the checkpoint writer's ENOSPC hook, which needs no
+    privileges; `scripts/chaos.py --checkpoint-faults --disk-full tmpfs` does it with a real tmpfs."""
     checkpoints = _chaos_script("chaos_checkpoints")
     verdict, faults = checkpoints.run_checkpoint_faults(
         tmp_path / "ckpt", every=2, max_staleness=MAX_STALENESS
