@@ -49,6 +49,14 @@ def _start(config_path: Path, redis_url: str, *extra: str, env: dict | None = No
             out.close()
 
 
+def _stop(generator, processes: list[subprocess.Popen]) -> None:
+    """Stop the toy generator and kill the learner processes still running (a failed assertion left them)."""
+    generator.stop()
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _wait_for_version(proc: subprocess.Popen, run_dir: Path, version: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -124,10 +132,7 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
         third = _start(config_path, redis_url, "--resume")
         assert third.wait(120) == 0
     finally:
-        generator.stop()
-        for proc in [p for p in locals().values() if isinstance(p, subprocess.Popen)]:
-            if proc.poll() is None:
-                proc.kill()
+        _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
 
     # each process writes a start line then one line per step; the durable history is, per process, the steps up
     # to the checkpoint the next process resumed from
@@ -201,10 +206,7 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
         second = _start(config_path, redis_url, "--resume")
         assert second.wait(120) == 0
     finally:
-        generator.stop()
-        for proc in [p for p in locals().values() if isinstance(p, subprocess.Popen)]:
-            if proc.poll() is None:
-                proc.kill()
+        _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
     buffer = ReplayBuffer(redis_url, namespace)
     bounds = buffer.staleness_bounds()
     buffer.close()
@@ -221,6 +223,18 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
 
 
 # -- checkpoints that fail (docs/reliability.md, "Checkpoint faults") ------------------------------------------------
+
+
+def _checkpoint_every_4(tmp_path: Path, model_dir: Path, namespace: str, total: int) -> tuple[Path, Path]:
+    """A learner job of `total` steps with a checkpoint every 4 and a staleness bound of 1 (see `_run_config`)."""
+    return _run_config(
+        tmp_path,
+        model_dir,
+        namespace,
+        "learner.max_staleness=1",
+        f"learner.total_steps={total}",
+        "learner.checkpoint_every=4",
+    )
 
 
 def _when_latest_is(proc: subprocess.Popen, run_dir: Path, name: str, timeout_s: float = 120) -> None:
@@ -277,14 +291,7 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace, total = "disk-full", 16
-    config_path, run_dir = _run_config(
-        tmp_path,
-        tiny_model_dir,
-        namespace,
-        "learner.max_staleness=1",
-        f"learner.total_steps={total}",
-        "learner.checkpoint_every=4",
-    )
+    config_path, run_dir = _checkpoint_every_4(tmp_path, tiny_model_dir, namespace, total)
     trigger, log = tmp_path / "disk-full", tmp_path / "learner.log"
     hook = {DISK_FULL_ENV: str(trigger)}
     generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
@@ -318,10 +325,7 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
         trigger.unlink()
         assert second.wait(120) == 0
     finally:
-        generator.stop()
-        for proc in [p for p in locals().values() if isinstance(p, subprocess.Popen)]:
-            if proc.poll() is None:
-                proc.kill()
+        _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_16"
     _assert_every_group_once(run_dir, redis_url, namespace, generator, total)
 
@@ -336,14 +340,7 @@ def test_a_torn_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace, total = "torn", 16
-    config_path, run_dir = _run_config(
-        tmp_path,
-        tiny_model_dir,
-        namespace,
-        "learner.max_staleness=1",
-        f"learner.total_steps={total}",
-        "learner.checkpoint_every=4",
-    )
+    config_path, run_dir = _checkpoint_every_4(tmp_path, tiny_model_dir, namespace, total)
     log = tmp_path / "learner.log"
     generator = ToyGenerator(redis_url, namespace, group_size=2, targets={1, 2, 3}, response_len=3).start()
     try:
@@ -358,26 +355,20 @@ def test_a_torn_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
         second = _start(config_path, redis_url, "--resume", log=log)
         assert second.wait(180) == 0, log.read_text()[-3000:]
     finally:
-        generator.stop()
-        for proc in [p for p in locals().values() if isinstance(p, subprocess.Popen)]:
-            if proc.poll() is None:
-                proc.kill()
+        _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
     text = log.read_text()
     assert f"skipping checkpoint {step_8}" in text and "cut short" in text and "resuming from step_4" in text
     starts = [
         json.loads(x) for x in (run_dir / "learner_groups.jsonl").read_text().splitlines() if '"start"' in x
     ]
     assert starts[1]["weights"] == 4 and starts[1]["skipped"][0]["checkpoint"] == "step_8"
-    _, first_run = _surviving_groups_of_first_segment(run_dir)
-    assert set(first_run) <= set(
-        starts[1]["recalled"]
-    )  # steps 5-8 (acked by step_8) and after: generated again
+    # the first process's steps after step_4 (steps 5-8 were acked by the torn step_8): all generated again
+    assert set(_groups_of_first_segment_after(run_dir, 4)) <= set(starts[1]["recalled"])
     _assert_every_group_once(run_dir, redis_url, namespace, generator, total)
 
 
-def _surviving_groups_of_first_segment(run_dir: Path) -> tuple[list[int], list[str]]:
-    """The first learner process's steps after step_4 (which the torn step_8 had made durable)."""
+def _groups_of_first_segment_after(run_dir: Path, version: int) -> list[str]:
+    """The group ids the first learner process trained in its steps after `version`."""
     lines = [json.loads(x) for x in (run_dir / "learner_groups.jsonl").read_text().splitlines()]
     second_start = [i for i, r in enumerate(lines) if "start" in r][1]
-    steps = [r for r in lines[1:second_start] if r["version"] > 4]
-    return [s["version"] for s in steps], [g for s in steps for g in s["group_ids"]]
+    return [g for r in lines[1:second_start] if r["version"] > version for g in r["group_ids"]]
