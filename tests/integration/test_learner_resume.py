@@ -302,7 +302,7 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
         first.send_signal(signal.SIGCONT)
         assert first.wait(120) == EXIT_CHECKPOINT_FAILED
         text = log.read_text()
-        assert "checkpoint step_8 failed" in text and "training goes on" in text
+        assert "checkpoint step_8 failed" in text and "Training goes on" in text
         assert "2 checkpoints in a row could not be written (step 8, step 12)" in text
         assert "The last good checkpoint is step_4" in text and "needs about" in text
         assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_4"]
