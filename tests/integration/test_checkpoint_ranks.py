@@ -59,6 +59,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, tmp: str) 
     out["second"].append(sorted(p.name for p in ckpt.root.iterdir()))
     if rank == 0:
         trigger.unlink()
+    dist.barrier()  # the space is back on every rank before the next save reads the hook
     third = save(3)
     if rank == 0:
         shard = third / "resume" / "dcp" / "__1_0.distcp"  # written by rank 1
