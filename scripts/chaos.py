@@ -50,7 +50,12 @@ sys.path.insert(0, str(ROOT))
 
 PARTS = ("generator", "learner", "redis", "retrieval", "parent")
 FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
-_MODULE_OF = {"generator": "generators.main", "learner": "learner.main", "retrieval": "retrieval.cli"}
+# the module each part runs (sr1/entrypoints/), found in its command line
+_MODULE_OF = {
+    "generator": "sr1.entrypoints.generators",
+    "learner": "sr1.entrypoints.learner",
+    "retrieval": "sr1.entrypoints.retrieval",
+}
 
 
 @dataclass

@@ -23,6 +23,7 @@ import sys
 import time
 
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
+from sr1 import entrypoints
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
 from sr1.preflight import BadInput, check_inputs
@@ -79,7 +80,7 @@ def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = 
         if cores:  # vLLM's CPU backend would otherwise bind its OpenMP threads to cores of its own choosing
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         log_path = run_dir / "logs" / f"{worker_id}.log" if logs else None
-        cmd = python_module("generators.main", "--config", str(job_file))
+        cmd = python_module(entrypoints.GENERATORS, "--config", str(job_file))
         children.append(Child(worker_id, cmd, log_path, env, cpus=tuple(cores) if cores else None))
     return children
 
@@ -91,7 +92,7 @@ def learner_children(cfg: Config, resume: bool, logs: bool = False) -> list[Chil
     n, port = cfg.learner.num_ranks, free_port()
     children = []
     for rank in range(n):
-        cmd = python_module("learner.main", "--config", str(job_file), *(["--resume"] if resume else []))
+        cmd = python_module(entrypoints.LEARNER, "--config", str(job_file), *(["--resume"] if resume else []))
         name = "learner" if n == 1 else f"learner-{rank}"
         log_path = run_dir / "logs" / f"{name}.log" if logs else None
         env = rank_env(rank, n, "127.0.0.1", port, rank, n)

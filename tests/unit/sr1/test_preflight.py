@@ -121,7 +121,7 @@ def test_sr1_run_refuses_a_boolean_number_with_the_bad_input_status(capsys, keep
 def test_the_learner_process_exits_with_the_bad_input_status(
     tiny_model_dir, files, tmp_path, capsys, monkeypatch
 ):
-    from learner.main import main
+    from sr1.entrypoints.learner import main
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # restored after the test, whatever main sets
 
@@ -142,7 +142,7 @@ def test_the_generator_process_exits_with_the_bad_input_status(
     tiny_model_dir, files, tmp_path, capsys, monkeypatch
 ):
     from generators.engine import DIE_WITH_PARENT_ENV
-    from generators.main import main
+    from sr1.entrypoints.generators import main
 
     monkeypatch.delenv(DIE_WITH_PARENT_ENV, raising=False)  # restored after the test, whatever main sets
 

@@ -1,4 +1,4 @@
-"""A generator worker process: `python -m generators.main --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
+"""A generator worker process: `python -m sr1.entrypoints.generators --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/generator-<i>.yaml`: only the sections a generator uses,
 with its worker id and engine index) or a preset / root config file. The process loads the tokenizer, starts the vLLM
@@ -22,7 +22,9 @@ log = logging.getLogger("generators")
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m generators.main", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sr1.entrypoints.generators", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", default="tiny", help="job file, preset name or YAML path (default: tiny)")
     parser.add_argument(
         "--redis-url", default=None, help="Redis URL of the buffer (default: buffer.redis_url)"

@@ -1,4 +1,4 @@
-"""The learner process (one rank): `python -m learner.main --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
+"""The learner process (one rank): `python -m sr1.entrypoints.learner --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/learner.yaml`: only the sections the learner uses) or a
 preset / root config file, from which the learner takes its job (learner/job.py). Rank, world size and the
@@ -21,7 +21,7 @@ from learner.job import LearnerJob
 log = logging.getLogger("learner")
 
 
-def build_parser(prog: str = "python -m learner.main") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m sr1.entrypoints.learner") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny", help="job file, preset name or YAML path (default: tiny)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6")
