@@ -4,12 +4,12 @@
     sr1 learner --config qwen2.5-3b-8xh100 --redis-url redis://head:6379/0 [--resume] [learner.num_ranks=4 ...]
 
 Both write each process's job config into `<run_dir>/jobs/` (each role's job.py) and start the processes through the
-supervisor (sr1/launch/supervisor.py). Generators: one `python -m generators.main` per engine, each on its own slice of
-GPUs (`engine.tensor_parallel_size` per engine; none on CPU); SIGTERM/SIGINT to the pool drains every worker, and a
-worker that fails is reported while the others keep running. Learner: `learner.num_ranks` `python -m learner.main`
-processes with a torchrun-style environment (so `torchrun --nproc-per-node N -m learner.main --config ...` is
-equivalent); SIGTERM/SIGINT reach every rank, which finish the step, checkpoint and exit; one failed rank stops the
-others (they would hang in a collective).
+supervisor (sr1/launch/supervisor.py). Generators: one `python -m sr1.entrypoints.generators` per engine, each on
+its own slice of GPUs (`engine.tensor_parallel_size` per engine; none on CPU); SIGTERM/SIGINT to the pool drains every
+worker, and a worker that fails is reported while the others keep running. Learner: `learner.num_ranks`
+`python -m sr1.entrypoints.learner` processes with a torchrun-style environment (so
+`torchrun --nproc-per-node N -m sr1.entrypoints.learner --config ...` is equivalent); SIGTERM/SIGINT reach every rank,
+which finish the step, checkpoint and exit; one failed rank stops the others (they would hang in a collective).
 """
 
 from __future__ import annotations
