@@ -32,7 +32,7 @@ import torch
 
 from buffer.codec import decode_group
 from buffer.records import Group
-from common.model_paths import resolve_model_path
+from common.model_paths import resolve_model_path, resolve_tokenizer_path
 from learner.checkpoint import Checkpointer, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
 from learner.job import LearnerJob
@@ -105,11 +105,7 @@ def run_learner(
     stop = stop or StopFlag()
     run_dir = Path(job.run_dir)
     model_dir = resolve_model_path(job.model.path)  # a directory, or a hub id in the local HF cache
-    tokenizer_dir = (
-        resolve_model_path(job.model.tokenizer_path, what="model.tokenizer_path")
-        if (job.model.tokenizer_path)
-        else None
-    )
+    tokenizer_dir = resolve_tokenizer_path(job.model)  # model.tokenizer_path, else model_dir
     learner = Learner(
         cfg,
         model_dir,
@@ -125,7 +121,9 @@ def run_learner(
         model_dir,
         save_dtype=job.model.dtype,
         keep=cfg.keep_checkpoints,
-        tokenizer_dir=tokenizer_dir,
+        tokenizer_dir=tokenizer_dir
+        if tokenizer_dir != model_dir
+        else None,  # copied beside the model's files
     )
     state = ResumeState(version=0)
     latest = checkpointer.latest() if resume else None

@@ -57,7 +57,7 @@ async def serve(job: GeneratorJob) -> int:
     from transformers import AutoTokenizer
 
     from buffer.redis_buffer import open_buffer
-    from common.model_paths import resolve_model_path
+    from common.model_paths import resolve_model_path, resolve_tokenizer_path
     from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine
     from generators.worker import GeneratorWorker
     from tasks import build_task
@@ -77,12 +77,8 @@ async def serve(job: GeneratorJob) -> int:
 
     gen = job.generators
     model_path = str(resolve_model_path(job.model.path))  # a directory, or a hub id in the local HF cache
-    tokenizer_path = (
-        str(resolve_model_path(job.model.tokenizer_path, what="model.tokenizer_path"))
-        if job.model.tokenizer_path
-        else None
-    )
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+    tokenizer_path = str(resolve_tokenizer_path(job.model))  # model.tokenizer_path, else the model's own
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     # read (and checked) before the engine starts: a bad test file stops the worker at once, not its evaluations
     test_prompts = evaluation_prompts(job, tokenizer)
     os.environ[DIE_WITH_PARENT_ENV] = "1"  # the engine's processes die with this one (a vLLM plugin reads it)
