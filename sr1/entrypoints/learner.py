@@ -15,8 +15,10 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from learner.job import LearnerJob
+if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and --help should answer at once
+    from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
 
@@ -54,6 +56,7 @@ def training_prompts(job: LearnerJob) -> list:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     from config import EXIT_BAD_INPUT, ConfigError, load_job, save_job
+    from learner.job import LearnerJob
 
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
