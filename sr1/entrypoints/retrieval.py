@@ -40,6 +40,9 @@ _OVERRIDES_HELP = (
     "after the command."
 )
 _KEY = "retrieval."  # a flag whose dest starts with it is that config key
+# the config's variable of retrieval.token (config/environment.py), which --token falls back to with any --config or
+# none; a literal, as importing config/ would make --help slow
+TOKEN_ENV = "SR1_RETRIEVAL__TOKEN"
 
 
 def _flag(p: argparse.ArgumentParser, *names: str, key: str, help: str, **kw: Any) -> None:
@@ -117,8 +120,8 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
         p,
         "--token",
         key="retrieval.token",
-        default=os.environ.get("SR1_RETRIEVAL_TOKEN"),
-        help="Require 'Authorization: Bearer TOKEN' (or set SR1_RETRIEVAL_TOKEN).",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"Require 'Authorization: Bearer TOKEN' (default: ${TOKEN_ENV}).",
     )
     _flag(
         p,
