@@ -1,4 +1,6 @@
-"""A generator worker process: `python -m sr1.entrypoints.generators --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
+"""A generator worker process: load its job, start its vLLM engine and run one `GeneratorWorker`.
+
+    python -m sr1.entrypoints.generators --config JOB_OR_PRESET [--redis-url URL] [--worker-id ID] [overrides]
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/generator-<i>.yaml`: only the sections a generator uses,
 with its worker id and engine index) or a preset / root config file. The process loads the tokenizer, starts the vLLM

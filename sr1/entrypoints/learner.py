@@ -1,4 +1,7 @@
-"""The learner process (one rank): `python -m sr1.entrypoints.learner --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
+"""The learner process (one rank): load its job, then train with `learner.loop.run_learner`.
+
+    python -m sr1.entrypoints.learner --config JOB_OR_PRESET [--redis-url URL] [--resume] [overrides]
+    torchrun --nproc-per-node 8 -m sr1.entrypoints.learner --config qwen2.5-3b-8xh100 --redis-url URL
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/learner.yaml`: only the sections the learner uses) or a
 preset / root config file, from which the learner takes its job (learner/job.py). Rank, world size and the

@@ -1,8 +1,8 @@
-"""`sr1 retrieval ...`: serve the retrieval API and build indexes.
+"""`sr1 retrieval ...`: serve the retrieval API and build indexes (the launchers run `python -m sr1.entrypoints.retrieval`).
 
-    python -m sr1.entrypoints.retrieval serve --method bm25 --corpus corpus.jsonl [--index DIR] [--port 8000]
-    python -m sr1.entrypoints.retrieval build-index --method dense --corpus corpus.jsonl --out DIR [--faiss-index HNSW64]
-    python -m sr1.entrypoints.retrieval serve --config tiny retrieval.server.port=8123 retrieval.topk=5
+    sr1 retrieval serve --method bm25 --corpus corpus.jsonl [--index DIR] [--port 8000]
+    sr1 retrieval build-index --method dense --corpus corpus.jsonl --out DIR [--faiss-index HNSW64]
+    sr1 retrieval serve --config tiny retrieval.server.port=8123 retrieval.topk=5
 
 The config is `--config` (a preset, a root config file or a retrieval job file; the defaults without one), then the
 dotted overrides (any key of the config, `config/loader.py` parses them), then the flags: each flag is a dotted key
@@ -12,7 +12,7 @@ dotted overrides (any key of the config, `config/loader.py` parses them), then t
 Search-R1's spellings work too: `retrieval_server.py`'s flags (`--index_path --corpus_path --topk --retriever_name
 --retriever_model --faiss_gpu`) and its config keys (`retriever.url=...`, `retriever.topk=3`, `search_url=...`).
 
-    python -m sr1.entrypoints.retrieval serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
+    sr1 retrieval serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
         --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu
 
 and `retrieval_rerank_server.py`'s (`--retrieval_topk 10 --reranking_topk 3 --reranker_model DIR
