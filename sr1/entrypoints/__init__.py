@@ -11,6 +11,27 @@ from the root config, and an entry point loads its job and hands it to the pool'
 importing torch or vLLM.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from common.jobs import Job
+
+JobT = TypeVar("JobT", bound="Job")
+
 LEARNER = "sr1.entrypoints.learner"
 GENERATORS = "sr1.entrypoints.generators"
 RETRIEVAL = "sr1.entrypoints.retrieval"
+
+
+def load_pool_job(job_cls: type[JobT], config: str, overrides: list[str], redis_url: str | None) -> JobT:
+    """The job of a pool's process: `--config` (a job file, a preset or a root config), the dotted overrides, then
+    `--redis-url` as `buffer.redis_url`. ConfigError when it is invalid or names no Redis, where the pools meet."""
+    # config/ imports the learner's settings, and with them torch: loaded here, not on the way to --help
+    from config import ConfigError, load_job
+
+    job = load_job(job_cls, config, [*overrides, *([f"buffer.redis_url={redis_url}"] if redis_url else [])])
+    if not job.buffer.redis_url:
+        raise ConfigError("no Redis URL: pass --redis-url or set buffer.redis_url")
+    return job

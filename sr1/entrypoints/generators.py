@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from generators.job import GeneratorJob
+from sr1.entrypoints import load_pool_job
 
 log = logging.getLogger("generators")
 
@@ -129,21 +130,17 @@ async def serve(job: GeneratorJob) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     from common.model_paths import ModelPathError
-    from config import EXIT_BAD_INPUT, ConfigError, load_job
+    from config import EXIT_BAD_INPUT, ConfigError
     from tasks import DataError
 
-    overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
-        job = load_job(GeneratorJob, args.config, overrides)
+        job = load_pool_job(GeneratorJob, args.config, args.overrides, args.redis_url)
     except ConfigError as err:
         print(f"generators: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     updates = {"worker_id": args.worker_id, "engine_index": args.engine_index}
     job = job.model_copy(update={k: v for k, v in updates.items() if v is not None})
     logging.basicConfig(level=job.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not job.buffer.redis_url:
-        print("generators: no Redis URL (give --redis-url or buffer.redis_url=...)", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         return asyncio.run(serve(job))
     except (

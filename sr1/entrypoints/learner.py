@@ -20,6 +20,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from sr1.entrypoints import load_pool_job
+
 if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and --help should answer at once
     from learner.job import LearnerJob
 
@@ -58,17 +60,13 @@ def training_prompts(job: LearnerJob) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from config import EXIT_BAD_INPUT, ConfigError, load_job, save_job
+    from config import EXIT_BAD_INPUT, ConfigError, save_job
     from learner.job import LearnerJob
 
-    overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
-        job = load_job(LearnerJob, args.config, overrides)
+        job = load_pool_job(LearnerJob, args.config, args.overrides, args.redis_url)
     except ConfigError as err:
         print(f"learner: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if not job.buffer.redis_url:
-        print("learner: no Redis URL: pass --redis-url or set buffer.redis_url", file=sys.stderr)
         return EXIT_BAD_INPUT
     logging.basicConfig(
         level=job.logging.level, format="%(asctime)s %(levelname)s [learner] %(name)s: %(message)s"
