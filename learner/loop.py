@@ -98,9 +98,13 @@ def run_learner(
 ) -> int:
     """Train until learner.total_steps or a stop signal; returns the final version.
 
-    prompts: PromptRecords for the feeder (default: data.train_files). weight_sink: called on rank 0 with
-    (version, full named tensors) after every step instead of/in addition to the engines (tests, evaluation).
+    prompts: the PromptRecords rank 0 feeds (required there, ignored on the other ranks); the entry point reads
+    them from data.train_files, without the overlong ones (`sr1/entrypoints/learner.py`'s `training_prompts`).
+    weight_sink: called on rank 0 with (version, full named tensors) after every step instead of/in addition to the
+    engines (tests, evaluation).
     """
+    if world.is_main and prompts is None:
+        raise ValueError("run_learner: rank 0 needs the training prompts (prompts=...) to feed the buffer")
     cfg = job.learner
     stop = stop or StopFlag()
     run_dir = Path(job.run_dir)
