@@ -7,6 +7,7 @@ hf_engine.py    the same `Engine` over a transformers model (`sr1 ask`, the tiny
 agent.py        one trajectory: multi-turn generation + the task's tool, token-level masks/log-probs/versions
 group.py        the n samples of a prompt, scored by the task into a `Group`
 worker.py       one engine's worker: claim, run, put, heartbeat, follow weights, drain on SIGTERM
+process.py      one worker process: start the engine, build the task, run the worker until a signal
 tool_health.py  whether the worker's tool (the retriever) is healthy enough to sample with
 evaluation.py   answering a shard of test prompts (greedy, per data source)
 """

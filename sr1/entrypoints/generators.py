@@ -1,11 +1,12 @@
-"""A generator worker process: load its job, start its vLLM engine and run one `GeneratorWorker`.
+"""A generator worker process: load its job and test prompts, then run `generators.process.run_worker_process`.
 
     python -m sr1.entrypoints.generators --config JOB_OR_PRESET [--redis-url URL] [--worker-id ID] [overrides]
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/generator-<i>.yaml`: only the sections a generator uses,
-with its worker id and engine index) or a preset / root config file. The process loads the tokenizer, starts the vLLM
-engine, builds the task (with its retrieval client) and runs one `GeneratorWorker` until SIGTERM/SIGINT, then drains
-and exits 0.
+with its worker id and engine index) or a preset / root config file. The process loads the tokenizer and the test
+prompts (a bad job, model path or test file exits with `config.EXIT_BAD_INPUT` before any engine starts), then
+starts the vLLM engine and runs one `GeneratorWorker` (`generators/process.py`) until SIGTERM/SIGINT, then drains and
+exits 0.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import signal
 import sys
 from typing import Any
 
@@ -55,78 +54,6 @@ def evaluation_prompts(job: GeneratorJob, tokenizer: Any) -> list:
     return prompts
 
 
-async def serve(job: GeneratorJob) -> int:
-    """Start the engine and run the worker until a signal; the engine is shut down whatever happens."""
-    from transformers import AutoTokenizer
-
-    from buffer.redis_buffer import open_buffer
-    from common.model_paths import resolve_model_path, resolve_tokenizer_path
-    from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine
-    from generators.worker import GeneratorWorker
-    from tasks import build_task
-
-    # a SIGTERM while the engine starts must still shut the engine down: remember it, stop right after
-    stop_requested: list[bool] = []
-    worker: GeneratorWorker | None = None
-
-    def on_signal() -> None:
-        stop_requested.append(True)
-        if worker is not None:
-            worker.request_stop()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-
-    gen = job.generators
-    model_path = str(resolve_model_path(job.model.path))  # a directory, or a hub id in the local HF cache
-    tokenizer_path = str(resolve_tokenizer_path(job.model))  # model.tokenizer_path, else the model's own
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    # read (and checked) before the engine starts: a bad test file stops the worker at once, not its evaluations
-    test_prompts = evaluation_prompts(job, tokenizer)
-    os.environ[DIE_WITH_PARENT_ENV] = "1"  # the engine's processes die with this one (a vLLM plugin reads it)
-    max_model_len = gen.engine.max_model_len or job.model.max_seq_len
-    buffer = open_buffer(job.buffer)
-    log.info("worker %s: starting engine on %s", job.worker_id, model_path)
-    engine = VLLMEngine.create(
-        model_path,
-        gen.engine,
-        dtype=job.model.dtype,
-        max_model_len=max_model_len,
-        tokenizer_path=tokenizer_path,
-        seed_offset=job.engine_index,
-        version=0,
-    )
-    task = build_task(job.task, retrieval=job.retrieval)
-
-    def eval_prompts() -> list:
-        return test_prompts
-
-    try:
-        worker = GeneratorWorker(
-            gen,
-            buffer,
-            engine,
-            tokenizer,
-            task,
-            worker_id=job.worker_id,
-            max_model_len=max_model_len,
-            max_prompt_tokens=job.model.max_prompt_tokens,
-            chat_template=job.model.chat_template,
-            eval_prompts=eval_prompts if job.data.test_files else None,
-            eval_max_turns=job.eval.max_turns,
-            eval_seed=job.seed,
-        )
-        await asyncio.sleep(0)  # deliver a signal that arrived during the engine start
-        if stop_requested:
-            worker.request_stop()
-        return await worker.run()
-    finally:
-        await task.close()
-        engine.shutdown()
-        buffer.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     from common.model_paths import ModelPathError
@@ -141,12 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     updates = {"worker_id": args.worker_id, "engine_index": args.engine_index}
     job = job.model_copy(update={k: v for k, v in updates.items() if v is not None})
     logging.basicConfig(level=job.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from transformers import AutoTokenizer
+
+    from common.model_paths import resolve_tokenizer_path
+    from generators.process import run_worker_process
+
     try:
-        return asyncio.run(serve(job))
-    except (
-        DataError,
-        ModelPathError,
-    ) as err:  # found before the engine starts (serve reads its inputs first)
+        tokenizer_path = str(resolve_tokenizer_path(job.model))  # model.tokenizer_path, else the model's own
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        # read (and checked) before the engine starts: a bad test file stops the worker at once, not its evaluations
+        test_prompts = evaluation_prompts(job, tokenizer) if job.data.test_files else None
+        return asyncio.run(run_worker_process(job, tokenizer, tokenizer_path, test_prompts))
+    except (DataError, ModelPathError) as err:  # found before the engine starts (a bad model path too)
         print(f"generators: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
