@@ -131,8 +131,16 @@ class ChaosRun:
             needle, scope = _MODULE_OF.get(part, ""), str(self.run_dir)
         found = []
         for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if needle in cmdline and scope in cmdline:
+            argv = proc.info["cmdline"] or []
+            if part == "redis":
+                named = any(needle in arg for arg in argv)
+            elif needle:
+                # a module is matched as a whole argument (`-m sr1.entrypoints.retrieval`), never as a part of
+                # another one (an override or a path on sr1 run's own command line)
+                named = needle in argv
+            else:  # "parent": every process naming the run directory
+                named = True
+            if named and scope in " ".join(argv):
                 found.append(proc)
         return found
 
