@@ -1,7 +1,7 @@
 """A generator worker: one engine kept full of agent trajectories of the task, streaming finished groups to Redis.
 
     worker = GeneratorWorker(job.generators, buffer, engine, tokenizer, task, worker_id="gen-0", max_model_len=512)
-    await worker.run()          # until request_stop(); the process around it is generators/main.py
+    await worker.run()          # until request_stop(); the process around it is generators/process.py
 
 It claims prompts from the buffer (leases, renewed while they run), runs the n samples of each group concurrently
 (up to `generators.max_inflight_groups` groups at once, so the engine batches hundreds of trajectories), pushes

@@ -1,7 +1,6 @@
 """The learner pool: staleness-corrected GRPO on FSDP2 ranks, fed by the Redis buffer, pushing weights to engines.
 
-main.py              one rank's process entry point
-job.py               the sections a learner process uses
+job.py               the sections a learner process uses (its entry point: sr1/entrypoints/learner.py)
 loop.py              take -> train -> publish -> checkpoint -> ack, on every rank
 rank0.py             rank 0's side: prompt feeding, batches, heartbeats, the bound in force, publishing, evaluations
 trainer.py           one optimisation step on all ranks

@@ -32,7 +32,7 @@ import torch
 
 from buffer.codec import decode_group
 from buffer.records import Group
-from common.model_paths import resolve_model_path
+from common.model_paths import resolve_model_path, resolve_tokenizer_path
 from learner.checkpoint import Checkpointer, CheckpointWriteError, Resumed, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
 from learner.job import LearnerJob
@@ -99,18 +99,18 @@ def run_learner(
 ) -> int:
     """Train until learner.total_steps or a stop signal; returns the final version.
 
-    prompts: PromptRecords for the feeder (default: data.train_files). weight_sink: called on rank 0 with
-    (version, full named tensors) after every step instead of/in addition to the engines (tests, evaluation).
+    prompts: the PromptRecords rank 0 feeds (required there, ignored on the other ranks); the entry point reads
+    them from data.train_files, without the overlong ones (`sr1/entrypoints/learner.py`'s `training_prompts`).
+    weight_sink: called on rank 0 with (version, full named tensors) after every step instead of/in addition to the
+    engines (tests, evaluation).
     """
+    if world.is_main and prompts is None:
+        raise ValueError("run_learner: rank 0 needs the training prompts (prompts=...) to feed the buffer")
     cfg = job.learner
     stop = stop or StopFlag()
     run_dir = Path(job.run_dir)
     model_dir = resolve_model_path(job.model.path)  # a directory, or a hub id in the local HF cache
-    tokenizer_dir = (
-        resolve_model_path(job.model.tokenizer_path, what="model.tokenizer_path")
-        if (job.model.tokenizer_path)
-        else None
-    )
+    tokenizer_dir = resolve_tokenizer_path(job.model)  # model.tokenizer_path, else model_dir
     learner = Learner(
         cfg,
         model_dir,
@@ -126,7 +126,9 @@ def run_learner(
         model_dir,
         save_dtype=job.model.dtype,
         keep=cfg.keep_checkpoints,
-        tokenizer_dir=tokenizer_dir,
+        tokenizer_dir=tokenizer_dir
+        if tokenizer_dir != model_dir
+        else None,  # copied beside the model's files
     )
     state = ResumeState(version=0)
     resumed = Resumed(None, None)

@@ -66,21 +66,10 @@ def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | 
     return None
 
 
-def load_prompt_source(job: LearnerJob) -> list:
-    """The training prompts, read by the task (its dataset readers)."""
-    if not job.data.train_files:
-        raise ValueError("data.train_files is empty: the learner's prompt feeder needs training prompts")
-    from tasks import build_task
-
-    return build_task(job.task).load_prompts(job.data.train_files, split="train")
-
-
 class Rank0:
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
 
-    def __init__(
-        self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool, vocab_size: int
-    ):
+    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable, resume: bool, vocab_size: int):
         from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule, resumed_schedule
         from buffer.redis_buffer import open_buffer
         from learner.algorithms.shaping import informative
@@ -114,7 +103,7 @@ class Rank0:
             self.buffer.set_staleness_bound(version, b)
         self.feeder = PromptFeeder(
             self.buffer,
-            load_prompt_source(job) if prompts is None else prompts,
+            prompts,
             groups_per_step=cfg.groups_per_step,
             max_staleness=self.schedule,
             cursor=state.cursor,

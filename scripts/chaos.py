@@ -52,7 +52,12 @@ sys.path.insert(0, str(ROOT))
 
 PARTS = ("generator", "learner", "redis", "retrieval", "parent")
 FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
-_MODULE_OF = {"generator": "generators.main", "learner": "learner.main", "retrieval": "retrieval.cli"}
+# the module each part runs (sr1/entrypoints/), found in its command line
+_MODULE_OF = {
+    "generator": "sr1.entrypoints.generators",
+    "learner": "sr1.entrypoints.learner",
+    "retrieval": "sr1.entrypoints.retrieval",
+}
 
 
 @dataclass
@@ -140,9 +145,14 @@ class ChaosRun:
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             argv = proc.info["cmdline"] or []
-            # a module is matched as a whole argument (`-m retrieval.cli`), never as a prefix of another one
-            # (`retrieval.client.timeout_s=1` on sr1 run's own command line)
-            named = any(needle in arg for arg in argv) if part == "redis" else needle in argv
+            if part == "redis":
+                named = any(needle in arg for arg in argv)
+            elif needle:
+                # a module is matched as a whole argument (`-m sr1.entrypoints.retrieval`), never as a part of
+                # another one (an override or a path on sr1 run's own command line)
+                named = needle in argv
+            else:  # "parent": every process naming the run directory
+                named = True
             if named and scope in " ".join(argv):
                 found.append(proc)
         return found

@@ -266,7 +266,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 str(model_dir), engine_cfg, turns=model, max_model_len=args.max_model_len, weight_sync=False
             )
             try:
-                with serving_process():  # as generators/main.py serves
+                with serving_process():  # as generators/process.py serves
                     for n in args.concurrency:
                         points.append(await _point(engine, tokenizer, n, args, spec, redis.url))
             finally:

@@ -35,6 +35,7 @@ from config import (
     save_config,
     save_job,
 )
+from sr1 import entrypoints
 from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
@@ -204,7 +205,7 @@ class Orchestrator:
         job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
         # while it restarts, searches fail after the client's retries and agents read "Search unavailable"
         self._child(
-            "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), RestartPolicy()
+            "retrieval", python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job)), RestartPolicy()
         )
 
     def wait_for_retrieval(self) -> None:

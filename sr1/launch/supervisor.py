@@ -1,7 +1,7 @@
 """The one process supervisor: `sr1 run`, the generator pool and the learner pool start their processes through it.
 
     sup = Supervisor()
-    sup.start(Child("retrieval", python_module("retrieval.cli", "serve", ...), run_dir / "logs" / "retrieval.log",
+    sup.start(Child("retrieval", python_module("sr1.entrypoints.retrieval", "serve", ...), run_dir / "logs" / "retrieval.log",
                     restart=RestartPolicy()))
     sup.check()                         # restarts a dead child with back-off; raises ChildFailed (with the end of its
                                         # log) for a child without a policy, past its restart budget, or that exited

@@ -28,7 +28,7 @@ def _start(config_path: Path, redis_url: str, *extra: str, env: dict | None = No
     cmd = [
         sys.executable,
         "-m",
-        "learner.main",
+        "sr1.entrypoints.learner",
         "--config",
         str(config_path),
         "--redis-url",

@@ -1,4 +1,7 @@
-"""The learner process (one rank): `python -m learner.main --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
+"""The learner process (one rank): load its job, then train with `learner.loop.run_learner`.
+
+    python -m sr1.entrypoints.learner --config JOB_OR_PRESET [--redis-url URL] [--resume] [overrides]
+    torchrun --nproc-per-node 8 -m sr1.entrypoints.learner --config qwen2.5-3b-8xh100 --redis-url URL
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/learner.yaml`: only the sections the learner uses) or a
 preset / root config file, from which the learner takes its job (learner/job.py). Rank, world size and the
@@ -17,13 +20,17 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from learner.job import LearnerJob
+from sr1.entrypoints import load_pool_job
+
+if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and --help should answer at once
+    from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
 
 
-def build_parser(prog: str = "python -m learner.main") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m sr1.entrypoints.learner") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny", help="job file, preset name or YAML path (default: tiny)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6")
@@ -55,16 +62,13 @@ def training_prompts(job: LearnerJob) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, ConfigError, load_job, save_job
+    from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, ConfigError, save_job
+    from learner.job import LearnerJob
 
-    overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
-        job = load_job(LearnerJob, args.config, overrides)
+        job = load_pool_job(LearnerJob, args.config, args.overrides, args.redis_url)
     except ConfigError as err:
         print(f"learner: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if not job.buffer.redis_url:
-        print("learner: no Redis URL: pass --redis-url or set buffer.redis_url", file=sys.stderr)
         return EXIT_BAD_INPUT
     logging.basicConfig(
         level=job.logging.level, format="%(asctime)s %(levelname)s [learner] %(name)s: %(message)s"
