@@ -24,7 +24,8 @@ from config.unions import section_models, union_tag
 def _type_name(annotation: typing.Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation)
-    text = re.sub(r"\b[a-z_]+(\.[a-z_]+)*\.(?=[A-Z])", "", text)  # `buffer.staleness.AutoStaleness`: the class name
+    # module paths dropped: `buffer.staleness.AutoStaleness` is `AutoStaleness`
+    text = re.sub(r"\b[a-z_]+(\.[a-z_]+)*\.(?=[A-Z])", "", text)
     return text.replace("NoneType", "None")
 
 
@@ -38,7 +39,8 @@ def reference_rows(model: type[BaseModel] = Config, prefix: str = "") -> list[tu
         tag = union_tag(field)
         if models and not tag:
             default = field.get_default(call_default_factory=True)
-            if not isinstance(default, BaseModel):  # a value or a section (`learner.max_staleness`: 2 or {auto: ..})
+            # a value or a section (`learner.max_staleness`: 2 or {auto: ...}): its own row, then the section's
+            if not isinstance(default, BaseModel):
                 rows.append((key, _type_name(field.annotation), repr(default), field.description or ""))
             rows.extend(reference_rows(models[0], f"{key}."))
         elif models and tag:
