@@ -32,7 +32,7 @@ import math
 from typing import Annotated, Any, Protocol
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from buffer.records import Group
 
@@ -115,11 +115,29 @@ def _bound_or_auto(value: Any) -> Any:
             ) from None
     if isinstance(value, int) and not isinstance(value, bool) and value < 0:
         raise ValueError(f"learner.max_staleness must be >= 0 or 'auto', got {value}")
+    if isinstance(value, dict) and set(value) != {"auto"}:
+        raise ValueError(
+            f"learner.max_staleness as a section holds the one key auto: {{auto: {{floor: ..., ceiling: ...}}}}, "
+            f"got {value!r}"
+        )
+    if not isinstance(value, (int, dict, AutoStaleness)):
+        raise ValueError(
+            f"learner.max_staleness must be an integer >= 0, 'auto' or {{auto: {{floor: ..., ceiling: ...}}}}, "
+            f"got {value!r}"
+        )
     return value
 
 
-# the type of `learner.max_staleness`
-MaxStaleness = Annotated[int | AutoStaleness, BeforeValidator(_bound_or_auto)]
+def _form(value: Any) -> str:
+    return "fixed" if isinstance(value, int) else "auto"
+
+
+# the type of `learner.max_staleness`: a section is validated as the auto section only (its errors alone reported)
+MaxStaleness = Annotated[
+    Annotated[int, Tag("fixed")] | Annotated[AutoStaleness, Tag("auto")],
+    Discriminator(_form),
+    BeforeValidator(_bound_or_auto),
+]
 
 
 def is_auto(max_staleness: int | AutoStaleness) -> bool:

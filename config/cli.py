@@ -26,6 +26,7 @@ def _type_name(annotation: typing.Any) -> str:
     text = text or str(annotation)
     # module paths dropped: `buffer.staleness.AutoStaleness` is `AutoStaleness`
     text = re.sub(r"\b[a-z_]+(\.[a-z_]+)*\.(?=[A-Z])", "", text)
+    text = re.sub(r"Annotated\[(\w+), Tag\(tag='\w+'\)\]", r"\1", text)  # a tagged union's members: their types
     return text.replace("NoneType", "None")
 
 
