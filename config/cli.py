@@ -26,7 +26,8 @@ def _type_name(annotation: typing.Any) -> str:
     text = text or str(annotation)
     # module paths dropped: `buffer.staleness.AutoStaleness` is `AutoStaleness`
     text = re.sub(r"\b[a-z_]+(\.[a-z_]+)*\.(?=[A-Z])", "", text)
-    text = re.sub(r"Annotated\[(\w+), Tag\(tag='\w+'\)\]", r"\1", text)  # a tagged union's members: their types
+    # a tagged union's members (`learner.max_staleness`): their types
+    text = re.sub(r"Annotated\[(\w+), Tag\(tag='\w+'\)\]", r"\1", text)
     return text.replace("NoneType", "None")
 
 
