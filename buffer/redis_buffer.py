@@ -522,7 +522,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         return int(value) if value is not None else 0
 
     def set_staleness_bound(self, version: int, bound: int) -> None:
-        """Record that prompts released from `version` on get staleness bound `bound` (buffer/admission.py,
+        """Record that prompts released from `version` on get staleness bound `bound` (buffer/staleness.py,
         `StalenessSchedule`); kept beside the version so that a restarted learner knows the deadlines of the groups
         still in flight."""
         self._redis.hset(self.key("staleness_bounds"), str(int(version)), int(bound))

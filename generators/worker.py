@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
+from buffer.staleness import may_sample
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
 from generators.settings import GeneratorsConfig
@@ -263,12 +264,12 @@ class GeneratorWorker:
             # the learner may publish a version while the claim waits (after a failed weight push, without this
             # engine holding it): a prompt released at a version newer than the engine's weights goes back, or its
             # tokens would be older than its release and break the staleness bound the learner enforces
-            behind = [c for c in claimed if c.prompt.release_version > self._engine_version()]
+            behind = [c for c in claimed if not may_sample(c.prompt.release_version, self._engine_version())]
             if behind:
                 await asyncio.to_thread(
                     self.buffer.release_claims, self.worker_id, [c.entry_id for c in behind]
                 )
-                claimed = [c for c in claimed if c.prompt.release_version <= self._engine_version()]
+                claimed = [c for c in claimed if may_sample(c.prompt.release_version, self._engine_version())]
             for item in claimed:
                 self._held[item.entry_id] = item
                 task = asyncio.create_task(self._run_one(item), name=f"group:{item.prompt.group_id}")

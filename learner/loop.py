@@ -32,6 +32,7 @@ import torch
 
 from buffer.codec import decode_group
 from buffer.records import Group
+from buffer.staleness import StepBounds
 from common.model_paths import resolve_model_path, resolve_tokenizer_path
 from learner.checkpoint import Checkpointer, CheckpointWriteError, Resumed, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
@@ -39,7 +40,6 @@ from learner.job import LearnerJob
 from learner.model import DTYPES, named_weights
 from learner.rank0 import REGROUP, Rank0, WeightSink
 from learner.safety_net import FINAL_RETRY_S, CheckpointsFailing, SafetyNet
-from learner.staleness import StepBounds
 from learner.stop import StopFlag
 from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
@@ -222,7 +222,9 @@ def run_learner(
                 else:
                     header = {
                         "command": "train",
-                        "bounds": side.step_bounds(learner.version, taken).to_json(),
+                        "bounds": side.staleness.step_bounds(
+                            learner.version, {t.group.release_version for t in taken}
+                        ).to_json(),
                     }
                 frames = [json.dumps(header).encode()] + [t.payload for t in taken or []]
             frames = broadcast_frames(frames, world)
@@ -242,7 +244,7 @@ def run_learner(
             nonfinite.check(train_metrics, step_version, [g.group_id for g in groups])
             # the staleness bound of releases from the next version on, set before that version is published
             if side is not None:
-                side.next_bound(learner.version, train_metrics)
+                side.staleness.after_step(learner.version, train_metrics)
             # 3. publish the weights to every engine, then the version
             publish_metrics = publish(learner.version)
             # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack (until the checkpoint)
@@ -364,7 +366,7 @@ def _checkpoint(
     if side is not None:
         state.cursor = side.feeder.cursor
         state.consumed_groups = side.consumed_groups
-        state.extra["staleness"] = side.staleness_state()
+        state.extra["staleness"] = side.staleness.state_dict()
     # rank 0's state is the one written; the other ranks only need the collective parts
     try:
         checkpointer.save(learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic)

@@ -1,5 +1,5 @@
 """Rank 0's side of the learner loop: prompt feeding under the admission rule, batches, heartbeats, the staleness
-bound in force, weight publishing, evaluations, and settling the run at its end.
+bound (`self.staleness`, buffer/staleness.py), weight publishing, evaluations, and settling the run at its end.
 
     side = Rank0(job, state, prompts, resume, vocab_size)     # learner/loop.py, on rank 0 only
     taken = side.next_batch(version, stop)                      # groups, REGROUP, or None when stopping
@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from buffer.records import Group
+from buffer.staleness import StalenessKeeper
 from buffer.stats import STALENESS_HIST, pool_metrics
 from evaluation import Evaluations, Patience
 from learner.checkpoint import ResumeState
 from learner.job import LearnerJob
-from learner.staleness import StepBounds
 from learner.stop import StopFlag
 from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire
@@ -70,7 +70,7 @@ class Rank0:
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
 
     def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable, resume: bool, vocab_size: int):
-        from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule, resumed_schedule
+        from buffer.admission import BatchAssembler, PromptFeeder
         from buffer.redis_buffer import open_buffer
         from learner.algorithms.shaping import informative
         from weight_sync.publisher import WeightPublisher
@@ -83,29 +83,18 @@ class Rank0:
         self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
         self.consumed_groups = state.consumed_groups
         self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
-        # the staleness bound of every release version (buffer/admission.py, "A bound that changes"): recorded in
-        # Redis and in checkpoints; a resume keeps the bounds of versions already released at and changes the bound
-        # (to the fixed one, or auto's) from the version after the published one
-        from learner.staleness import StalenessController
-
-        self.controller = StalenessController(cfg.staleness_auto) if cfg.auto_staleness else None
-        saved = state.extra.get("staleness", {})
-        if self.controller is not None and resume:
-            self.controller.load_state_dict(saved.get("controller", {}))
-        bound = self.controller.bound if self.controller is not None else int(cfg.max_staleness)
-        if resume:  # Redis's record wins: it has the bounds of versions published after the checkpoint
-            recorded = {int(v): int(b) for v, b in saved.get("schedule", {}).items()}
-            recorded |= self.buffer.staleness_bounds()
-            self.schedule = resumed_schedule(recorded, max(state.version, self.buffer.version()), bound)
-        else:
-            self.schedule = StalenessSchedule(bound)
-        for version, b in self.schedule.changes.items():
-            self.buffer.set_staleness_bound(version, b)
+        # the staleness bound of every release version, kept in Redis and in checkpoints (buffer/staleness.py)
+        self.staleness = StalenessKeeper(
+            cfg.max_staleness,
+            self.buffer,
+            state.extra.get("staleness", {}) if resume else None,
+            max(state.version, self.buffer.version()),
+        )
         self.feeder = PromptFeeder(
             self.buffer,
             prompts,
             groups_per_step=cfg.groups_per_step,
-            max_staleness=self.schedule,
+            max_staleness=self.staleness.schedule,
             cursor=state.cursor,
             shuffle_seed=job.seed if job.data.shuffle else None,  # the same order again on resume
         )
@@ -121,7 +110,7 @@ class Rank0:
         self.assembler = BatchAssembler(
             self.buffer,
             groups_per_step=cfg.groups_per_step,
-            max_staleness=self.schedule,
+            max_staleness=self.staleness.schedule,
             consumer=CONSUMER,
             # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
             keep_group=informative if cfg.algorithm.dynamic_sampling else None,
@@ -211,36 +200,6 @@ class Rank0:
                 stats = {"weight_sync/failures": self.publisher.failures}
         self.buffer.publish_version(version)
         return stats
-
-    def step_bounds(self, version: int, taken) -> StepBounds:
-        """The staleness bounds the step at `version` must keep, for every rank's trainer to assert."""
-        releases = {t.group.release_version for t in taken}
-        return StepBounds(self.schedule.in_force(version), {r: self.schedule.at(r) for r in releases})
-
-    def next_bound(self, version: int, metrics: dict) -> None:
-        """After a step, before `version` is published: with max_staleness auto, the bound of prompts released from
-        `version` on, from the step's measured mismatch (learner/staleness.py)."""
-        if self.controller is None:
-            return
-        bound = self.controller.observe(metrics)
-        if bound != self.schedule.at(version):
-            log.info(
-                "staleness bound %d -> %d for prompts released from version %d (off-policy KL %.4f, ESS %.3f)",
-                self.schedule.at(version),
-                bound,
-                version,
-                metrics.get("loss/offpolicy_kl", float("nan")),
-                metrics.get("loss/is_ess", float("nan")),
-            )
-            self.schedule.set(version, bound)
-            self.buffer.set_staleness_bound(version, bound)
-
-    def staleness_state(self) -> dict:
-        """What a checkpoint keeps of the staleness bound: the schedule, and auto's controller."""
-        state: dict = {"schedule": {str(v): b for v, b in self.schedule.changes.items()}}
-        if self.controller is not None:
-            state["controller"] = self.controller.state_dict()
-        return state
 
     def after_step(self, taken, version: int, metrics: dict) -> None:
         self.diagnostics = {k: metrics[k] for k in DIAGNOSTICS if k in metrics}

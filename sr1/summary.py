@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
+from buffer.staleness import describe
 from sr1.report import (
     RunSummary,
     checkpoint_failures,
@@ -88,7 +89,7 @@ def summarize(orch) -> RunSummary:
         run_dir=str(orch.run_dir),
         preset=cfg.name,
         seed=cfg.seed,
-        max_staleness=cfg.learner.max_staleness,
+        max_staleness=describe(cfg.learner.max_staleness),
         algorithm=cfg.learner.algorithm.type,
         correction=cfg.learner.correction.type,
         steps=steps,

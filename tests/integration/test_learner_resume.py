@@ -181,9 +181,9 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
         tiny_model_dir,
         namespace,
         "learner.max_staleness=auto",
-        "learner.staleness_auto.ceiling=3",
-        "learner.staleness_auto.target_kl=1e9",
-        "learner.staleness_auto.patience=1",
+        "learner.max_staleness.auto.ceiling=3",
+        "learner.max_staleness.auto.target_kl=1e9",
+        "learner.max_staleness.auto.patience=1",
         "learner.total_steps=9",
         "learner.checkpoint_every=3",
     )
