@@ -1,0 +1,490 @@
+"""Soak: run `sr1 run` for a given time and check that no process's memory, file descriptors or threads, nor Redis's
+memory or key count, keep growing.
+
+    python scripts/soak.py                                   # 1 hour of the tiny preset, into runs/soak-<time>/
+    python scripts/soak.py --duration 600 --warmup 240 --window 120 --out /tmp/soak
+    python scripts/soak.py --duration 7200 -- learner.max_staleness=0     # overrides after `--` go to `sr1 run`
+
+It starts `sr1 run <preset>` as `make run` does, with `learner.total_steps` large enough never to be reached, and
+stops it with SIGTERM after `--duration` seconds (the clock starts when `sr1 run` is launched, so the warm-up covers
+the start-up too). The run must stop cleanly (exit 130, the learner checkpoints first) and leave no process behind.
+
+Every `--interval` seconds (30) it samples every process of the run, found as the process tree of `sr1 run` (the
+launcher, Redis, the retrieval server and its workers, the generator workers and their vLLM engine processes, the
+learner ranks): resident memory (RSS), open file descriptors and threads; and Redis's `used_memory` and key count
+(DBSIZE).
+
+The verdict (growth): for each series, the samples after `--warmup` (600 s) are taken, and the median of the first
+`--window` seconds of them (300) is compared with the median of the last `--window` seconds. A series fails when it
+grew by more than `--bound` (5 %) of its first median *and* by more than the metric's absolute floor (`FLOOR`:
+2 file descriptors, threads or keys: counts that small move with ordinary churn; memory has none). Medians of windows,
+not a fitted slope: a process that allocates in bursts (a checkpoint, an evaluation) then frees is flat, one that keeps
+what it allocated is not. A process of the run that exits or is restarted during the measured span fails the soak too.
+
+Written to `--out`: samples.jsonl (one object per sample), samples.csv (one row per process, metric and sample),
+verdict.json, redis_keys.json (every key at the end: type, length, bytes), soak.png (one panel per metric) and
+sr1-run.log. Exit code: 0 flat, 1 something grew (the message names the process and metric), 2 the run itself
+failed (exited early, did not stop cleanly, or left processes behind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NEVER_REACHED_STEPS = 10_000_000
+PROCESS_METRICS = ("rss_mib", "fds", "threads")
+REDIS_METRICS = ("used_memory_mib", "keys")
+FLOOR = {"rss_mib": 0.0, "fds": 2.0, "threads": 2.0, "used_memory_mib": 0.0, "keys": 2.0}
+UNITS = {
+    "rss_mib": "RSS (MiB)",
+    "fds": "open file descriptors",
+    "threads": "threads",
+    "used_memory_mib": "Redis used_memory (MiB)",
+    "keys": "Redis keys (DBSIZE)",
+}
+# what a process of the run is, from its command line (checked in order); descendants of an engine or of the
+# retrieval server that match nothing are named after them
+_KINDS = (
+    ("redis-server", "redis"),
+    ("retrieval.cli", "retrieval"),
+    ("generators.main", "generator"),
+    ("learner.main", "learner"),
+    ("VLLM::EngineCore", "engine-core"),
+    ("VLLM::Worker", "engine-worker"),
+)
+EXIT_GREW, EXIT_RUN_FAILED = 1, 2
+
+
+# -- the verdict (pure: tests feed it synthetic series) ------------------------------------------------------
+
+
+@dataclass
+class Growth:
+    series: str  # "<process label> <metric>" or "redis <metric>"
+    metric: str
+    first: float  # median of the first window after warm-up
+    last: float  # median of the last window
+    growth: float  # (last - first) / first
+    failed: bool
+
+    def describe(self) -> str:
+        what = "grew" if self.failed else "held"
+        return (
+            f"{self.series}: {what} {self.growth:+.1%} ({self.first:.4g} -> {self.last:.4g}, median of the first "
+            f"and last windows after warm-up)"
+        )
+
+
+def growth(
+    series: str,
+    metric: str,
+    points: list[tuple[float, float]],
+    *,
+    warmup_s: float,
+    window_s: float,
+    bound: float,
+) -> Growth | None:
+    """The growth of one series of (seconds since launch, value) points; None when it has no sample in either
+    window after the warm-up (a process that was not there for the whole measured span: see `coverage`)."""
+    after = [(t, v) for t, v in points if t >= warmup_s]
+    if not after:
+        return None
+    start, end = after[0][0], after[-1][0]
+    first = [v for t, v in after if t < start + window_s]
+    last = [v for t, v in after if t > end - window_s]
+    if not first or not last or end - start < window_s:
+        return None
+    a, b = statistics.median(first), statistics.median(last)
+    rel = (b - a) / a if a > 0 else (0.0 if b <= a else float("inf"))
+    failed = rel > bound and b - a > FLOOR.get(metric, 0.0)
+    return Growth(series, metric, a, b, rel, failed)
+
+
+def verdict(
+    samples: list[dict], *, warmup_s: float, window_s: float, bound: float
+) -> tuple[list[Growth], list[str]]:
+    """Every series' growth, and the problems: series that grew, processes that ended or started in the measured
+    span (a process restarted by the supervisor shows as both)."""
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for sample in samples:
+        for label, proc in sample["processes"].items():
+            for metric in PROCESS_METRICS:
+                series.setdefault((label, metric), []).append((sample["t"], proc[metric]))
+        for metric in REDIS_METRICS:
+            if sample.get("redis"):
+                series.setdefault(("redis", metric), []).append((sample["t"], sample["redis"][metric]))
+    measured = [s for s in samples if s["t"] >= warmup_s]
+    problems, results = [], []
+    if len(measured) < 2:
+        return [], [f"no samples after the warm-up of {warmup_s:.0f} s: run longer"]
+    first_t, last_t = measured[0]["t"], measured[-1]["t"]
+    for (label, metric), points in sorted(series.items()):
+        result = growth(
+            f"{label} {metric}", metric, points, warmup_s=warmup_s, window_s=window_s, bound=bound
+        )
+        if result is not None:
+            results.append(result)
+            if result.failed:
+                problems.append(result.describe() + f"; bound {bound:.0%}")
+    for label in sorted({label for label, _ in series if label != "redis"}):
+        times = [t for t, _ in series[(label, PROCESS_METRICS[0])]]
+        if min(times) > first_t:
+            problems.append(f"{label} started after the warm-up (a restart?) at {min(times):.0f} s")
+        if first_t <= max(times) < last_t:
+            problems.append(f"{label} exited during the soak (last seen at {max(times):.0f} s)")
+    if not results:
+        problems.append("no series spans the measured time: run longer or shorten --window")
+    return results, problems
+
+
+# -- sampling --------------------------------------------------------------------------------------------------
+
+
+def kind_of(proc: psutil.Process, root_pid: int, kinds_by_pid: dict[int, str]) -> str:
+    """What a process of the run is: the launcher, one of `_KINDS`, or `<parent kind>-child:<name>`."""
+    if proc.pid == root_pid:
+        return "sr1-run"
+    cmdline = " ".join(proc.cmdline()) or proc.name()
+    for needle, kind in _KINDS:
+        if needle in cmdline:
+            return kind
+    parent = kinds_by_pid.get(proc.ppid(), "other")
+    return f"{parent.split('-child')[0]}-child:{proc.name()}"
+
+
+def sample_processes(root_pid: int, seen: dict[int, str]) -> dict[str, dict]:
+    """RSS, fds and threads of `sr1 run` and its descendants, keyed `<kind>[<pid>]`; `seen` (pid -> label) keeps
+    every process ever sampled (for the orphan check)."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    kinds: dict[int, str] = {}
+    found = {}
+    for proc in procs:  # parents come before their children
+        try:
+            with proc.oneshot():
+                kind = kind_of(proc, root_pid, kinds)
+                kinds[proc.pid] = kind
+                label = f"{kind}[{proc.pid}]"
+                found[label] = {
+                    "kind": kind,
+                    "pid": proc.pid,
+                    "rss_mib": proc.memory_info().rss / 2**20,
+                    "fds": proc.num_fds(),
+                    "threads": proc.num_threads(),
+                }
+                seen.setdefault(proc.pid, label)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def redis_client(run_dir: Path) -> redis.Redis | None:
+    url_file = run_dir / "redis" / "url"
+    if not url_file.is_file():
+        return None
+    url = url_file.read_text().strip()
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) if url else None
+
+
+def sample_redis(client: redis.Redis | None) -> dict | None:
+    if client is None:
+        return None
+    try:
+        memory = client.info("memory")
+        return {
+            "used_memory_mib": memory["used_memory"] / 2**20,
+            "keys": client.dbsize(),
+            "version": int(client.get("sr1:version") or 0),
+        }
+    except (redis.RedisError, OSError):
+        return None  # down or restarting: the next sample tries again
+
+
+def redis_keys(client: redis.Redis | None) -> list[dict]:
+    """Every key at the end: its type, length (members, entries or bytes) and memory, largest first."""
+    if client is None:
+        return []
+    lengths = {
+        "stream": "xlen",
+        "set": "scard",
+        "zset": "zcard",
+        "hash": "hlen",
+        "list": "llen",
+        "string": "strlen",
+    }
+    rows = []
+    try:
+        for key in client.scan_iter(count=500):
+            kind = client.type(key).decode()
+            length = getattr(client, lengths[kind])(key) if kind in lengths else None
+            rows.append(
+                {"key": key.decode(), "type": kind, "length": length, "bytes": client.memory_usage(key)}
+            )
+    except (redis.RedisError, OSError):
+        pass
+    return sorted(rows, key=lambda r: -(r["bytes"] or 0))
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A rich progress bar in a terminal, otherwise a plain line at least every 10 s."""
+
+    def __init__(self, total_s: float):
+        self.total_s = total_s
+        self.bar = None
+        self.last_line = 0.0
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("soak"), BarColumn(), TextColumn("{task.description}"), TimeRemainingColumn()
+            )
+            self.task = self.bar.add_task("starting", total=total_s)
+            self.bar.start()
+
+    def update(self, elapsed_s: float, status: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=min(elapsed_s, self.total_s), description=status)
+        elif time.monotonic() - self.last_line >= 10.0:
+            self.last_line = time.monotonic()
+            print(f"soak: {elapsed_s:.0f}/{self.total_s:.0f} s, {status}", flush=True)
+
+    def log(self, message: str) -> None:
+        (self.bar.console.print if self.bar is not None else print)(message)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def status_line(sample: dict) -> str:
+    procs = sample["processes"].values()
+    rss = sum(p["rss_mib"] for p in procs) / 1024
+    line = f"{len(procs)} processes, RSS {rss:.2f} GiB"
+    if sample.get("redis"):
+        r = sample["redis"]
+        line += f", version {r['version']}, Redis {r['used_memory_mib']:.2f} MiB / {r['keys']} keys"
+    return line
+
+
+def launch(args: argparse.Namespace, run_dir: Path, log_path: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "sr1", "run", args.preset, f"learner.total_steps={NEVER_REACHED_STEPS}"]
+    cmd += [*args.overrides, "--run-dir", str(run_dir), "--no-live"]
+    log = open(log_path, "w")  # noqa: SIM115 (the child writes it until it exits)
+    # its own session: a Ctrl-C in this terminal reaches soak.py only, which stops the run in order
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def stop(run: subprocess.Popen, seen: dict[int, str], timeout_s: float) -> list[str]:
+    """SIGTERM `sr1 run` (it stops its parts in order, the learner checkpointing first); the problems."""
+    problems = []
+    if run.poll() is None:
+        run.send_signal(signal.SIGTERM)
+        try:
+            run.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            problems.append(f"sr1 run did not stop within {timeout_s:.0f} s of SIGTERM; killed")
+            run.kill()
+            run.wait()
+    if run.returncode not in (130, None) and not problems:
+        problems.append(f"sr1 run exited with {run.returncode} on SIGTERM (a clean stop is 130)")
+    time.sleep(2.0)  # children die with their parent (PR_SET_PDEATHSIG): give them the moment it takes
+    left = []
+    for pid, label in seen.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+        problems.append(f"orphan: {label} still alive after sr1 run stopped; killed")
+    for proc in left:
+        proc.kill()
+    return problems
+
+
+def soak(args: argparse.Namespace) -> int:
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir, log_path = out / "run", out / "sr1-run.log"
+    print(
+        f"soak: sr1 run {args.preset} for {args.duration:.0f} s into {run_dir} (log: {log_path})", flush=True
+    )
+    run = launch(args, run_dir, log_path)
+    started = time.monotonic()
+    seen: dict[int, str] = {}
+    samples: list[dict] = []
+    client = None
+    progress = Progress(args.duration)
+    next_sample, problems = started, []
+    interrupted = False
+    try:
+        with open(out / "samples.jsonl", "w") as jsonl:
+            while (elapsed := time.monotonic() - started) < args.duration:
+                if run.poll() is not None:
+                    problems.append(f"sr1 run exited by itself with {run.returncode} after {elapsed:.0f} s")
+                    break
+                if time.monotonic() >= next_sample:
+                    next_sample += args.interval
+                    client = client or redis_client(run_dir)
+                    sample = {
+                        "t": round(elapsed, 1),
+                        "time": time.time(),
+                        "processes": sample_processes(run.pid, seen),
+                        "redis": sample_redis(client),
+                    }
+                    samples.append(sample)
+                    jsonl.write(json.dumps(sample) + "\n")
+                    jsonl.flush()
+                    status = status_line(sample)
+                progress.update(elapsed, status if samples else "starting")
+                time.sleep(min(1.0, max(0.0, next_sample - time.monotonic())))
+    except KeyboardInterrupt:
+        interrupted = True
+        progress.log("soak: interrupted; stopping the run")
+    finally:
+        progress.close()
+        (out / "redis_keys.json").write_text(json.dumps(redis_keys(client), indent=1))
+        problems += stop(run, seen, args.stop_timeout)
+    if problems:
+        print(
+            f"soak: the run failed; see {log_path}:\n" + "\n".join(f"  {p}" for p in problems),
+            file=sys.stderr,
+        )
+        print("".join(log_path.read_text().splitlines(keepends=True)[-20:]), file=sys.stderr)
+    write_csv(samples, out / "samples.csv")
+    results, grew = verdict(samples, warmup_s=args.warmup, window_s=args.window, bound=args.bound)
+    plot(samples, out / "soak.png", args.warmup)
+    report = {
+        "command": " ".join(sys.argv),
+        "duration_s": args.duration,
+        "interval_s": args.interval,
+        "warmup_s": args.warmup,
+        "window_s": args.window,
+        "bound": args.bound,
+        "floor": FLOOR,
+        "samples": len(samples),
+        "run_problems": problems,
+        "growth_problems": grew,
+        "growth": [asdict(r) for r in results],
+    }
+    (out / "verdict.json").write_text(json.dumps(report, indent=1))
+    print(summary(results, grew, args.bound))
+    print(f"soak: samples, verdict and plot in {out}")
+    if problems or interrupted:
+        return EXIT_RUN_FAILED
+    return EXIT_GREW if grew else 0
+
+
+def summary(results: list[Growth], problems: list[str], bound: float) -> str:
+    """The largest growth per kind and metric, then the verdict."""
+    worst: dict[str, Growth] = {}
+    for r in results:
+        key = f"{r.series.split('[')[0]} {r.metric}" if "[" in r.series else r.series
+        if key not in worst or r.growth > worst[key].growth:
+            worst[key] = r
+    lines = [f"  {key}: {r.growth:+.1%} ({r.first:.4g} -> {r.last:.4g})" for key, r in sorted(worst.items())]
+    if problems:
+        lines += ["soak: FAILED"] + [f"  {p}" for p in problems]
+    else:
+        lines.append(f"soak: flat (every series within {bound:.0%} or its floor)")
+    return "growth after warm-up (largest per kind and metric):\n" + "\n".join(lines)
+
+
+def write_csv(samples: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["t_s", "process", "kind", "pid", "metric", "value"])
+        for s in samples:
+            for label, p in s["processes"].items():
+                for metric in PROCESS_METRICS:
+                    writer.writerow([s["t"], label, p["kind"], p["pid"], metric, round(p[metric], 3)])
+            for metric in REDIS_METRICS:
+                if s.get("redis"):
+                    writer.writerow([s["t"], "redis", "redis", "", metric, round(s["redis"][metric], 4)])
+
+
+def plot(samples: list[dict], path: Path, warmup_s: float) -> None:
+    """One panel per metric, one line per process; the warm-up shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [*PROCESS_METRICS, *REDIS_METRICS]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.2 * len(metrics)), sharex=True)
+    for ax, metric in zip(axes, metrics, strict=True):
+        lines: dict[str, tuple[list[float], list[float]]] = {}
+        for s in samples:
+            values = {"redis": s["redis"]} if metric in REDIS_METRICS and s.get("redis") else s["processes"]
+            for label, p in values.items():
+                if metric in p:
+                    xs, ys = lines.setdefault(label, ([], []))
+                    xs.append(s["t"] / 60)
+                    ys.append(p[metric])
+        for label, (xs, ys) in sorted(lines.items()):
+            ax.plot(xs, ys, label=label, linewidth=1)
+        ax.axvspan(0, warmup_s / 60, color="0.9")
+        ax.set_ylabel(UNITS[metric], fontsize=8)
+        ax.tick_params(labelsize=7)
+        if metric == "rss_mib" and lines:
+            ax.legend(fontsize=6, ncol=3, loc="upper left")
+    axes[-1].set_xlabel("minutes since sr1 run started (shaded: warm-up)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for sr1 run (after --)")
+    parser.add_argument("--preset", default="tiny", help="the preset sr1 run starts (default: tiny)")
+    parser.add_argument("--duration", type=float, default=3600.0, help="seconds to run (default: 3600)")
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples (default: 30)")
+    parser.add_argument("--warmup", type=float, default=600.0, help="seconds not judged (default: 600)")
+    parser.add_argument("--window", type=float, default=300.0, help="seconds in each compared window (300)")
+    parser.add_argument("--bound", type=float, default=0.05, help="largest growth allowed (default: 0.05)")
+    parser.add_argument("--stop-timeout", type=float, default=300.0, help="seconds to wait for a clean stop")
+    parser.add_argument("--out", type=Path, help="output directory (default: runs/soak-<time>)")
+    args = parser.parse_args(argv)
+    for name in ("duration", "interval", "window", "stop_timeout"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.warmup < 0 or args.bound < 0:
+        parser.error(f"--warmup and --bound must be >= 0, got {args.warmup} and {args.bound}")
+    if args.duration - args.warmup < 2 * args.window:
+        parser.error(
+            f"--duration {args.duration:.0f} leaves {args.duration - args.warmup:.0f} s after the warm-up of "
+            f"{args.warmup:.0f} s: at least two windows of {args.window:.0f} s are needed"
+        )
+    if args.window < 2 * args.interval:
+        parser.error(
+            f"--window {args.window:.0f} s holds under 2 samples of --interval {args.interval:.0f} s"
+        )
+    args.out = args.out or ROOT / "runs" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    return soak(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
