@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NEVER_REACHED_STEPS = 10_000_000
 PROCESS_METRICS = ("rss_mib", "fds", "threads")
 REDIS_METRICS = ("used_memory_mib", "keys")
+REDIS_SERIES = "redis-db"  # Redis's own figures (INFO, DBSIZE); the redis-server process is `redis[<pid>]`
 FLOOR = {"rss_mib": 0.0, "fds": 2.0, "threads": 2.0, "used_memory_mib": 0.0, "keys": 2.0}
 UNITS = {
     "rss_mib": "RSS (MiB)",
@@ -74,7 +75,7 @@ EXIT_GREW, EXIT_RUN_FAILED = 1, 2
 
 @dataclass
 class Growth:
-    series: str  # "<process label> <metric>" or "redis <metric>"
+    series: str  # "<process label> <metric>" or "redis-db <metric>"
     metric: str
     first: float  # median of the first window after warm-up
     last: float  # median of the last window
@@ -126,7 +127,7 @@ def verdict(
                 series.setdefault((label, metric), []).append((sample["t"], proc[metric]))
         for metric in REDIS_METRICS:
             if sample.get("redis"):
-                series.setdefault(("redis", metric), []).append((sample["t"], sample["redis"][metric]))
+                series.setdefault((REDIS_SERIES, metric), []).append((sample["t"], sample["redis"][metric]))
     measured = [s for s in samples if s["t"] >= warmup_s]
     problems, results = [], []
     if len(measured) < 2:
@@ -140,7 +141,7 @@ def verdict(
             results.append(result)
             if result.failed:
                 problems.append(result.describe() + f"; bound {bound:.0%}")
-    for label in sorted({label for label, _ in series if label != "redis"}):
+    for label in sorted({label for label, _ in series if label != REDIS_SERIES}):
         times = [t for t, _ in series[(label, PROCESS_METRICS[0])]]
         if min(times) > first_t:
             problems.append(f"{label} started after the warm-up (a restart?) at {min(times):.0f} s")
@@ -322,7 +323,20 @@ def stop(run: subprocess.Popen, seen: dict[int, str], timeout_s: float) -> list[
     return problems
 
 
+def _interrupt_on_signals() -> None:
+    """`kill` (SIGTERM) and SIGINT stop a soak like Ctrl-C: the run is stopped in order, never orphaned. SIGINT is set
+    again too: a shell that starts a job in the background (`nohup ... &`) has it ignored, and the run would inherit
+    that."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def soak(args: argparse.Namespace) -> int:
+    _interrupt_on_signals()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     run_dir, log_path = out / "run", out / "sr1-run.log"
@@ -371,6 +385,15 @@ def soak(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         print("".join(log_path.read_text().splitlines(keepends=True)[-20:]), file=sys.stderr)
+    grew = judge(samples, out, args, problems)
+    if problems or interrupted:
+        return EXIT_RUN_FAILED
+    return EXIT_GREW if grew else 0
+
+
+def judge(samples: list[dict], out: Path, args: argparse.Namespace, run_problems: list[str]) -> list[str]:
+    """samples.csv, soak.png and verdict.json from the samples; prints the growth per kind and metric; the
+    problems of growth."""
     write_csv(samples, out / "samples.csv")
     results, grew = verdict(samples, warmup_s=args.warmup, window_s=args.window, bound=args.bound)
     plot(samples, out / "soak.png", args.warmup)
@@ -383,16 +406,14 @@ def soak(args: argparse.Namespace) -> int:
         "bound": args.bound,
         "floor": FLOOR,
         "samples": len(samples),
-        "run_problems": problems,
+        "run_problems": run_problems,
         "growth_problems": grew,
         "growth": [asdict(r) for r in results],
     }
     (out / "verdict.json").write_text(json.dumps(report, indent=1))
     print(summary(results, grew, args.bound))
     print(f"soak: samples, verdict and plot in {out}")
-    if problems or interrupted:
-        return EXIT_RUN_FAILED
-    return EXIT_GREW if grew else 0
+    return grew
 
 
 def summary(results: list[Growth], problems: list[str], bound: float) -> str:
@@ -420,7 +441,9 @@ def write_csv(samples: list[dict], path: Path) -> None:
                     writer.writerow([s["t"], label, p["kind"], p["pid"], metric, round(p[metric], 3)])
             for metric in REDIS_METRICS:
                 if s.get("redis"):
-                    writer.writerow([s["t"], "redis", "redis", "", metric, round(s["redis"][metric], 4)])
+                    writer.writerow(
+                        [s["t"], REDIS_SERIES, REDIS_SERIES, "", metric, round(s["redis"][metric], 4)]
+                    )
 
 
 def plot(samples: list[dict], path: Path, warmup_s: float) -> None:
@@ -435,7 +458,9 @@ def plot(samples: list[dict], path: Path, warmup_s: float) -> None:
     for ax, metric in zip(axes, metrics, strict=True):
         lines: dict[str, tuple[list[float], list[float]]] = {}
         for s in samples:
-            values = {"redis": s["redis"]} if metric in REDIS_METRICS and s.get("redis") else s["processes"]
+            values = (
+                {REDIS_SERIES: s["redis"]} if metric in REDIS_METRICS and s.get("redis") else s["processes"]
+            )
             for label, p in values.items():
                 if metric in p:
                     xs, ys = lines.setdefault(label, ([], []))
@@ -467,23 +492,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bound", type=float, default=0.05, help="largest growth allowed (default: 0.05)")
     parser.add_argument("--stop-timeout", type=float, default=300.0, help="seconds to wait for a clean stop")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/soak-<time>)")
+    parser.add_argument(
+        "--judge",
+        type=Path,
+        metavar="SAMPLES_JSONL",
+        help="run nothing: judge and plot the samples of an earlier soak (into --out, default: beside them)",
+    )
     args = parser.parse_args(argv)
     for name in ("duration", "interval", "window", "stop_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.warmup < 0 or args.bound < 0:
         parser.error(f"--warmup and --bound must be >= 0, got {args.warmup} and {args.bound}")
-    if args.duration - args.warmup < 2 * args.window:
+    if args.judge is None and args.duration - args.warmup < 2 * args.window:
         parser.error(
             f"--duration {args.duration:.0f} leaves {args.duration - args.warmup:.0f} s after the warm-up of "
             f"{args.warmup:.0f} s: at least two windows of {args.window:.0f} s are needed"
         )
-    if args.window < 2 * args.interval:
+    if args.judge is None and args.window < 2 * args.interval:
         parser.error(
             f"--window {args.window:.0f} s holds under 2 samples of --interval {args.interval:.0f} s"
         )
+    if args.judge is not None:
+        return judge_file(args)
     args.out = args.out or ROOT / "runs" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
     return soak(args)
+
+
+def judge_file(args: argparse.Namespace) -> int:
+    """`--judge samples.jsonl`: the verdict, plot and CSV of samples written before, with this call's bounds."""
+    try:
+        samples = [json.loads(line) for line in args.judge.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"soak: --judge {args.judge}: not a samples.jsonl ({err})", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    if not samples:
+        print(f"soak: --judge {args.judge}: no samples in it", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    args.duration = samples[-1]["t"]
+    out = (args.out or args.judge.parent).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    return EXIT_GREW if judge(samples, out, args, []) else 0
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_small_counts_move_within_their_floor_but_a_growing_key_count_fails(soak
     _, problems = _judge(soak, _samples(lambda t: 800.0, redis_keys=lambda t: 20 if t < 2400 else 22))
     assert problems == []  # +2 keys (10 %) is churn at this size: within the floor of 2
     _, problems = _judge(soak, _samples(lambda t: 800.0, redis_keys=lambda t: 20 + int(t // 120)))
-    assert len(problems) == 1 and "redis keys" in problems[0]
+    assert len(problems) == 1 and "redis-db keys" in problems[0]
 
 
 def test_a_process_that_exits_or_appears_during_the_measured_span_is_named(soak):
