@@ -31,7 +31,7 @@ def test_a_short_soak_samples_every_process_and_stops_the_run_cleanly(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
     output = done.stdout + done.stderr
     assert done.returncode in (0, 1), output  # 2: the run exited early, did not stop cleanly, or left orphans
-    assert "soak: 0/180 s" in done.stdout  # a progress line without a terminal
+    assert "[soak] " in done.stdout  # progress lines without a terminal
 
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     seen = {p["kind"] for s in samples for p in s["processes"].values()}

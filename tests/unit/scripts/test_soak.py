@@ -1,4 +1,4 @@
-"""scripts/soak.py's growth verdict on synthetic series: flat passes, growing fails, noisy flat passes; and what it
+"""scripts/soak.py's growth verdict (scripts/soak_samples.py) on synthetic series: flat passes, growing fails, noisy flat passes; and what it
 says about processes that come and go during the measured span."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ WARMUP, WINDOW, BOUND = 600.0, 300.0, 0.05
 
 @pytest.fixture(scope="module")
 def soak():
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "scripts" / "soak.py")
+    spec = importlib.util.spec_from_file_location(
+        "soak", ROOT / "scripts" / "soak.py"
+    )  # imports soak_samples
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
