@@ -82,10 +82,11 @@ def launch(args: argparse.Namespace, run_dir: Path, log_path: Path) -> subproces
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 
 
-def stop(run: subprocess.Popen, seen: dict[int, str], timeout_s: float) -> list[str]:
+def stop(run: subprocess.Popen, seen: dict[tuple[int, float], str], timeout_s: float) -> list[str]:
     """SIGTERM `sr1 run` (it stops its parts in order, the learner checkpointing first); the problems."""
     problems = []
-    if run.poll() is None:
+    signalled = run.poll() is None
+    if signalled:
         run.send_signal(signal.SIGTERM)
         try:
             run.wait(timeout_s)
@@ -93,15 +94,16 @@ def stop(run: subprocess.Popen, seen: dict[int, str], timeout_s: float) -> list[
             problems.append(f"sr1 run did not stop within {timeout_s:.0f} s of SIGTERM; killed")
             run.kill()
             run.wait()
-    if run.returncode not in (130, None) and not problems:
+    if signalled and run.returncode != 130 and not problems:
         problems.append(f"sr1 run exited with {run.returncode} on SIGTERM (a clean stop is 130)")
     time.sleep(2.0)  # children die with their parent (PR_SET_PDEATHSIG): give them the moment it takes
     left = []
-    for pid, label in seen.items():
+    for (pid, started), label in seen.items():
         try:
             proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                left.append(proc)
+            if proc.create_time() != started or proc.status() == psutil.STATUS_ZOMBIE:
+                continue  # gone (its pid reused by another process), or exited and not yet reaped
+            left.append(proc)
         except psutil.NoSuchProcess:
             continue
         problems.append(f"orphan: {label} still alive after sr1 run stopped; killed")
@@ -131,7 +133,7 @@ def soak(args: argparse.Namespace) -> int:
         f"soak: sr1 run {args.preset} for {args.duration:.0f} s into {run_dir} (log: {log_path})", flush=True
     )
     run = launch(args, run_dir, log_path)
-    seen: dict[int, str] = {}  # pid -> label of every process of the run ever sampled (the orphan check)
+    seen: dict[tuple[int, float], str] = {}  # every process of the run ever sampled (the orphan check)
     samples: list[dict] = []
     client, problems, interrupted = None, [], False
     progress = PhaseProgress("soak", total=round(args.duration), unit="s")

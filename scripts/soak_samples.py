@@ -132,9 +132,9 @@ def kind_of(proc: psutil.Process, root_pid: int, kinds_by_pid: dict[int, str]) -
     return f"{parent.split('-child')[0]}-child:{proc.name()}"
 
 
-def sample_processes(root_pid: int, seen: dict[int, str]) -> dict[str, dict]:
-    """RSS, fds and threads of `sr1 run` and its descendants, keyed `<kind>[<pid>]`; `seen` (pid -> label) keeps
-    every process ever sampled (for the orphan check)."""
+def sample_processes(root_pid: int, seen: dict[tuple[int, float], str]) -> dict[str, dict]:
+    """RSS, fds and threads of `sr1 run` and its descendants, keyed `<kind>[<pid>]`; `seen` ((pid, start time) ->
+    label) keeps every process ever sampled (for the orphan check; the start time tells a reused pid apart)."""
     try:
         root = psutil.Process(root_pid)
         procs = [root, *root.children(recursive=True)]
@@ -155,7 +155,7 @@ def sample_processes(root_pid: int, seen: dict[int, str]) -> dict[str, dict]:
                     "fds": proc.num_fds(),
                     "threads": proc.num_threads(),
                 }
-                seen.setdefault(proc.pid, label)
+                seen.setdefault((proc.pid, proc.create_time()), label)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
     return found
