@@ -86,10 +86,13 @@ def verdict(
     """Every series' growth, and the problems: series that grew, processes that ended or started in the measured
     span (a process restarted by the supervisor shows as both)."""
     series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    # a process is followed by its pid, named by its latest label: vLLM's workers set their process title after
+    # they start (`engine-core-child:python[7]` becomes `engine-worker[7]`)
+    latest = {proc["pid"]: label for sample in samples for label, proc in sample["processes"].items()}
     for sample in samples:
-        for label, proc in sample["processes"].items():
+        for proc in sample["processes"].values():
             for metric in PROCESS_METRICS:
-                series.setdefault((label, metric), []).append((sample["t"], proc[metric]))
+                series.setdefault((latest[proc["pid"]], metric), []).append((sample["t"], proc[metric]))
         for metric in REDIS_METRICS:
             if sample.get("redis"):
                 series.setdefault((REDIS_SERIES, metric), []).append((sample["t"], sample["redis"][metric]))

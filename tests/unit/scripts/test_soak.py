@@ -107,3 +107,14 @@ def test_a_run_too_short_for_the_warm_up_is_refused(soak, capsys):
     with pytest.raises(SystemExit):
         soak.main(["--duration", "900", "--warmup", "600", "--window", "300"])
     assert "at least two windows of 300 s" in capsys.readouterr().err
+
+
+def test_a_process_that_renames_itself_is_one_series_under_its_latest_name(soak):
+    samples = _samples(lambda t: 800.0)
+    for sample in samples[
+        : len(samples) // 2
+    ]:  # in the first half hour it was `engine-core-child:python[100]`
+        sample["processes"] = {"engine-core-child:python[100]": sample["processes"].pop("learner[100]")}
+    results, problems = _judge(soak, samples)
+    assert problems == []
+    assert {r.series for r in results if r.metric == "rss_mib"} == {"learner[100] rss_mib"}
