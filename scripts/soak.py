@@ -51,6 +51,7 @@ from soak_samples import (  # noqa: E402
     REDIS_SERIES,
     UNITS,
     Growth,
+    latest_labels,
     redis_client,
     redis_keys,
     sample_processes,
@@ -241,6 +242,7 @@ def plot(samples: list[dict], path: Path, warmup_s: float) -> None:
     import matplotlib.pyplot as plt
 
     metrics = [*PROCESS_METRICS, *REDIS_METRICS]
+    latest = latest_labels(samples)
     fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.2 * len(metrics)), sharex=True)
     for ax, metric in zip(axes, metrics, strict=True):
         lines: dict[str, tuple[list[float], list[float]]] = {}
@@ -250,7 +252,7 @@ def plot(samples: list[dict], path: Path, warmup_s: float) -> None:
             )
             for label, p in values.items():
                 if metric in p:
-                    xs, ys = lines.setdefault(label, ([], []))
+                    xs, ys = lines.setdefault(latest.get(p.get("pid"), label), ([], []))
                     xs.append(s["t"] / 60)
                     ys.append(p[metric])
         for label, (xs, ys) in sorted(lines.items()):

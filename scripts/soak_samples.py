@@ -80,15 +80,19 @@ def growth(
     return Growth(series, metric, a, b, rel, failed)
 
 
+def latest_labels(samples: list[dict]) -> dict[int, str]:
+    """pid -> the label a process had last. A process is followed by its pid, named by its latest label: vLLM's
+    workers set their process title after they start (`engine-core-child:python[7]` becomes `engine-worker[7]`)."""
+    return {proc["pid"]: label for sample in samples for label, proc in sample["processes"].items()}
+
+
 def verdict(
     samples: list[dict], *, warmup_s: float, window_s: float, bound: float
 ) -> tuple[list[Growth], list[str]]:
     """Every series' growth, and the problems: series that grew, processes that ended or started in the measured
     span (a process restarted by the supervisor shows as both)."""
     series: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    # a process is followed by its pid, named by its latest label: vLLM's workers set their process title after
-    # they start (`engine-core-child:python[7]` becomes `engine-worker[7]`)
-    latest = {proc["pid"]: label for sample in samples for label, proc in sample["processes"].items()}
+    latest = latest_labels(samples)
     for sample in samples:
         for proc in sample["processes"].values():
             for metric in PROCESS_METRICS:
