@@ -111,3 +111,25 @@ if n > 0 then
 end
 return n
 """
+
+# KEYS: durable, released_ids, put_ids, counters. ARGV: group_ids.
+# Takes back groups acked by a checkpoint a resume could not use (buffer/durable.py): they leave the durable record and
+# the released and put sets, so their prompts can be released again (the caller does, in the same transaction), and
+# the counters forget them.
+RECALL_DURABLE = """
+local n = 0
+for i = 1, #ARGV do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('SREM', KEYS[2], ARGV[i])
+    redis.call('SREM', KEYS[3], ARGV[i])
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[4], 'released', -n)
+  redis.call('HINCRBY', KEYS[4], 'produced', -n)
+  redis.call('HINCRBY', KEYS[4], 'consumed', -n)
+  redis.call('HINCRBY', KEYS[4], 'recalled', n)
+end
+return n
+"""

@@ -19,6 +19,8 @@ Keys, all under `<namespace>:`
     prompt_errors  hash: prompt entry id -> the error of its last failed attempt (the reason if it is dead-lettered)
     inflight       sorted set group_id -> release_version: released and not yet acked (admission + assembly)
     trained        set of group entry ids a step trained on, waiting for the checkpoint that lets them be acked
+    durable        sorted set group_id -> the version of the checkpoint that acked it, until older checkpoints are
+                   pruned (a resume that finds a checkpoint torn releases its groups again: buffer/durable.py)
     released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
     put_ids        set of every group_id put (a second put of a group is a counted duplicate, never delivered)
     counters       hash: released, produced, consumed, dropped (dynamic sampling), abandoned (dead-lettered while in
@@ -48,6 +50,7 @@ import redis
 from buffer import lua
 from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, encode_prompt
 from buffer.connection import connect
+from buffer.durable import DurableGroups
 from buffer.evaluations import EvaluationRequests
 from buffer.records import Group, PromptRecord
 from buffer.settings import BufferConfig
@@ -88,7 +91,7 @@ def open_buffer(cfg: BufferConfig, url: str | None = None) -> ReplayBuffer:
     return ReplayBuffer.from_config(cfg, url)
 
 
-class ReplayBuffer(EvaluationRequests, RunStats):
+class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
     """One run's buffer in Redis (sync redis-py; async callers use `asyncio.to_thread`)."""
 
     def __init__(

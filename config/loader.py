@@ -43,6 +43,11 @@ EXIT_BAD_INPUT = 78
 """The exit status of a process stopped by a configuration or data error (sysexits' EX_CONFIG). Running it again
 gives the same error, so supervisors never restart a process that exits with it (sr1/launch/supervisor.py)."""
 
+EXIT_CHECKPOINT_FAILED = 74
+"""The exit status of a learner that stopped because its checkpoints cannot be written (sysexits' EX_IOERR): two in
+a row failed (a full disk). A restart would fail the same way until someone frees space, so supervisors do not
+restart it; `--resume` goes on from the last good checkpoint once there is room (learner/safety_net.py)."""
+
 
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))

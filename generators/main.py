@@ -56,7 +56,7 @@ async def serve(job: GeneratorJob) -> int:
 
     from buffer.redis_buffer import open_buffer
     from common.model_paths import resolve_model_path
-    from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine
+    from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine, serving_process
     from generators.worker import GeneratorWorker
     from tasks import build_task
 
@@ -119,7 +119,9 @@ async def serve(job: GeneratorJob) -> int:
         await asyncio.sleep(0)  # deliver a signal that arrived during the engine start
         if stop_requested:
             worker.request_stop()
-        return await worker.run()
+        # settled in while it serves: vLLM's environment cached, the garbage collector kept off the startup heap
+        with serving_process():
+            return await worker.run()
     finally:
         await task.close()
         engine.shutdown()

@@ -4,9 +4,11 @@
 preset / root config file, from which the learner takes its job (learner/job.py). Rank, world size and the
 rendezvous come from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that
 `sr1 learner` or torchrun set; without them it is a single rank. SIGTERM/SIGINT finish the current step, write a
-checkpoint and exit 0. `--resume` continues from `<run_dir>/checkpoints/latest`. A configuration or data error (a bad
-job, an unreadable prompt file, overlong prompts that may not be dropped), and `learner.max_nonfinite_steps` skipped
-updates in a row, exit with `config.EXIT_BAD_INPUT`, which supervisors do not restart.
+checkpoint and exit 0. `--resume` continues from the newest checkpoint under `<run_dir>/checkpoints` whose files
+verify (learner/checkpoint.py). A configuration or data error (a bad job, an unreadable prompt file, overlong prompts
+that may not be dropped), `learner.max_nonfinite_steps` skipped updates in a row, and checkpoints none of which can be
+resumed from, exit with `config.EXIT_BAD_INPUT`; checkpoints that cannot be written (two in a row failed: a full
+disk) with `config.EXIT_CHECKPOINT_FAILED`. Supervisors restart neither.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def training_prompts(job: LearnerJob) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from config import EXIT_BAD_INPUT, ConfigError, load_job, save_job
+    from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, ConfigError, load_job, save_job
 
     overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
@@ -81,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BAD_INPUT
     import torch
 
+    from learner.checkpoint import CheckpointLoadError
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import NonFiniteTrainingError, run_learner
+    from learner.safety_net import CheckpointsFailing
     from learner.stop import StopFlag
 
     stop = StopFlag().install()
@@ -101,10 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         if world.is_main:
             log.info("learner stopped at version %d", version)
         finished = True
-    except NonFiniteTrainingError as err:
-        # a restart would resume from the last checkpoint into the same updates: stop the run instead
+    except (NonFiniteTrainingError, CheckpointLoadError) as err:
+        # a restart would resume from the last checkpoint into the same updates, or fail on the same files: stop
         print(f"learner: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except CheckpointsFailing as err:
+        # a restart would train without a safety net again until the disk has room: stop, say what it needs
+        print(f"learner: {err}", file=sys.stderr)
+        return EXIT_CHECKPOINT_FAILED
     finally:
         shutdown_distributed(wait_for_peers=finished)
     return 0

@@ -91,7 +91,7 @@ class Rank0:
         self.cfg = cfg
         self.buffer = open_buffer(job.buffer)
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
-        self.buffer.ack(state.used_group_entries)
+        self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
         self.consumed_groups = state.consumed_groups
         self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
         # the staleness bound of every release version (buffer/admission.py, "A bound that changes"): recorded in
@@ -120,11 +120,15 @@ class Rank0:
             cursor=state.cursor,
             shuffle_seed=job.seed if job.data.shuffle else None,  # the same order again on resume
         )
-        # groups trained in steps the crash lost: released again at the version this learner goes on at
+        # groups trained in steps the crash lost: released again at the version this learner goes on at; and those
+        # acked by checkpoints newer than the one loaded (found torn, skipped): no surviving weights hold them
         self.recalled: list[str] = []
         if resume:
             version = max(state.version, self.buffer.version())
             self.recalled = self.buffer.recall_trained(self.feeder.prompt_of, version)
+            self.recalled += self.buffer.recall_durable(
+                self.feeder.prompt_of, after=state.version, version=version
+            )
         self.assembler = BatchAssembler(
             self.buffer,
             groups_per_step=cfg.groups_per_step,
@@ -147,10 +151,11 @@ class Rank0:
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
         self._settle_patience: Patience | None = None  # after the last step: how long `settle` waits
 
-    def heartbeat(self, version: int, status: str, **details) -> None:
-        """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`)."""
+    def heartbeat(self, version: int, status: str, force: bool = False, **details) -> None:
+        """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`); at most
+        one every 2 s unless `force`."""
         now = time.monotonic()
-        if now - self._last_heartbeat > 2.0:
+        if force or now - self._last_heartbeat > 2.0:
             body = {"version": version, "status": status, **self.diagnostics, **details}
             self.buffer.heartbeat(CONSUMER, "learner", body)
             self._last_heartbeat = now
