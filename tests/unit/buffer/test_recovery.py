@@ -71,6 +71,10 @@ def test_an_evaluation_is_shared_by_its_shards_and_complete_only_when_all_answer
         buf.wait_evaluation(eval_id, timeout_s=0.3)
     buf.post_evaluation_answer(requests[2], {"shard": 2})
     assert buf.wait_evaluation(eval_id, timeout_s=1) == [{"shard": 0}, {"shard": 1}, {"shard": 2}]
+    buf.forget_evaluation(eval_id)  # recorded by whoever asked: its keys leave Redis (they stayed a week)
+    assert not buf._redis.keys(f"rec:eval:*{eval_id}*")
+    with pytest.raises(KeyError, match="no evaluation"):
+        buf.evaluation_answers(eval_id)
     with pytest.raises(KeyError, match="no evaluation"):
         buf.evaluation_answers("eval-9-missing")
     with pytest.raises(ValueError, match="at least one shard"):
