@@ -14,8 +14,8 @@ What is modelled:
   prompts go round the workers, the one that has waited longest first, each read taking at most
   `claim_batch_groups` and never more than the worker's free slots (as Redis serves the generators' blocking reads of
   one release script). Between turns a trajectory leaves the engine for a search round trip (lognormal latency);
-  the number of searches is binomial over `max_turns` with the profile's mean, tokens per turn lognormal (capped by
-  `max_tokens_per_turn`, and the whole response by `max_response_tokens`).
+  its shape (searches, tokens per turn, observation tokens, the budgets that cut them) is drawn by
+  `sr1/plan/workload.py`, the sampler the learner benchmark uses too.
 - Admission and batch assembly are sr1's own code, not a copy: the real `buffer.admission.PromptFeeder.pump` runs
   against an in-memory stand-in for the four buffer counters it reads (`_CountingBuffer`), and batches are chosen by
   `BatchAssembler._select` (see `_choose_batch`, the one thin adapter). Dynamic sampling drops a finished group with
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import numpy as np
 from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule
 from buffer.records import PromptRecord
 from sr1.plan.profile import Profile
+from sr1.plan.workload import TrajectoryLimits, draw_turns, lognormal, observation_tokens
 
 
 @dataclass(frozen=True)
@@ -120,34 +120,6 @@ class _Turn:
     prefill_work: float
     start_v: float = 0.0
     attributed: int = 0  # sampled tokens already credited to a version
-
-
-def _lognormal(rng: np.random.Generator, mean: float, cv: float) -> float:
-    if cv <= 0 or mean <= 0:
-        return mean
-    sigma2 = math.log1p(cv * cv)
-    return float(rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2)))
-
-
-def _draw_turns(rng: np.random.Generator, pipe: Pipeline, profile: Profile) -> list[int]:
-    w = profile.workload
-    searches = 0
-    if w.searches_per_trajectory.value > 0:
-        p = min(w.searches_per_trajectory.value / pipe.max_turns, 1.0)
-        searches = int(rng.binomial(pipe.max_turns, p))
-    turns, budget = [], pipe.max_response_tokens
-    for i in range(searches + 1):
-        tokens = round(_lognormal(rng, w.tokens_per_turn.value, w.tokens_per_turn_cv.value))
-        tokens = max(1, min(tokens, pipe.max_tokens_per_turn, budget))
-        turns.append(tokens)
-        budget -= tokens + (_obs_tokens(pipe, profile) if i < searches else 0)
-        if budget <= 0:
-            break  # the token budget ends the trajectory
-    return turns
-
-
-def _obs_tokens(pipe: Pipeline, profile: Profile) -> int:
-    return round(min(profile.workload.obs_tokens_per_search.value, pipe.max_obs_tokens))
 
 
 # -- admission and batch assembly: sr1's own code ------------------------------------------------------------------
@@ -288,6 +260,9 @@ class _Simulation:
     def __init__(self, pipe: Pipeline, profile: Profile, seed: int):
         self.pipe, self.profile = pipe, profile
         self.rng = np.random.default_rng(seed)
+        self.limits = TrajectoryLimits(
+            pipe.max_turns, pipe.max_tokens_per_turn, pipe.max_obs_tokens, pipe.max_response_tokens
+        )
         self.engines = [_Engine(i, pipe, profile) for i in range(pipe.engines)]
         self.events: list[tuple[float, int, str, object]] = []
         self.counter = itertools.count()
@@ -367,8 +342,8 @@ class _Simulation:
         group.engine = engine.index
         engine.groups_held += 1
         for _ in range(self.pipe.group_size):
-            turns = _draw_turns(self.rng, self.pipe, self.profile)
-            trajectory = _Trajectory(group, turns, _obs_tokens(self.pipe, self.profile))
+            turns = draw_turns(self.rng, self.profile.workload, self.limits)
+            trajectory = _Trajectory(group, turns, observation_tokens(self.profile.workload, self.limits))
             prompt = round(self.profile.workload.prompt_tokens.value)
             group.model_tokens += prompt + sum(turns) + trajectory.obs_tokens * (len(turns) - 1)
             engine.inflight += 1
@@ -389,7 +364,7 @@ class _Simulation:
         trajectory = turn.trajectory
         trajectory.turn += 1
         if trajectory.turn < len(trajectory.turns):
-            latency = _lognormal(
+            latency = lognormal(
                 self.rng,
                 self.profile.workload.search_latency_s.value,
                 self.profile.workload.search_latency_cv.value,
