@@ -19,6 +19,9 @@ from learner_baselines import CHECKPOINTED_SHAPES, SHAPES
 from learner.attention import IMPLEMENTATIONS
 
 H100_BF16_FLOPS = 989e12
+DOES_NOT_FIT = (
+    3  # exit status: the checkpointing asked for cannot fit this device at one rank (nothing was measured)
+)
 DEFAULT_PRESET = (
     "qwen2.5-3b-8xh100"  # sr1's 8xH100 recipe: Search-R1's GRPO with its KL loss and 256 per update
 )
@@ -123,6 +126,15 @@ def learner_settings(args, model_dir: str, capacity: int) -> Settings:
         )
         why = f"what a learner of {args.checkpointing_for_ranks} ranks picks: {why}"
         cfg = build(checkpointing)
+        peak = features.config_peak_bytes(cfg, model_dir, ranks=1, dtype=dtype)
+        if peak is not None and peak > capacity:
+            print(
+                f"bench_learner.py: checkpointing {checkpointing} ({why}) does not fit one rank here: the "
+                f"estimated peak at {cfg.micro_batch_tokens} tokens is {peak / 2**30:.1f} GiB, more than "
+                f"{capacity / 2**30:.1f} GiB",
+                file=sys.stderr,
+            )
+            raise SystemExit(DOES_NOT_FIT)
     updates = args.updates if search else 1
     reference, policy_pass, critic = features.step_passes(cfg, updates * cfg.ppo_epochs > 1)
     if args.plain and critic:

@@ -152,7 +152,8 @@ def counters_since(before: dict | None, after: dict | None) -> dict | None:
 def _step_memory(
     model_config, parameters: int, cfg, dtype: str, world_size: int, reference: bool, critic: bool
 ):
-    """main's estimate of one rank's step (learner/memory.py), as `Learner` checks its budget with it."""
+    """main's estimate of one rank's step (learner/memory.py), as `Learner` checks its budget with it (a policy
+    other than none counts as full recomputation: the estimate knows only the two)."""
     from learner.memory import StepShape, step_memory
     from learner.model import DTYPES
 
@@ -163,7 +164,7 @@ def _step_memory(
         shape,
         world_size=world_size,
         compute_bytes=DTYPES[dtype].itemsize,
-        checkpointing=cfg.gradient_checkpointing,
+        checkpointing=checkpointing_name(cfg.gradient_checkpointing) != "none",
         cpu_offload=cfg.cpu_offload,
         chunk_tokens=cfg.logprob_chunk_tokens,
         reference=reference,
@@ -189,35 +190,45 @@ def peak_estimate_bytes(learner, tokens: int) -> float | None:
     return None if memory is None else memory.peak(tokens)
 
 
-def checkpointing_for_ranks(cfg, model_dir, *, ranks: int, capacity: float, dtype: str) -> tuple[str, str]:
-    """The checkpointing a learner of `ranks` FSDP ranks would pick on a device of `capacity` bytes, and why."""
-    from transformers import AutoConfig
-
-    choose = _learner_function(LEARNER_CHECKPOINTING_CHOICE)
-    model_config = AutoConfig.from_pretrained(model_dir)
-    if choose is not None:
-        policy, why = choose(cfg, model_config, ranks=ranks, capacity=capacity, dtype=dtype)
-        return checkpointing_name(policy), why
+def config_peak_bytes(cfg, model_dir, *, ranks: int, dtype: str) -> float | None:
+    """main's estimate of the peak of one rank of a learner of `ranks` ranks under `cfg`, at `micro_batch_tokens`,
+    before any model is loaded (None: the estimate does not know the model)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(model_config).parameters())
     from learner.algorithms import build_algorithm
 
-    reference = build_algorithm(cfg.algorithm, cfg.correction).needs_reference
+    model_config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(model_config).parameters())
+    algorithm = build_algorithm(cfg.algorithm, cfg.correction)
     memory = _step_memory(
         model_config,
         parameters,
-        cfg.model_copy(update={"gradient_checkpointing": False}),
+        cfg,
         dtype,
         ranks,
-        reference=reference,
-        critic=False,
+        reference=algorithm.needs_reference,
+        critic=algorithm.needs_values,
     )
-    if memory is None:
+    return None if memory is None else memory.peak(cfg.micro_batch_tokens)
+
+
+def checkpointing_for_ranks(cfg, model_dir, *, ranks: int, capacity: float, dtype: str) -> tuple[str, str]:
+    """The checkpointing a learner of `ranks` FSDP ranks would pick on a device of `capacity` bytes, and why."""
+    choose = _learner_function(LEARNER_CHECKPOINTING_CHOICE)
+    if choose is not None:
+        from transformers import AutoConfig
+
+        policy, why = choose(
+            cfg, AutoConfig.from_pretrained(model_dir), ranks=ranks, capacity=capacity, dtype=dtype
+        )
+        return checkpointing_name(policy), why
+    peak = config_peak_bytes(
+        cfg.model_copy(update={"gradient_checkpointing": False}), model_dir, ranks=ranks, dtype=dtype
+    )
+    if peak is None:
         return "full", "the memory estimate does not know this model"
-    peak = memory.peak(cfg.micro_batch_tokens)
     fits = peak <= capacity
     return (
         "none" if fits else "full",
