@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -137,10 +138,13 @@ def _provenance(device) -> dict:
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
     }
-    git = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    out["commit"] = git.stdout.strip() if git.returncode == 0 else None
+    try:  # a copy of the tree may come without git or without .git
+        git = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        out["commit"] = git.stdout.strip() if git.returncode == 0 else None
+    except OSError:
+        out["commit"] = None
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
@@ -152,6 +156,27 @@ def _device_memory(device) -> int:
 
         return torch.cuda.get_device_properties(device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@contextlib.contextmanager
+def _progress(what: str):
+    """A line on stderr when `what` starts, every 10 s while it runs, and when it ends."""
+    start = time.perf_counter()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(10):
+            print(f"  {what}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+    print(f"{what} ...", file=sys.stderr, flush=True)
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        print(f"{what}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -200,12 +225,16 @@ def _plain_step(args, settings, model_dir, device, tokens_per_update: float) -> 
     micro_batches = max(
         1, round(tokens_per_update / (rows * row_len))
     )  # about the learner's tokens per update
-    plain.step(rows, row_len, micro_batches)  # warm-up
+    with _progress("plain: warm-up update"):
+        plain.step(rows, row_len, micro_batches)
     timer = _Timer(device)
-    for i in range(args.steps * settings.updates * settings.cfg.ppo_epochs):
-        timer(
-            lambda i=i: plain.step(rows, row_len, micro_batches, seed=i + 1), rows * row_len * micro_batches
-        )
+    updates = args.steps * settings.updates * settings.cfg.ppo_epochs
+    with _progress(f"plain: {updates} timed update(s)"):
+        for i in range(updates):
+            timer(
+                lambda i=i: plain.step(rows, row_len, micro_batches, seed=i + 1),
+                rows * row_len * micro_batches,
+            )
     parameters = plain.parameters
     plain.close()
     figures = timer.figures("plain", parameters, args.peak_flops, settings.no_grad_passes)
@@ -245,15 +274,16 @@ def run(args) -> dict:
 
     # 2. the learner: its own step on packed micro-batches (and its model, optimizer and loss on padded ones)
     counters_start = features.compiler_counters()
-    learner = Learner(
-        settings.cfg,
-        model_dir,
-        world,
-        model_dtype=settings.dtype,
-        temperature=settings.temperature,
-        max_response_tokens=settings.max_response_tokens,
-        **features.learner_kwargs(type(settings.cfg), args.attention),
-    )
+    with _progress("learner: loading"):
+        learner = Learner(
+            settings.cfg,
+            model_dir,
+            world,
+            model_dtype=settings.dtype,
+            temperature=settings.temperature,
+            max_response_tokens=settings.max_response_tokens,
+            **features.learner_kwargs(type(settings.cfg), args.attention),
+        )
     assert learner.model.training, "the learner trains in train mode (checkpointing is off in eval mode)"
     parameters = sum(p.numel() for p in learner.model.parameters())
     steps = {"packed": learner.train_step}
@@ -264,16 +294,21 @@ def run(args) -> dict:
     # other processes on a shared machine hits them alike
     with _mini_batch(learner, plan.warmup_mini_batch):
         for mode in steps:
-            for groups in plan.warmup:
-                steps[mode](groups)
+            for i, groups in enumerate(plan.warmup):
+                with _progress(f"{mode}: warm-up step {i + 1} of {len(plan.warmup)}"):
+                    steps[mode](groups)
     counters_warm = features.compiler_counters()
     timers = {mode: _Timer(device) for mode in steps}
     order = list(steps)
     for i, groups in enumerate(plan.timed):
         for mode in order if i % 2 == 0 else order[::-1]:
-            timers[mode](lambda mode=mode, groups=groups: steps[mode](groups), tokens[i])
+            with _progress(f"{mode}: timed step {i + 1} of {len(plan.timed)}"):
+                timers[mode](lambda mode=mode, groups=groups: steps[mode](groups), tokens[i])
     counters_end = features.compiler_counters()
-    profile = _profile(lambda: learner.train_step(plan.profile), device, args.profile) if args.profile else {}
+    profile = {}
+    if args.profile:
+        with _progress("packed: profiled step"):
+            profile = _profile(lambda: learner.train_step(plan.profile), device, args.profile)
     mean_mbs, largest = _micro_batches(
         plan.timed, settings.cfg.ppo_mini_batch_size, settings.cfg.micro_batch_tokens
     )
