@@ -197,6 +197,6 @@ def test_the_benchmark_runs_the_search_r1_step_on_cuda(capsys):
         assert result[f"{mode}/tokens_per_s"] > 0 and result[f"{mode}/peak_gib"] > 0
         assert 0 < result[f"{mode}/mfu"] < result[f"{mode}/mfu_all_passes"] < 1
     assert result["packed/estimate_gib"] > 0
-    assert (
-        isinstance(result["compiler/graphs"], int) and result["compiler/graphs"] > 0
-    )  # FlexAttention compiles
+    assert isinstance(result["compiler/graphs"], int) and isinstance(result["compiler/timed/recompiles"], int)
+    if result["attention"] == FLEX_DOCUMENT:
+        assert result["compiler/graphs"] > 0  # FlexAttention is compiled
