@@ -253,22 +253,13 @@ def dry_blocker(directory: Path) -> Path:
         [name for name, (_, from_wheel) in GPU_IMAGE_LACKS.items() if not from_wheel] + list(REMOVED_IN_PY312)
     )
     directory.mkdir(parents=True, exist_ok=True)
+    # None in sys.modules is how Python spells "absent": `import x` raises ModuleNotFoundError and
+    # importlib.util.find_spec("x") answers None, as where x is not installed (libraries probe with either)
     (directory / "sitecustomize.py").write_text(
-        f'''"""DRY=1 (scripts/gpu_check.py): modules absent on the GPU machine cannot be imported here either."""
-import sys
-
-_BLOCKED = {set(blocked)!r}
-
-
-class _AbsentOnTheGpuImage:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in _BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (DRY=1: absent on the GPU image)", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _AbsentOnTheGpuImage())
-'''
+        '"""DRY=1 (scripts/gpu_check.py): modules absent on the GPU machine are absent here too."""\n'
+        "import sys\n\n"
+        f"for _name in {blocked!r}:\n"
+        "    sys.modules[_name] = None\n"
     )
     return directory
 
