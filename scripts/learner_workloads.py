@@ -64,11 +64,11 @@ class SearchR1Spec:
         w, lim = self.workload, self.limits
         scale = f", lengths x {self.length_scale:g}" if self.length_scale != 1.0 else ""
         return (
-            f"search-r1 (profile {self.profile}: prompt {w.prompt_tokens.value:g}, turns ~{w.tokens_per_turn.value:g}"
-            f" tokens (cv {w.tokens_per_turn_cv.value:g}, <= {lim.max_tokens_per_turn}), "
-            f"{w.searches_per_trajectory.value:g} searches of {w.obs_tokens_per_search.value:g} observation tokens "
-            f"(<= {lim.max_obs_tokens}, <= {lim.max_turns}), response <= {lim.max_response_tokens}; "
-            f"groups of {self.group_size}{scale})"
+            f"search-r1 (profile {self.profile}: prompt {w.prompt_tokens.value:g} tokens, turns of "
+            f"~{w.tokens_per_turn.value:g} sampled tokens (cv {w.tokens_per_turn_cv.value:g}, <= "
+            f"{lim.max_tokens_per_turn}), {w.searches_per_trajectory.value:g} searches (<= {lim.max_turns}) of "
+            f"{w.obs_tokens_per_search.value:g} observation tokens (<= {lim.max_obs_tokens}), response <= "
+            f"{lim.max_response_tokens}; groups of {self.group_size}{scale})"
         )
 
 
@@ -78,12 +78,12 @@ def _scaled(workload, limits, factor: float):
 
     from sr1.plan.profile import Figure
 
-    def figure(current, name: str):
+    def figure(current):
         return Figure(value=max(1.0, current.value * factor), source=f"{current.source} (x {factor:g})")
 
     workload = workload.model_copy(
         update={
-            name: figure(getattr(workload, name), name)
+            name: figure(getattr(workload, name))
             for name in ("prompt_tokens", "tokens_per_turn", "obs_tokens_per_search")
         }
     )
