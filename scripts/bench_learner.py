@@ -31,9 +31,10 @@ Figures: tokens/s counts every token through the policy (prompt, sampled and obs
 `mfu_all_passes` adds 2 x parameters per token for each no-gradient forward of the step (reference, proximal).
 Recomputation, attention's quadratic term and the padding FlexAttention adds are not counted. Peak GiB: the
 allocator's high-water mark per mode (CUDA); `estimate_gib`: learner/memory.py's estimate at the step's largest
-micro-batch; compiler counters (graphs, recompiles, graph breaks) over the learner's part and over its timed steps.
-`--profile N`: the top N ops of one profiled step (stderr and JSON). Learner features newer than main (compile,
-checkpointing policies, attention setting) are used where present (scripts/learner_features.py).
+micro-batch with the step's own settings; compiler counters (learner/compiled.py: frames, graphs, recompiles, graph
+breaks) over the learner's part and over its timed steps; `execution`: how the learner ran (learner/execution.py:
+attention, with each kernel's measured time where `auto` timed them, compiled layers, log-prob head, checkpointing
+and why, FSDP2 settings). `--profile N`: the top N ops of one profiled step (stderr and JSON).
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import bench_learner_setup as setup  # noqa: E402
-import learner_features as features  # noqa: E402
 import learner_workloads as workloads  # noqa: E402
 from learner_baselines import padded_micro_batches, padded_step  # noqa: E402
 
@@ -150,14 +150,6 @@ def _provenance(device) -> dict:
     return out
 
 
-def _device_memory(device) -> int:
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 @contextlib.contextmanager
 def _progress(what: str):
     """A line on stderr when `what` starts, every 10 s while it runs, and when it ends."""
@@ -245,6 +237,7 @@ def _plain_step(args, settings, model_dir, device, tokens_per_update: float) -> 
 def run(args) -> dict:
     from transformers import AutoConfig
 
+    from learner.compiled import compile_counters, keep_compilation_records
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.trainer import Learner
 
@@ -253,7 +246,7 @@ def run(args) -> dict:
     tmp = tempfile.TemporaryDirectory()
     model_dir = _model_dir(args, Path(tmp.name), device)
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    settings = setup.learner_settings(args, model_dir, _device_memory(device))
+    settings = setup.learner_settings(args, model_dir, world)
     plan = setup.step_plan(args, settings, vocab)
     epochs = settings.cfg.ppo_epochs  # every PPO epoch trains every token again
     tokens = [workloads.batch_tokens(groups) * epochs for groups in plan.timed]
@@ -273,7 +266,8 @@ def run(args) -> dict:
         plain = _plain_step(args, settings, model_dir, device, sum(tokens) / (len(tokens) * updates))
 
     # 2. the learner: its own step on packed micro-batches (and its model, optimizer and loss on padded ones)
-    counters_start = features.compiler_counters()
+    keep_compilation_records()
+    counters_start = compile_counters()
     with _progress("learner: loading"):
         learner = Learner(
             settings.cfg,
@@ -282,7 +276,7 @@ def run(args) -> dict:
             model_dtype=settings.dtype,
             temperature=settings.temperature,
             max_response_tokens=settings.max_response_tokens,
-            **features.learner_kwargs(type(settings.cfg), args.attention),
+            attention=args.attention,
         )
     assert learner.model.training, "the learner trains in train mode (checkpointing is off in eval mode)"
     parameters = sum(p.numel() for p in learner.model.parameters())
@@ -297,14 +291,14 @@ def run(args) -> dict:
             for i, groups in enumerate(plan.warmup):
                 with _progress(f"{mode}: warm-up step {i + 1} of {len(plan.warmup)}"):
                     steps[mode](groups)
-    counters_warm = features.compiler_counters()
+    counters_warm = compile_counters()
     timers = {mode: _Timer(device) for mode in steps}
     order = list(steps)
     for i, groups in enumerate(plan.timed):
         for mode in order if i % 2 == 0 else order[::-1]:
             with _progress(f"{mode}: timed step {i + 1} of {len(plan.timed)}"):
                 timers[mode](lambda mode=mode, groups=groups: steps[mode](groups), tokens[i])
-    counters_end = features.compiler_counters()
+    counters_end = compile_counters()
     profile = {}
     if args.profile:
         with _progress("packed: profiled step"):
@@ -312,17 +306,20 @@ def run(args) -> dict:
     mean_mbs, largest = _micro_batches(
         plan.timed, settings.cfg.ppo_mini_batch_size, settings.cfg.micro_batch_tokens
     )
-    estimate = features.peak_estimate_bytes(learner, largest)
-    attention = learner.model.config._attn_implementation
+    estimate = _estimate_peak_bytes(learner, parameters, largest)
+    execution = learner.execution
     shutdown_distributed()
     tmp.cleanup()
 
     result |= {
         "parameters": parameters,
         "dtype": settings.dtype,
-        "attention": attention,
-        "compile": getattr(settings.cfg, "compile", None),
-        "gradient_checkpointing": settings.checkpointing,
+        "attention": execution.attention,
+        "attention_seconds": execution.attention_seconds,
+        "compile": execution.compile,
+        "logprob_head": execution.logprob_head,
+        "execution": execution.describe(),
+        "gradient_checkpointing": execution.checkpointing,
         "gradient_checkpointing_why": settings.checkpointing_why,
         "cpu_offload": settings.cfg.cpu_offload,
         "micro_batch_tokens": settings.cfg.micro_batch_tokens,
@@ -354,13 +351,38 @@ def run(args) -> dict:
         result["ratio_packed_over_padded"] = result["packed/tokens_per_s"] / result["padded/tokens_per_s"]
     if plain:
         result["ratio_packed_over_plain"] = result["packed/tokens_per_s"] / result["plain/tokens_per_s"]
-    for prefix, counts in (
-        ("compiler", features.counters_since(counters_start, counters_end)),
-        ("compiler/timed", features.counters_since(counters_warm, counters_end)),
-    ):
-        for key, value in (counts or {}).items():
-            result[f"{prefix}/{key}"] = value
+    for prefix, since in (("compiler", counters_start), ("compiler/timed", counters_warm)):
+        for key, value in counters_end.items():
+            result[f"{prefix}/{key}"] = value - since[key]
     return result | profile
+
+
+def _estimate_peak_bytes(learner, parameters: int, tokens: int) -> float | None:
+    """learner/memory.py's estimate of this step's peak at a micro-batch of `tokens`, with the settings the learner
+    runs (None: the estimate does not know the model)."""
+    from learner.memory import estimate_peak_bytes
+
+    ex, cfg = learner.execution, learner.cfg
+    try:
+        return estimate_peak_bytes(
+            learner.model.config,
+            parameters,
+            world_size=learner.world.world_size,
+            dtype=learner.model_dtype,
+            checkpointing=ex.checkpointing,
+            every=ex.checkpointing_every,
+            micro_batch_tokens=tokens,
+            chunk_tokens=cfg.logprob_chunk_tokens,
+            reference=learner.reference is not None,
+            critic=learner.critic is not None,
+            cpu_offload=cfg.cpu_offload,
+            compiled=ex.compile,
+            fused_head=ex.logprob_head == "fused",
+            keep_unsharded=ex.keep_unsharded,
+            defer_grad_sync=ex.defer_grad_sync,
+        )
+    except ValueError:
+        return None
 
 
 def _profile(step, device, rows: int) -> dict:

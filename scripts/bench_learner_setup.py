@@ -2,7 +2,7 @@
 options over them) and the steps it trains (warm-up, timed, profiled).
 
     args = parse(["--device", "cuda", "--shape", "qwen2.5-3b"])
-    settings = learner_settings(args, model_dir, device_memory_bytes)    # LearnerConfig, dtype, passes per token
+    settings = learner_settings(args, model_dir, world)    # LearnerConfig, how it runs here, passes per token
     plan = step_plan(args, settings, vocab)                               # groups of each step
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-import learner_features as features
 import learner_workloads as workloads
-from learner_baselines import CHECKPOINTED_SHAPES, SHAPES
+from learner_baselines import CHECKPOINTED_SHAPES, PLAIN_CHECKPOINTING, SHAPES
 
 from learner.attention import IMPLEMENTATIONS
+from learner.memory import POLICIES
 
 H100_BF16_FLOPS = 989e12
 DOES_NOT_FIT = (
@@ -31,10 +31,9 @@ DEFAULT_PRESET = (
 class Settings:
     """The learner's settings for this run and what its step computes per token."""
 
-    cfg: object  # learner.settings.LearnerConfig
+    cfg: object  # learner.settings.LearnerConfig, its `auto` checkpointing resolved
     dtype: str
-    checkpointing: str  # policy name: none, full, every_n, selective, auto
-    checkpointing_every: int
+    execution: object  # learner.execution.Execution: how the learner runs here (what Learner itself plans)
     checkpointing_why: str | None
     updates: int  # PPO mini-batches (optimizer updates) per timed step, per epoch
     reference: bool  # the frozen reference forwards every token (KL)
@@ -43,6 +42,14 @@ class Settings:
     temperature: float = 1.0
     max_response_tokens: int | None = None
     spec: workloads.SearchR1Spec | None = None
+
+    @property
+    def checkpointing(self) -> str:
+        return self.execution.checkpointing
+
+    @property
+    def checkpointing_every(self) -> int:
+        return self.execution.checkpointing_every
 
     @property
     def no_grad_passes(self) -> float:
@@ -71,8 +78,10 @@ def _preset(args):
     return load_config(args.preset)
 
 
-def learner_settings(args, model_dir: str, capacity: int) -> Settings:
-    """The preset's learner settings (or LearnerConfig's defaults), one rank, with the options over them."""
+def learner_settings(args, model_dir: str, world) -> Settings:
+    """The preset's learner settings (or LearnerConfig's defaults), one rank, with the options over them, and how the
+    learner runs them on this device (learner/execution.py: the same plan `Learner` makes; its `auto`
+    checkpointing is resolved here so that the plain step checkpoints alike)."""
     from pydantic import ValidationError
 
     from learner.settings import LearnerConfig
@@ -101,44 +110,67 @@ def learner_settings(args, model_dir: str, capacity: int) -> Settings:
         overrides["cpu_offload"] = True
     if args.chunk_tokens:
         overrides["logprob_chunk_tokens"] = args.chunk_tokens
+    if args.compile != "auto":
+        overrides["compile"] = args.compile == "true"
+    if args.logprob_head != "auto":
+        overrides["logprob_head"] = args.logprob_head
+    if args.checkpointing_every is not None:
+        overrides["gradient_checkpointing_every"] = args.checkpointing_every
     checkpointing = args.checkpointing
     if checkpointing is None and config is None:
         checkpointing = "full" if args.shape in CHECKPOINTED_SHAPES else "none"
 
     def build(policy: str | None):
+        fields = overrides | ({} if policy is None else {"gradient_checkpointing": policy})
         try:
-            fields = features.config_overrides(
-                LearnerConfig,
-                compile=args.compile,
-                checkpointing=policy,
-                every=args.checkpointing_every,
-                attention=args.attention,
-            )
-            return LearnerConfig.model_validate(base | overrides | fields)
-        except (ValidationError, ValueError) as err:
+            return LearnerConfig.model_validate(base | fields)
+        except ValidationError as err:
             raise SystemExit(f"bench_learner.py: bad learner settings: {err}") from None
 
     cfg = build(checkpointing)
-    why = None
-    if args.checkpointing_for_ranks:
-        checkpointing, why = features.checkpointing_for_ranks(
-            cfg, model_dir, ranks=args.checkpointing_for_ranks, capacity=capacity, dtype=dtype
-        )
-        why = f"what a learner of {args.checkpointing_for_ranks} ranks picks: {why}"
-        cfg = build(checkpointing)
-        peak = features.config_peak_bytes(cfg, model_dir, ranks=1, dtype=dtype)
-        if peak is not None and peak > capacity:
-            print(
-                f"bench_learner.py: checkpointing {checkpointing} ({why}) does not fit one rank here: the "
-                f"estimated peak at {cfg.micro_batch_tokens} tokens is {peak / 2**30:.1f} GiB, more than "
-                f"{capacity / 2**30:.1f} GiB",
-                file=sys.stderr,
-            )
-            raise SystemExit(DOES_NOT_FIT)
     updates = args.updates if search else 1
-    reference, policy_pass, critic = features.step_passes(cfg, updates * cfg.ppo_epochs > 1)
+    reference, policy_pass, critic = step_passes(cfg, updates * cfg.ppo_epochs > 1)
+
+    def plan(cfg, ranks: int):
+        from learner.execution import plan_execution
+
+        return plan_execution(
+            cfg,
+            model_dir,
+            replace(world, world_size=ranks),
+            dtype,
+            reference=reference,
+            critic=critic,
+            attention=args.attention,
+        )
+
+    why = None
+    try:
+        if args.checkpointing_for_ranks:
+            ranks = args.checkpointing_for_ranks
+            chosen = plan(build("auto"), ranks)
+            detail = chosen.memory.reason if chosen.memory else f"auto on {world.device.type}"
+            why = f"what a learner of {ranks} ranks picks: {detail}"
+            cfg = build(chosen.checkpointing).model_copy(
+                update={"gradient_checkpointing_every": chosen.checkpointing_every}
+            )
+        execution = plan(cfg, 1)
+    except ValueError as err:  # the step cannot fit one rank here (learner/memory.py's estimate)
+        print(f"bench_learner.py: {err}" + (f" ({why})" if why else ""), file=sys.stderr)
+        raise SystemExit(DOES_NOT_FIT) from None
+    cfg = cfg.model_copy(
+        update={
+            "gradient_checkpointing": execution.checkpointing,
+            "gradient_checkpointing_every": execution.checkpointing_every,
+        }
+    )
     if args.plain and critic:
         raise SystemExit("bench_learner.py: the plain step has no critic; run this preset with --no-plain")
+    if args.plain and execution.checkpointing not in PLAIN_CHECKPOINTING:
+        raise SystemExit(
+            f"bench_learner.py: the plain step checkpoints {', '.join(PLAIN_CHECKPOINTING)}, not "
+            f"{execution.checkpointing}; run it with --no-plain"
+        )
     if args.padded and (search or reference):
         raise SystemExit(
             "bench_learner.py: --padded runs the toy workload without a reference forward only "
@@ -163,10 +195,7 @@ def learner_settings(args, model_dir: str, capacity: int) -> Settings:
     return Settings(
         cfg=cfg,
         dtype=dtype,
-        checkpointing=features.checkpointing_name(cfg.gradient_checkpointing),
-        checkpointing_every=getattr(cfg, "gradient_checkpointing_every", None)
-        or args.checkpointing_every
-        or 1,
+        execution=execution,
         checkpointing_why=why,
         updates=updates,
         reference=reference,
@@ -176,6 +205,19 @@ def learner_settings(args, model_dir: str, capacity: int) -> Settings:
         max_response_tokens=spec.limits.max_response_tokens if spec is not None else None,
         spec=spec,
     )
+
+
+def step_passes(cfg, several_updates: bool) -> tuple[bool, bool, bool]:
+    """(reference forward, the policy's proximal forward, a critic) of `Learner.train_step` under `cfg`: the
+    trainer's own decisions, asked of it rather than restated."""
+    from types import SimpleNamespace
+
+    from learner.algorithms import build_algorithm
+    from learner.trainer import Learner
+
+    algorithm = build_algorithm(cfg.algorithm, cfg.correction)
+    policy_pass = Learner._needs_policy_pass(SimpleNamespace(algorithm=algorithm), several_updates)
+    return algorithm.needs_reference, policy_pass, algorithm.needs_values
 
 
 def _default_config():
@@ -285,14 +327,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--compile",
         default="auto",
         choices=["auto", "true", "false"],
-        help="learner.compile, where it exists",
+        help="learner.compile (auto: the preset's, else compiled on CUDA)",
+    )
+    parser.add_argument(
+        "--logprob-head",
+        default="auto",
+        choices=["auto", "fused", "chunked"],
+        help="learner.logprob_head (auto: the preset's, else fused on CUDA)",
     )
     parser.add_argument(
         "--checkpointing",
         nargs="?",
         const="full",
         default=None,
-        choices=features.CHECKPOINTING,
+        choices=["auto", *POLICIES],
         help="learner.gradient_checkpointing (default: the preset's; without one, full from 1.5B)",
     )
     parser.add_argument(
@@ -310,7 +358,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="the checkpointing a learner of N ranks would pick on this device (learner/memory.py), run here",
+        help="the checkpointing a learner of N ranks picks on this device (learner/memory.py), run at one rank",
     )
     parser.add_argument("--cpu-offload", action="store_true", help="learner.cpu_offload")
     parser.add_argument(

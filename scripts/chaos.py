@@ -435,8 +435,8 @@ def run_faults(
         "buffer.lease_s=30",
         "buffer.max_prompt_deliveries=2",
         # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
-        "retrieval.timeout_s=1",
-        "retrieval.max_retries=0",
+        "retrieval.client.timeout_s=1",
+        "retrieval.client.max_retries=0",
         "generators.tool_pause.min_calls=4",
         "generators.tool_pause.probe_s=2",
     ]

@@ -5,23 +5,31 @@
     OUT=results/ bash scripts/gpu_check.sh         # where the results go (default runs/gpu-check-<time>/)
 
 A GPU machine is lent for minutes at a time, so one run measures everything, each stage in its own process under its
-own time limit; a stage is skipped, with the reason, when what is left of the overall budget is less than it needs:
+own time limit; a stage is skipped, with the reason, when what is left of the overall budget is less than it needs.
+In order of what matters most (every benchmark stage: Search-R1's step of sr1's 8xH100 preset, random weights):
 
-  0 env          versions, a bf16 matmul rate, the GPU tier's attention and LM-head tests
-  1 3b           Qwen2.5-3B, Search-R1 workload, with the plain PyTorch step, and a profile's top ops
-  2 3b-6-ranks   Qwen2.5-3B with the checkpointing a learner of 6 ranks would pick on this GPU (learner/memory.py)
-  3 1.5b         Qwen2.5-1.5B with the plain step
-  4 0.5b         Qwen2.5-0.5B with the plain step, no checkpointing
-  5 3b-offload   Qwen2.5-3B with learner.cpu_offload, one update
-  6 gpu-tier     the whole GPU test tier (`make test-gpu`), with the time left
+  0 env            versions, a bf16 matmul rate, each attention kernel's time and the checkpointing a 6-rank
+                   learner picks per shape (learner/execution.py, as the learner plans), the GPU tier's kernel tests
+                   (attention, heads, compiled layers without graph breaks, checkpointing policies, host syncs)
+  1 3b             Qwen2.5-3B, the preset's full checkpointing, with the plain PyTorch step, a profile's top ops
+  2 1.5b           Qwen2.5-1.5B, full checkpointing, with the plain step
+  3 0.5b           Qwen2.5-0.5B, no checkpointing, with the plain step (the fused head)
+  4 3b-none        Qwen2.5-3B without checkpointing, with the plain step ("does not fit" where the estimate says so)
+  5 3b-selective   Qwen2.5-3B with selective checkpointing (the plain step has no such policy)
+  6 0.5b-chunked   Qwen2.5-0.5B with the chunked head instead of the fused one (against stage 3)
+  7 gpu-tier       the rest of the GPU test tier (tests/gpu)
+  8 3b-6-ranks     (time left over) Qwen2.5-3B with the checkpointing a 6-rank learner picks on this GPU
+  9 3b-offload     (time left over) Qwen2.5-3B with learner.cpu_offload, one update
+
+Stages 0-7 are planned to take 420 s of the 480 s budget; 8 and 9 run when the earlier ones were quicker.
 
 Before the stages, the wheels in `.whl/` (scripts/gpu_wheels.sh fetches them; the GPU image lacks pydantic and the
-redis client) are installed into a temporary directory on the children's PYTHONPATH. Each stage writes its raw
+redis client) are unpacked into a temporary directory on the children's PYTHONPATH. Each stage writes its raw
 output to `OUT/<stage>.log` (a benchmark's full figures to `OUT/<stage>.json`, pytest's to `OUT/<stage>.xml`) and
 one JSON line to `OUT/stages.jsonl`; a table of every stage ends the run (also in `OUT/table.txt`).
 
 DRY=1 runs the same stages, flags and code paths on the CPU with the small random model and tiny sizes: the wheels are
-resolved for CPython 3.12 but not installed, and every stage runs with the modules the GPU image lacks made
+resolved for CPython 3.12 and unpacked but not used, and every stage runs with the modules the GPU image lacks made
 unimportable (and the stdlib modules Python 3.12 removed), so an import, a flag or a path that would fail there fails
 here first. This script itself needs only the standard library.
 """
@@ -69,6 +77,7 @@ REMOVED_IN_PY312 = ("distutils", "imp", "asynchat", "asyncore", "smtpd")
 # pytest-asyncio and pytest-timeout are not on the GPU image: the same run here goes without them
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:timeout"]
 HEARTBEAT_S = 10
+BUDGET_S = 480  # the stages' seconds; with the machine's start and the wheels, about 11 minutes of a lent GPU
 DOES_NOT_FIT = (
     3  # bench_learner.py's exit status when the settings asked for cannot fit the device at one rank
 )
@@ -114,94 +123,57 @@ def _bench(key: str, out: Path, dry: bool, shape: str, trajectories: int, *extra
     return (*args, *extra, "--json-out", str(out / f"{key}.json"))
 
 
+OPTIONAL = ("8-3b-6-ranks", "9-3b-offload")  # run when the stages before them left the time
+# key, title, timeout_s, needs_s, shape, trajectories per update, bench_learner.py's options
+BENCH_STAGES = (
+    ("1-3b", "3B, full checkpointing, plain step, profile", 160, 100, "qwen2.5-3b", 32,
+     "--plain --checkpointing full --profile 20 --profile-trajectories 8"),
+    ("2-1.5b", "1.5B, full checkpointing, plain step", 110, 55, "qwen2.5-1.5b", 32, "--plain --checkpointing full"),
+    ("3-0.5b", "0.5B, no checkpointing, plain step", 80, 40, "qwen2.5-0.5b", 32, "--plain --checkpointing none"),
+    ("4-3b-none", "3B, no checkpointing, plain step", 120, 60, "qwen2.5-3b", 16, "--plain --checkpointing none"),
+    ("5-3b-selective", "3B, selective checkpointing", 100, 50, "qwen2.5-3b", 16,
+     "--no-plain --checkpointing selective"),
+    ("6-0.5b-chunked", "0.5B, the chunked head", 70, 30, "qwen2.5-0.5b", 32,
+     "--no-plain --checkpointing none --logprob-head chunked"),
+    ("8-3b-6-ranks", "3B, a 6-rank learner's checkpointing", 100, 55, "qwen2.5-3b", 16,
+     "--no-plain --checkpointing-for-ranks 6"),
+    ("9-3b-offload", "3B, cpu_offload, one update", 120, 70, "qwen2.5-3b", 12, "--no-plain --cpu-offload --updates 1"),
+)  # fmt: skip
+# the GPU tier's tests stage 0 runs (the kernels the figures rest on); stage 7 runs the others
+KERNEL_TESTS = "attention or chunked or head or picks or compiled or policy or synchronisation or copies"
+
+
 def stages(out: Path, dry: bool) -> list[Stage]:
-    """The stages in order, sized from the last measurement (an H200: 3B 11.7k tokens/s, 1.5B 22.6k, 0.5B 44k;
-    FlexAttention compiles 8-12 s each; offload ~7.6x slower); DRY=1: the same on CPU, seconds each."""
+    """The stages in order of importance. Limits from the last measurement (an H200, before compiled layers: 3B 11.7k
+    tokens/s, 1.5B 22.6k, 0.5B 44k; each stage loads its models and compiles again, from the compiler's cache after
+    the first): `needs_s` is what a stage is expected to take, `timeout_s` its cap. DRY=1: seconds each, on CPU."""
     tests = (*PYTEST, "-m", "gpu", "tests/gpu")
+
+    def bench(key: str, title: str, timeout_s: int, needs_s: int, shape: str, n: int, *extra: str) -> Stage:
+        return Stage(key, title, timeout_s, needs_s, (_bench(key, out, dry, shape, n, *extra),))
+
     return [
         Stage(
             "0-env",
-            "versions, bf16 matmul, attention and head tests",
-            120,
-            30,
+            "versions, bf16 matmul, attention times, 3B's plans, kernel tests",
+            130,
+            55,
             (
                 ("scripts/gpu_check.py", "--probe", str(out / "0-env.probe.json")),
-                (*tests, "-k", "attention or chunked or head or picks", f"--junitxml={out / '0-env.xml'}"),
+                (*tests, "-k", KERNEL_TESTS, f"--junitxml={out / '0-env.xml'}"),
             ),
             kind="env",
         ),
+        *(bench(*row[:6], *row[6].split()) for row in BENCH_STAGES[:6]),
         Stage(
-            "1-3b",
-            "3B, plain step, profile",
-            200,
+            "7-gpu-tier",
+            "the rest of the GPU test tier",
             120,
-            (
-                _bench(
-                    "1-3b",
-                    out,
-                    dry,
-                    "qwen2.5-3b",
-                    32,
-                    "--plain",
-                    "--profile",
-                    "20",
-                    "--profile-trajectories",
-                    "8",
-                ),
-            ),
-        ),
-        Stage(
-            "2-3b-6-ranks",
-            "3B, a 6-rank learner's checkpointing",
-            150,
-            80,
-            (
-                _bench(
-                    "2-3b-6-ranks", out, dry, "qwen2.5-3b", 32, "--no-plain", "--checkpointing-for-ranks", "6"
-                ),
-            ),
-        ),
-        Stage(
-            "3-1.5b",
-            "1.5B, plain step",
-            130,
-            70,
-            (_bench("3-1.5b", out, dry, "qwen2.5-1.5b", 32, "--plain"),),
-        ),
-        Stage(
-            "4-0.5b",
-            "0.5B, plain step, no checkpointing",
-            100,
-            50,
-            (_bench("4-0.5b", out, dry, "qwen2.5-0.5b", 32, "--plain", "--checkpointing", "none"),),
-        ),
-        Stage(
-            "5-3b-offload",
-            "3B, cpu_offload, one update",
-            150,
-            70,
-            (
-                _bench(
-                    "5-3b-offload",
-                    out,
-                    dry,
-                    "qwen2.5-3b",
-                    12,
-                    "--cpu-offload",
-                    "--no-plain",
-                    "--updates",
-                    "1",
-                ),
-            ),
-        ),
-        Stage(
-            "6-gpu-tier",
-            "the GPU test tier",
-            600,
             30,
-            ((*tests, f"--junitxml={out / '6-gpu-tier.xml'}"),),
+            ((*tests, "-k", f"not ({KERNEL_TESTS})", f"--junitxml={out / '7-gpu-tier.xml'}"),),
             kind="tests",
         ),
+        *(bench(*row[:6], *row[6].split()) for row in BENCH_STAGES[6:]),  # with the time left over
     ]
 
 
@@ -223,26 +195,35 @@ def wheel_requirements() -> list[str]:
 
 
 def install_wheels(dry: bool, log) -> tuple[str | None, str]:
-    """Install `.whl/*.whl` into a temporary directory (returned, for PYTHONPATH) and say what was done. DRY=1:
-    resolve them for CPython 3.12 into a throwaway directory, install nothing usable here."""
+    """Unpack `.whl/*.whl` into a temporary directory (returned, for PYTHONPATH) and say what was done: a wheel is a
+    zip laid out as site-packages wants it, so no pip is needed on the GPU machine. DRY=1: pip checks that they
+    resolve for CPython 3.12 on x86_64 Linux, and the unpacked directory is not put on the path here."""
+    import zipfile
+
     wheels = sorted(WHEEL_DIR.glob("*.whl"))
     if not wheels:
         return None, "no .whl/ wheels: the installed packages are used (scripts/gpu_wheels.sh fetches them)"
     target = Path(tempfile.mkdtemp(prefix="sr1-site-"))
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-    cmd += ["--no-cache-dir", "--upgrade", "--target", str(target)]
     if dry:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        cmd += ["--no-cache-dir", "--upgrade", "--target", str(Path(tempfile.mkdtemp(prefix="sr1-resolve-")))]
         cmd += ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
         for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
             cmd += ["--platform", tag]
-    proc = subprocess.run([*cmd, *map(str, wheels)], capture_output=True, text=True)
-    log.write(f"$ {' '.join(cmd)} .whl/*.whl\n{proc.stdout}{proc.stderr}\n")
-    if proc.returncode != 0:
-        raise SystemExit(f"gpu_check: installing .whl/ failed:\n{proc.stderr[-2000:]}")
+        proc = subprocess.run([*cmd, *map(str, wheels)], capture_output=True, text=True)
+        log.write(f"$ {' '.join(cmd)} .whl/*.whl\n{proc.stdout}{proc.stderr}\n")
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"gpu_check: the .whl/ wheels do not resolve for CPython 3.12:\n{proc.stderr[-2000:]}"
+            )
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(target)
+        log.write(f"unpacked {wheel.name} into {target}\n")
     names = ", ".join(w.name.split("-")[0] for w in wheels)
     if dry:
-        return None, f".whl/ resolves for CPython 3.12 ({names}); not installed (DRY=1)"
-    return str(target), f"installed from .whl/: {names}"
+        return None, f".whl/ resolves for CPython 3.12 and unpacks ({names}); not used here (DRY=1)"
+    return str(target), f"unpacked from .whl/: {names}"
 
 
 def dry_blocker(directory: Path) -> Path:
@@ -337,6 +318,11 @@ def _bench_row(path: Path) -> dict:
         "shape": "shape",
         "checkpointing": "gradient_checkpointing",
         "checkpointing_why": "gradient_checkpointing_why",
+        "attention": "attention",
+        "attention_seconds": "attention_seconds",
+        "compile": "compile",
+        "logprob_head": "logprob_head",
+        "execution": "execution",
         "tokens_per_s": "packed/tokens_per_s",
         "mfu": "packed/mfu",
         "mfu_all_passes": "packed/mfu_all_passes",
@@ -349,6 +335,7 @@ def _bench_row(path: Path) -> dict:
         "recompiles": "compiler/recompiles",
         "timed_recompiles": "compiler/timed/recompiles",
         "graph_breaks": "compiler/graph_breaks",
+        "graphs": "compiler/graphs",
         "tokens_per_update": "tokens_per_update",
         "commit": "commit",
     }
@@ -399,16 +386,14 @@ def _last_error(log: Path) -> str:
 
 
 def probe(path: Path) -> dict:
-    """Versions, the device, a matmul rate (bf16 8192^3 on CUDA; fp32 512^3 on CPU) and which learner features this
-    tree has; written to `path` as JSON."""
+    """Versions, the device, a matmul rate (bf16 8192^3 on CUDA; fp32 512^3 on CPU) and how a Qwen2.5-3B learner of
+    1 and of 6 ranks would run sr1's 8xH100 preset here (learner/execution.py: each attention kernel's measured time,
+    the checkpointing policy and why); written to `path` as JSON."""
     import importlib.util
     import platform
 
     import torch
     import transformers
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import learner_features
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -424,6 +409,7 @@ def probe(path: Path) -> dict:
     if cuda:
         torch.cuda.synchronize()
     rate = 2 * n**3 * runs / (time.perf_counter() - start) / 1e12
+    del a, b
 
     def version(module: str) -> str | None:
         try:
@@ -444,11 +430,46 @@ def probe(path: Path) -> dict:
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "memory_gib": (torch.cuda.get_device_properties(0).total_memory if cuda else 0) / 2**30,
         f"matmul_{'bf16' if cuda else 'fp32'}_{n}_tflops": rate,
-        "learner_features": learner_features.present(),
+        "plans": execution_plans(device, "bfloat16" if cuda else "float32"),
     }
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out))
     return out
+
+
+def execution_plans(
+    device, dtype: str, shapes: tuple[str, ...] = ("qwen2.5-3b",), ranks: tuple[int, ...] = (1, 6)
+) -> dict:
+    """How the learner would run sr1's 8xH100 preset for each Qwen2.5 shape at each number of ranks on this device:
+    learner/execution.py's own plan (no model is loaded; `auto` attention is timed on CUDA)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from learner_baselines import shape_config
+
+    from config.loader import load_config
+    from learner.distributed import World
+    from learner.execution import plan_execution
+
+    cfg = load_config("qwen2.5-3b-8xh100").learner.model_copy(update={"gradient_checkpointing": "auto"})
+    plans = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in shapes:
+            model_dir = Path(tmp) / shape
+            shape_config(shape).save_pretrained(model_dir)
+            for n in ranks:
+                world = World(rank=0, world_size=n, local_rank=0, device=device, backend="none")
+                try:
+                    ex = plan_execution(cfg, model_dir, world, dtype, reference=True, critic=False)
+                except ValueError as err:  # nothing fits
+                    plans[f"{shape}/{n}"] = {"error": str(err)}
+                    continue
+                plans[f"{shape}/{n}"] = {
+                    "attention": ex.attention,
+                    "attention_seconds": ex.attention_seconds,
+                    "checkpointing": ex.checkpointing,
+                    "why": ex.memory.reason if ex.memory else None,
+                    "keep_unsharded": ex.keep_unsharded,
+                }
+    return plans
 
 
 # -- the run ---------------------------------------------------------------------------------------------------------
@@ -458,6 +479,8 @@ COLUMNS = (
     ("status", "status", "{}"),
     ("GPU", "gpu", "{}"),
     ("workload", "workload", "{}"),
+    ("ckpt", "checkpointing", "{}"),
+    ("head", "logprob_head", "{}"),
     ("tokens/s", "tokens_per_s", "{:,.0f}"),
     ("MFU", "mfu", "{:.3f}"),
     ("x plain", "x_plain", "{:.2f}"),
@@ -468,8 +491,8 @@ COLUMNS = (
 
 
 def table(rows: list[dict]) -> str:
-    """One line per stage: stage, status, GPU, workload, tokens/s, MFU, x plain, peak and estimated GiB,
-    recompilations (those in the timed steps in brackets)."""
+    """One line per stage: stage, status, GPU, workload, checkpointing, log-prob head, tokens/s, MFU, x plain, peak
+    and estimated GiB, recompilations (those in the timed steps in brackets)."""
 
     def cell(row: dict, key: str, fmt: str) -> str:
         value = row.get(key)
@@ -495,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="One prepared GPU call that measures the learner (DRY=1: on CPU)"
     )
-    parser.add_argument("--budget-s", type=float, default=480, help="the whole run's seconds (default 480)")
+    parser.add_argument(
+        "--budget-s", type=float, default=BUDGET_S, help=f"the whole run's seconds ({BUDGET_S})"
+    )
     parser.add_argument(
         "--only", default=None, help="comma-separated stage keys or numbers to run (default: all)"
     )

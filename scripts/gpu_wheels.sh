@@ -2,7 +2,7 @@
 # Fetch, here (the network is needed), the wheels of the project's pure-Python dependencies that the GPU machine's
 # image lacks — pydantic, pydantic-settings, the redis client and what they depend on — for CPython 3.12 on x86_64
 # Linux, into .whl/ (git-ignored). Carry .whl/ to the GPU machine with the tree; scripts/gpu_check.sh installs them
-# there (pip install --no-index --no-deps --target, on PYTHONPATH). Versions: those of the interpreter that runs this
+# there (unpacked into a temporary directory on PYTHONPATH; no pip needed). Versions: those of the interpreter that runs this
 # (PYTHON, default python3; use the project's .venv/bin/python so the GPU runs what CI tests).
 #   bash scripts/gpu_wheels.sh [more requirements...]
 set -euo pipefail

@@ -58,13 +58,13 @@ CHECKPOINTED_SHAPES = {"qwen2.5-1.5b", "qwen2.5-3b"}
 PLAIN_CHECKPOINTING = ("none", "full", "every_n")
 
 
-def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
-    """A random-init Qwen2 checkpoint of the named shape (bf16 safetensors; the learner loads it as fp32)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def shape_config(shape: str):
+    """The transformers config of a Qwen2.5 shape (Qwen2.5's vocabulary, RoPE and norm settings, tied head)."""
+    from transformers import Qwen2Config
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=QWEN_VOCAB,
         max_position_embeddings=32768,
         rope_theta=1_000_000.0,
@@ -72,6 +72,13 @@ def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
         tie_word_embeddings=True,
         **SHAPES[shape],
     )
+
+
+def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
+    """A random-init Qwen2 checkpoint of the named shape (bf16 safetensors; the learner loads it as fp32)."""
+    from transformers import Qwen2ForCausalLM
+
+    config = shape_config(shape)
     torch.manual_seed(0)
     with torch.device(device):  # initialising on the GPU takes seconds where the CPU takes minutes at 3B
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)

@@ -6,7 +6,7 @@
     batch_stats([groups, ...])          # trajectories, mean / max tokens, loss-token share, searches
 
 - `search-r1`: Search-R1's step. Each trajectory's shape is drawn by the planner's own sampler
-  (sr1/plan/workload.py) from the workload of a planner profile (`qwen2.5-3b-h100`: a 200-token prompt, turns
+  (sr1/plan/trajectories.py) from the workload of a planner profile (`qwen2.5-3b-h100`: a 200-token prompt, turns
   lognormal around 120 sampled tokens, about two searches of 400 observation tokens), cut by the preset's generator
   budgets (`max_turns`, `max_tokens_per_turn`, `max_obs_tokens`, `max_response_tokens`), in groups of the preset's
   `group_size`. The response is laid out as the generators write it (buffer/records.py): turn, observation, turn, ...;
@@ -36,35 +36,69 @@ DEFAULT_PROFILE = "qwen2.5-3b-h100"  # the planner profile of the 8xH100 recipe:
 
 
 @dataclass(frozen=True)
-class SearchR1Spec:
-    """What the search-r1 workload draws from: a profile's workload, a preset's budgets and group size."""
+class TrajectoryShape:
+    """One drawn trajectory: prompt tokens, sampled tokens per turn, observation tokens per search."""
 
-    workload: object  # sr1.plan.profile.WorkloadProfile
-    limits: object  # sr1.plan.workload.TrajectoryLimits
-    group_size: int
-    profile: str
+    prompt: int
+    turns: tuple[int, ...]  # a search follows every turn but the last
+    obs_tokens: int
+
+    @property
+    def searches(self) -> int:
+        return len(self.turns) - 1
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + sum(self.turns) + self.searches * self.obs_tokens
+
+
+@dataclass(frozen=True)
+class SearchR1Spec:
+    """What the search-r1 workload draws from: a planner profile (its workload) and a preset's budgets and group size
+    (`limits`, the planner's Pipeline of the config)."""
+
+    profile: object  # sr1.plan.profile.Profile
+    limits: object  # sr1.plan.pipeline.Pipeline: max_turns, max_tokens_per_turn, max_obs_tokens, max_response_tokens
+    profile_name: str
     length_scale: float = 1.0
+
+    @property
+    def workload(self):
+        return self.profile.workload
+
+    @property
+    def group_size(self) -> int:
+        return self.limits.group_size
 
     @classmethod
     def of(cls, config, profile: str = DEFAULT_PROFILE, length_scale: float = 1.0) -> SearchR1Spec:
-        """From a loaded config (its `generators` section) and a planner profile (name or file). `length_scale`
-        multiplies every length (prompt, turn, observation, the budgets): below 1 for small runs on a CPU."""
+        """From a loaded config and a planner profile (name or file). `length_scale` multiplies every length (prompt,
+        turn, observation, the budgets): below 1 for small runs on a CPU."""
         from sr1.plan.profile import load_profile
-        from sr1.plan.workload import TrajectoryLimits
+        from sr1.plan.splits import pipeline
 
         if not length_scale > 0:
             raise ValueError(f"--length-scale must be > 0, got {length_scale}")
-        workload = load_profile(profile).workload
-        limits = TrajectoryLimits.of(config.generators)
+        loaded = load_profile(profile)
+        limits = pipeline(config, engines=1, ranks=1, max_staleness=0)
         if length_scale != 1.0:
-            workload, limits = _scaled(workload, limits, length_scale)
-        return cls(workload, limits, config.generators.group_size, str(profile), length_scale)
+            loaded, limits = _scaled(loaded, limits, length_scale)
+        return cls(loaded, limits, str(profile), length_scale)
+
+    def draw(self, rng: np.random.Generator) -> TrajectoryShape:
+        """One trajectory's shape, by the planner's own sampler (sr1/plan/trajectories.py)."""
+        from sr1.plan.trajectories import draw_turns, obs_tokens
+
+        turns = draw_turns(rng, self.limits, self.profile)
+        return TrajectoryShape(
+            round(self.workload.prompt_tokens.value), tuple(turns), obs_tokens(self.limits, self.profile)
+        )
 
     def describe(self) -> str:
         w, lim = self.workload, self.limits
         scale = f", lengths x {self.length_scale:g}" if self.length_scale != 1.0 else ""
         return (
-            f"search-r1 (profile {self.profile}: prompt {w.prompt_tokens.value:g} tokens, turns of "
+            f"search-r1 (profile {self.profile_name}: prompt {w.prompt_tokens.value:g} tokens, turns of "
             f"~{w.tokens_per_turn.value:g} sampled tokens (cv {w.tokens_per_turn_cv.value:g}, <= "
             f"{lim.max_tokens_per_turn}), {w.searches_per_trajectory.value:g} searches (<= {lim.max_turns}) of "
             f"{w.obs_tokens_per_search.value:g} observation tokens (<= {lim.max_obs_tokens}), response <= "
@@ -72,8 +106,8 @@ class SearchR1Spec:
         )
 
 
-def _scaled(workload, limits, factor: float):
-    """The workload and budgets with every length multiplied by `factor` (at least one token each)."""
+def _scaled(profile, limits, factor: float):
+    """The profile (its workload) and budgets with every length multiplied by `factor` (at least one token each)."""
     import dataclasses
 
     from sr1.plan.profile import Figure
@@ -81,9 +115,9 @@ def _scaled(workload, limits, factor: float):
     def figure(current):
         return Figure(value=max(1.0, current.value * factor), source=f"{current.source} (x {factor:g})")
 
-    workload = workload.model_copy(
+    workload = profile.workload.model_copy(
         update={
-            name: figure(getattr(workload, name))
+            name: figure(getattr(profile.workload, name))
             for name in ("prompt_tokens", "tokens_per_turn", "obs_tokens_per_search")
         }
     )
@@ -93,11 +127,11 @@ def _scaled(workload, limits, factor: float):
         max_obs_tokens=max(1, round(limits.max_obs_tokens * factor)),
         max_response_tokens=max(1, round(limits.max_response_tokens * factor)),
     )
-    return workload, limits
+    return profile.model_copy(update={"workload": workload}), limits
 
 
 def search_trajectory(rng: np.random.Generator, shape, vocab: int, reward: float, limits) -> Trajectory:
-    """A trajectory of `shape` (sr1.plan.workload.TrajectoryShape): turns and observations laid out in order."""
+    """A trajectory of `shape`: turns and observations laid out in order."""
     mask_parts = []
     for i, turn in enumerate(shape.turns):
         mask_parts.append(np.ones(turn, dtype=np.uint8))
@@ -126,18 +160,13 @@ def search_r1_groups(
 ) -> list[Group]:
     """`trajectories` trajectories in groups of `spec.group_size` (the last group holds what is left, as a
     mini-batch of 256 cuts Search-R1's groups of 5)."""
-    from sr1.plan.workload import draw_trajectory
-
     if trajectories < 1:
         raise ValueError(f"trajectories must be >= 1, got {trajectories}")
     groups = []
     for g, start in enumerate(range(0, trajectories, spec.group_size)):
         size = min(spec.group_size, trajectories - start)
         members = [
-            search_trajectory(
-                rng, draw_trajectory(rng, spec.workload, spec.limits), vocab, float(i % 2), spec.limits
-            )
-            for i in range(size)
+            search_trajectory(rng, spec.draw(rng), vocab, float(i % 2), spec.limits) for i in range(size)
         ]
         groups.append(Group(f"{name}/train/{g}/e0", name, g, members))
     return groups

@@ -87,23 +87,27 @@ def test_the_gpu_check_runs_every_stage_on_cpu_when_dry(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "stages.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in rows] == [
-        "0-env", "1-3b", "2-3b-6-ranks", "3-1.5b", "4-0.5b", "5-3b-offload", "6-gpu-tier",
+        "0-env", "1-3b", "2-1.5b", "3-0.5b", "4-3b-none", "5-3b-selective", "6-0.5b-chunked", "7-gpu-tier",
+        "8-3b-6-ranks", "9-3b-offload",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry"] for r in rows), [(r["stage"], r.get("error")) for r in rows]
-    assert (
-        rows[0]["python"]
-        and rows[0]["tests/tests"] > 0
-        and rows[0]["tests/skipped"] == rows[0]["tests/tests"]
-    )
-    for row in rows[1:6]:
+    env_row, tier = rows[0], rows[7]
+    assert env_row["python"] and env_row["plans"]["qwen2.5-3b/6"]["checkpointing"] == "none"  # CPU's auto
+    for row in (env_row, tier):  # no GPU here: every GPU test is collected and skipped
+        assert row["tests/tests"] > 0 and row["tests/skipped"] == row["tests/tests"]
+    benches = {r["stage"]: r for r in rows if r["stage"] not in ("0-env", "7-gpu-tier")}
+    for row in benches.values():
         assert row["workload"] == "search-r1" and row["tokens_per_s"] > 0 and row["estimate_gib"] > 0
-    assert (
-        rows[1]["x_plain"] > 0 and rows[2]["checkpointing"] == "none"
-    )  # a 6-rank learner needs no recompute here
-    assert "what a learner of 6 ranks picks" in rows[2]["checkpointing_why"]
+        assert row["graphs"] == 0 and row["execution"]  # CPU: eager layers
+    assert [benches[k]["checkpointing"] for k in ("1-3b", "4-3b-none", "5-3b-selective")] == [
+        "full", "none", "selective",
+    ]  # fmt: skip
+    assert benches["1-3b"]["x_plain"] > 0 and benches["5-3b-selective"]["x_plain"] is None
+    assert [benches[k]["logprob_head"] for k in ("3-0.5b", "6-0.5b-chunked")] == ["chunked", "chunked"]  # CPU
+    assert "what a learner of 6 ranks picks" in benches["8-3b-6-ranks"]["checkpointing_why"]
     profile = json.loads((tmp_path / "1-3b.json").read_text())["profile/top"]
     assert profile and profile[0]["calls"] > 0
-    assert "stage" in proc.stdout and "5-3b-offload" in (tmp_path / "table.txt").read_text()
+    assert "stage" in proc.stdout and "9-3b-offload" in (tmp_path / "table.txt").read_text()
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,9 @@ def test_every_benchmark_stage_passes_options_bench_learner_accepts(tmp_path, dr
     import bench_learner_setup
 
     benches = [s for s in gpu_check.stages(tmp_path, dry) if s.kind == "bench"]
-    assert [s.key for s in benches] == ["1-3b", "2-3b-6-ranks", "3-1.5b", "4-0.5b", "5-3b-offload"]
+    assert [s.key for s in benches] == [
+        "1-3b", "2-1.5b", "3-0.5b", "4-3b-none", "5-3b-selective", "6-0.5b-chunked", "8-3b-6-ranks", "9-3b-offload",
+    ]  # fmt: skip
     for stage in benches:
         (cmd,) = stage.commands
         assert cmd[0] == "scripts/bench_learner.py"
@@ -67,9 +69,30 @@ def test_every_benchmark_stage_passes_options_bench_learner_accepts(tmp_path, dr
         assert args.json_out == str(tmp_path / f"{stage.key}.json")
         assert args.device == ("cpu" if dry else "cuda") and (args.shape is None) == dry
     keys = {s.key: bench_learner_setup.parse(list(s.commands[0][1:])) for s in benches}
-    assert keys["1-3b"].plain and keys["1-3b"].profile and not keys["2-3b-6-ranks"].plain
-    assert keys["2-3b-6-ranks"].checkpointing_for_ranks == 6 and keys["4-0.5b"].checkpointing == "none"
-    assert keys["5-3b-offload"].cpu_offload and keys["5-3b-offload"].updates == 1
+    assert keys["1-3b"].plain and keys["1-3b"].profile and keys["1-3b"].checkpointing == "full"
+    assert [keys[k].checkpointing for k in ("3-0.5b", "4-3b-none", "5-3b-selective")] == [
+        "none",
+        "none",
+        "selective",
+    ]
+    assert not keys["5-3b-selective"].plain and keys["6-0.5b-chunked"].logprob_head == "chunked"
+    assert keys["8-3b-6-ranks"].checkpointing_for_ranks == 6 and not keys["8-3b-6-ranks"].plain
+    assert keys["9-3b-offload"].cpu_offload and keys["9-3b-offload"].updates == 1
+
+
+def test_the_two_test_stages_split_the_gpu_tier_between_them(tmp_path):
+    chosen = {s.key: s for s in gpu_check.stages(tmp_path, dry=False)}
+    first, last = chosen["0-env"].commands[1], chosen["7-gpu-tier"].commands[0]
+    assert first[first.index("-k") + 1] == gpu_check.KERNEL_TESTS
+    assert last[last.index("-k") + 1] == f"not ({gpu_check.KERNEL_TESTS})"
+
+
+def test_the_stages_planned_time_fits_the_budget_of_one_lent_gpu():
+    """What every stage but the optional ones at the end is expected to take stays within the run's budget (the
+    machine's start comes on top); the optional ones come last, so they take only time left over."""
+    chosen = gpu_check.stages(Path("."), dry=False)
+    assert [s.key for s in chosen[-len(gpu_check.OPTIONAL) :]] == list(gpu_check.OPTIONAL)
+    assert sum(s.needs_s for s in chosen if s.key not in gpu_check.OPTIONAL) <= gpu_check.BUDGET_S - 60
 
 
 def test_dry_runs_cannot_import_what_the_gpu_image_lacks(tmp_path):
@@ -109,6 +132,8 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
             {
                 "gpu": "NVIDIA H200",
                 "workload": "search-r1",
+                "gradient_checkpointing": "full",
+                "logprob_head": "fused",
                 "packed/tokens_per_s": 11728.4,
                 "packed/mfu": 0.2196,
                 "ratio_packed_over_plain": 0.7636,
@@ -125,13 +150,13 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
     )
     rows = [
         {"stage": "1-3b", "status": "ok", **gpu_check._bench_row(bench)},
-        {"stage": "5-3b-offload", "status": "skipped", "reason": "10 s left"},
-        {"stage": "6-gpu-tier", "status": "failed (exit 1)", **gpu_check._tests_row(xml)},
+        {"stage": "9-3b-offload", "status": "skipped", "reason": "10 s left"},
+        {"stage": "7-gpu-tier", "status": "failed (exit 1)", **gpu_check._tests_row(xml)},
     ]
     assert rows[2]["tests/passed"] == 7 and rows[2]["tests/failures"] == 1
     lines = gpu_check.table(rows).splitlines()
     assert lines[0].split() == [
-        "stage", "status", "GPU", "workload", "tokens/s", "MFU", "x", "plain", "peak", "GiB", "est.", "GiB",
+        "stage", "status", "GPU", "workload", "ckpt", "head", "tokens/s", "MFU", "x", "plain", "peak", "GiB", "est.", "GiB",
         "recompiles", "(timed)",
     ]  # fmt: skip
     assert lines[2].split() == [
@@ -140,6 +165,8 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
         "NVIDIA",
         "H200",
         "search-r1",
+        "full",
+        "fused",
         "11,728",
         "0.220",
         "0.76",
@@ -148,5 +175,5 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
         "3",
         "(0)",
     ]
-    assert lines[3].split()[:3] == ["5-3b-offload", "skipped", "-"]
-    assert lines[4].split()[:2] == ["6-gpu-tier", "failed"]
+    assert lines[3].split()[:3] == ["9-3b-offload", "skipped", "-"]
+    assert lines[4].split()[:2] == ["7-gpu-tier", "failed"]

@@ -4,6 +4,7 @@ whole trajectories."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import learner_workloads as workloads  # noqa: E402
 
 from config.loader import load_config  # noqa: E402
-from sr1.plan.workload import draw_trajectory  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,7 @@ def spec():
 
 def test_a_trajectory_interleaves_turns_and_masked_observations(spec):
     rng = np.random.default_rng(0)
-    shape = next(
-        s for s in (draw_trajectory(rng, spec.workload, spec.limits) for _ in range(100)) if s.searches == 2
-    )
+    shape = next(s for s in (spec.draw(rng) for _ in range(100)) if s.searches == 2)
     trajectory = workloads.search_trajectory(rng, shape, vocab=151_936, reward=1.0, limits=spec.limits)
     trajectory.validate()  # the record's own invariants: versions -1 and log-prob 0 exactly where the mask is 0
     t0, t1, t2 = shape.turns
@@ -43,12 +41,10 @@ def test_a_trajectory_interleaves_turns_and_masked_observations(spec):
 
 
 def test_a_response_at_the_budget_ends_with_the_budget_finish_reason(spec):
-    from sr1.plan.workload import TrajectoryShape
-
-    shape = TrajectoryShape(prompt=200, turns=(500, 500, 500, 296), obs_tokens=500)  # 1,796 + 3 x 500 = 3,296
-    limits = spec.limits.__class__(
-        max_turns=4, max_tokens_per_turn=500, max_obs_tokens=500, max_response_tokens=3296
-    )
+    shape = workloads.TrajectoryShape(
+        prompt=200, turns=(500, 500, 500, 296), obs_tokens=500
+    )  # 1,796 + 3 x 500 = 3,296
+    limits = dataclasses.replace(spec.limits, max_response_tokens=3296)
     trajectory = workloads.search_trajectory(np.random.default_rng(0), shape, 1000, 0.0, limits)
     assert trajectory.info["finish_reason"] == "budget"
 
