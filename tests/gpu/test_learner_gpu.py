@@ -222,5 +222,7 @@ def test_the_benchmark_runs_the_search_r1_step_on_cuda(capsys):
         assert 0 < result[f"{mode}/mfu"] < result[f"{mode}/mfu_all_passes"] < 1
     assert result["packed/estimate_gib"] > 0
     assert isinstance(result["compiler/graphs"], int) and isinstance(result["compiler/timed/recompiles"], int)
-    if result["attention"] == FLEX_DOCUMENT:
-        assert result["compiler/graphs"] > 0  # FlexAttention is compiled
+    if result["attention"] == FLEX_DOCUMENT or result["compile"]:
+        assert result["compiler/graphs"] > 0  # FlexAttention and the compiled layers
+    assert result["gradient_checkpointing"] == "full" and result["execution"].startswith("attention ")
+    assert set(result["attention_seconds"]) >= {result["attention"]}  # auto timed the kernels present
