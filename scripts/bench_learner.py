@@ -237,7 +237,7 @@ def _plain_step(args, settings, model_dir, device, tokens_per_update: float) -> 
 def run(args) -> dict:
     from transformers import AutoConfig
 
-    from learner.compiled import compile_counters, keep_compilation_records
+    from learner.compiled import compile_counters
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.trainer import Learner
 
@@ -266,7 +266,6 @@ def run(args) -> dict:
         plain = _plain_step(args, settings, model_dir, device, sum(tokens) / (len(tokens) * updates))
 
     # 2. the learner: its own step on packed micro-batches (and its model, optimizer and loss on padded ones)
-    keep_compilation_records()
     counters_start = compile_counters()
     with _progress("learner: loading"):
         learner = Learner(
