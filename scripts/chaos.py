@@ -126,8 +126,11 @@ class ChaosRun:
             needle, scope = _MODULE_OF.get(part, ""), str(self.run_dir)
         found = []
         for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if needle in cmdline and scope in cmdline:
+            argv = proc.info["cmdline"] or []
+            # a module is matched as a whole argument (`-m retrieval.cli`), never as a prefix of another one
+            # (`retrieval.client.timeout_s=1` on sr1 run's own command line)
+            named = any(needle in arg for arg in argv) if part == "redis" else needle in argv
+            if named and scope in " ".join(argv):
                 found.append(proc)
         return found
 
