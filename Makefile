@@ -7,7 +7,7 @@ PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast test-gpu lint bench
+.PHONY: setup run test test-fast test-gpu gpu-check lint bench
 
 setup:
 	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER)
@@ -25,6 +25,9 @@ test-fast: setup  ## every test not marked slow: the unit tests and the faster i
 
 test-gpu: setup  ## the GPU tier (tests/gpu, marked gpu): needs a CUDA GPU, skipped with the reason without one
 	$(VENV)/bin/python -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
+gpu-check: setup  ## the one prepared GPU call (scripts/gpu_check.sh, docs/learner-gpu.md); DRY=1: its stages on CPU
+	DRY=$(DRY) PYTHON=$(VENV)/bin/python bash scripts/gpu_check.sh
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -104,7 +104,7 @@ BENCHMARKS: dict[str, tuple[list[str], dict[str, tuple[str, str]]]] = {
         {"learner packed vs padded": ("ratio_packed_over_padded", "tokens/s ratio")},
     ),
     "logprob_memory": (
-        ["scripts/bench_learner.py", "--logprob-memory", "--tokens", "2048,4096", "--json"],
+        ["scripts/logprob_memory.py", "--tokens", "2048,4096", "--json"],
         {
             "chunked log-probs, 2,048 tokens at vocab 151,936: peak": (
                 "sizes.0.peak_ratio_chunked_over_unchunked",

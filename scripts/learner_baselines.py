@@ -3,8 +3,9 @@ PyTorch step.
 
     model_dir = write_shape_model("qwen2.5-1.5b", out_dir)     # random init, real vocabulary, no download
     padded_step(learner, groups, budget=16384)                 # the learner's model, optimizer and loss, padded
-    plain = PlainStep(model_dir, torch.device("cuda"), checkpointing=True)
+    plain = PlainStep(model_dir, torch.device("cuda"), checkpointing="full", kl_coef=0.001)
     seconds, tokens = plain.step(rows=8, row_len=2048, micro_batches=2)
+    model_dir = shape_model_dir("qwen2.5-3b", cache_dir)         # written once, reused by later runs
 
 The padded step is the usual padded data loader on the learner's own model, optimizer, clipping and loss: sequences in
 arrival order, each micro-batch padded to its longest sequence (rows x longest <= budget), a 2-D padding mask.
@@ -13,7 +14,10 @@ The plain step is what a careful single-GPU PyTorch loop reaches with stock kern
 held to: no FSDP, fp32 master weights, autocast to bf16, SDPA causal attention on dense rows (every row one
 sequence, no packing, no padding), the LM head in bf16 through the same chunked log-prob head the learner uses
 (an fp32 head would run its matmul in fp32), mean next-token log-likelihood as the loss, foreach gradient clipping,
-fused AdamW. Throughput and memory do not depend on the weights' values, so random weights measure the real thing.
+fused AdamW; checkpointing as the learner's (none, full, or every N-th layer). Where the learner forwards a frozen
+reference for its KL loss, the plain step does too: a copy of the model in the compute dtype forwards every
+micro-batch of the update before the first backward, and a k3 KL to it joins the loss. Throughput and memory do not
+depend on the weights' values, so random weights measure the real thing.
 """
 
 from __future__ import annotations
@@ -50,15 +54,17 @@ SHAPES = {
 }
 # gradient checkpointing from 1.5B on, as the GPU presets run them (0.5B fits a 16k micro-batch without it)
 CHECKPOINTED_SHAPES = {"qwen2.5-1.5b", "qwen2.5-3b"}
+# the learner's checkpointing policies the plain step reproduces (HF's per-layer checkpointing)
+PLAIN_CHECKPOINTING = ("none", "full", "every_n")
 
 
-def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
-    """A random-init Qwen2 checkpoint of the named shape (bf16 safetensors; the learner loads it as fp32)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def shape_config(shape: str):
+    """The transformers config of a Qwen2.5 shape (Qwen2.5's vocabulary, RoPE and norm settings, tied head)."""
+    from transformers import Qwen2Config
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=QWEN_VOCAB,
         max_position_embeddings=32768,
         rope_theta=1_000_000.0,
@@ -66,12 +72,37 @@ def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
         tie_word_embeddings=True,
         **SHAPES[shape],
     )
+
+
+def write_shape_model(shape: str, out_dir: Path, device: str = "cpu") -> Path:
+    """A random-init Qwen2 checkpoint of the named shape (bf16 safetensors; the learner loads it as fp32)."""
+    from transformers import Qwen2ForCausalLM
+
+    config = shape_config(shape)
     torch.manual_seed(0)
     with torch.device(device):  # initialising on the GPU takes seconds where the CPU takes minutes at 3B
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out_dir)
     del model
     return out_dir
+
+
+def shape_model_dir(shape: str, cache_dir: Path, device: str = "cpu") -> Path:
+    """`cache_dir/shape`, written by `write_shape_model` unless an earlier run wrote it (into a temporary directory
+    renamed when complete, so a run killed while writing leaves nothing half-written behind)."""
+    import shutil
+    import tempfile
+
+    out = Path(cache_dir) / shape
+    if not out.is_dir():
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{shape}-", dir=cache_dir))
+        try:
+            write_shape_model(shape, partial, device=device)
+            partial.rename(out)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return out
 
 
 def padded_micro_batches(sequences, budget: int):
@@ -157,33 +188,62 @@ class PlainStep:
         model_dir: str | Path,
         device: torch.device,
         *,
-        checkpointing: bool,
+        checkpointing: str = "none",
+        checkpointing_every: int = 1,
         bf16: bool = True,
         chunk_tokens: int = 1024,
+        kl_coef: float = 0.0,
+        policy_forward: bool = False,
     ):
+        """`checkpointing`: none, full, or every_n (every `checkpointing_every`-th decoder layer recomputed).
+        `kl_coef` > 0: a frozen reference (in the compute dtype) forwards every micro-batch before the update and
+        its k3 KL to the policy joins the loss, as the learner's reference forward and KL loss do.
+        `policy_forward`: the policy also forwards every micro-batch without gradient before the update, as the
+        learner's proximal pass does (a step of several updates with a `recompute` correction)."""
         from transformers import AutoModelForCausalLM
 
-        self.device, self.bf16, self.chunk_tokens = device, bf16, chunk_tokens
+        if checkpointing not in PLAIN_CHECKPOINTING:
+            raise ValueError(
+                f"the plain step checkpoints {', '.join(PLAIN_CHECKPOINTING)}, not {checkpointing!r} "
+                "(run the benchmark with --no-plain)"
+            )
+        self.device, self.bf16, self.chunk_tokens, self.kl_coef = device, bf16, chunk_tokens, kl_coef
+        self.policy_forward = policy_forward
         self.model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype=torch.float32, attn_implementation="sdpa"
         ).to(device)
         self.model.config.use_cache = False
-        if checkpointing:
+        if checkpointing != "none":
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            every = checkpointing_every if checkpointing == "every_n" else 1
+            for i, layer in enumerate(self.model.model.layers):
+                layer.gradient_checkpointing = i % every == 0
         self.model.train()  # transformers loads in eval mode, where checkpointing is silently off
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.vocab = self.model.config.vocab_size
+        self.reference = None
+        if kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(
+                str(model_dir), dtype=self._compute_dtype, attn_implementation="sdpa"
+            ).to(device)
+            self.reference.config.use_cache = False
+            self.reference.eval().requires_grad_(False)
 
-    def _loss(self, input_ids: torch.Tensor) -> torch.Tensor:
+    @property
+    def _compute_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.bf16 else torch.float32
+
+    def _logprobs(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        """Next-token log-probs of every position but the last, through the learner's chunked head."""
         from learner.chunked_logprobs import chunked_logprobs
         from learner.packing import final_hidden_states
 
-        compute = torch.bfloat16 if self.bf16 else torch.float32
+        compute = self._compute_dtype
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            hidden = final_hidden_states(self.model, input_ids=input_ids)  # no mask: SDPA's is_causal
+            hidden = final_hidden_states(model, input_ids=input_ids)  # no mask: SDPA's is_causal
         hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1]).to(compute)
-        weight = self.model.get_output_embeddings().weight.to(compute)
+        weight = model.get_output_embeddings().weight.to(compute)
         logprobs, _ = chunked_logprobs(
             hidden,
             weight,
@@ -192,11 +252,19 @@ class PlainStep:
             chunk_tokens=self.chunk_tokens,
             with_entropy=False,
         )
-        return -logprobs.mean()
+        return logprobs
+
+    def _loss(self, input_ids: torch.Tensor, ref_logprobs: torch.Tensor | None) -> torch.Tensor:
+        logprobs = self._logprobs(self.model, input_ids)
+        loss = -logprobs.mean()
+        if ref_logprobs is not None:  # k3 (low-variance) KL estimate to the reference
+            delta = ref_logprobs - logprobs
+            loss = loss + self.kl_coef * (delta.exp() - delta - 1).mean()
+        return loss
 
     def step(self, rows: int, row_len: int, micro_batches: int = 1, seed: int = 0) -> tuple[float, int]:
-        """`micro_batches` accumulated micro-batches of `rows` x `row_len` random tokens, then clip and AdamW;
-        returns (seconds, tokens)."""
+        """`micro_batches` accumulated micro-batches of `rows` x `row_len` random tokens (the no-gradient forwards of
+        each first: the reference's, the policy's), then clip and AdamW; returns (seconds, tokens)."""
         generator = torch.Generator().manual_seed(seed)
         batches = [
             torch.randint(0, self.vocab, (rows, row_len), generator=generator).to(self.device)
@@ -204,8 +272,17 @@ class PlainStep:
         ]
         self._synchronize()
         start = time.perf_counter()
-        for input_ids in batches:
-            (self._loss(input_ids) / micro_batches).backward()
+        refs: list[torch.Tensor | None] = [None] * micro_batches
+        with torch.no_grad():
+            if self.reference is not None:
+                refs = [self._logprobs(self.reference, input_ids) for input_ids in batches]
+            if (
+                self.policy_forward
+            ):  # the proximal log-probs (kept, as the learner keeps them, though unused here)
+                proximal = [self._logprobs(self.model, input_ids) for input_ids in batches]
+                del proximal
+        for input_ids, ref in zip(batches, refs, strict=True):
+            (self._loss(input_ids, ref) / micro_batches).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -217,7 +294,7 @@ class PlainStep:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        """Free the model and optimizer state (the learner is measured after this, on the same GPU)."""
-        del self.model, self.optimizer
+        """Free the models and optimizer state (the learner is measured after this, on the same GPU)."""
+        del self.model, self.optimizer, self.reference
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

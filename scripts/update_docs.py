@@ -29,6 +29,8 @@ NOTES = {
     "Makefile": "`make run`, `make test` (the two set-up commands), `make test-fast`, `make lint`",
     "README.md": "what sr1 is, the two set-up commands, what `sr1 run` shows, and the index of docs/",
     "pyproject.toml": "package metadata, extras (cpu, gpu, dev), the `sr1` command, pytest and ruff settings",
+    "scripts/gpu_check.sh": "the one prepared GPU call that measures the learner (scripts/gpu_check.py); DRY=1 on CPU",
+    "scripts/gpu_wheels.sh": "fetches the CPython 3.12 wheels the GPU image lacks (pydantic, redis) into .whl/",
     "scripts/cpu-constraints.txt": "every package of a working CPU venv, pinned (what scripts/setup_env.py installs)",
     "weight_sync/README.md": "weight sync in depth (protocol, failures, config)",
     "docs/algorithms.md": "the RL methods, staleness and off-policy corrections, and how to tune them",

@@ -201,3 +201,28 @@ def test_the_benchmark_runs_on_cuda(capsys):
         assert result[f"{key}/tokens_per_s"] > 0 and result[f"{key}/peak_gib"] > 0
         assert 0 < result[f"{key}/mfu"] < 1
     assert result["gpu"] and result["cuda"] and result["attention"] in GPU_PATHS
+
+
+def test_the_benchmark_runs_the_search_r1_step_on_cuda(capsys):
+    """bench_learner.py --workload search-r1 on CUDA, scaled down: the preset's step with the reference and proximal
+    forwards, the plain step beside it, the peak beside learner/memory.py's estimate, the compiler's counters."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import json
+
+    import bench_learner
+
+    argv = ["--device", "cuda", "--workload", "search-r1", "--length-scale", "0.1", "--trajectories", "8"]
+    argv += ["--warmup-trajectories", "2", "--budget", "2048", "--json"]
+    assert bench_learner.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["workload"] == "search-r1" and result["dtype"] == "bfloat16" and result["gpu"]
+    assert result["reference_forward"] and result["proximal_forward"]
+    for mode in ("packed", "plain"):
+        assert result[f"{mode}/tokens_per_s"] > 0 and result[f"{mode}/peak_gib"] > 0
+        assert 0 < result[f"{mode}/mfu"] < result[f"{mode}/mfu_all_passes"] < 1
+    assert result["packed/estimate_gib"] > 0
+    assert isinstance(result["compiler/graphs"], int) and isinstance(result["compiler/timed/recompiles"], int)
+    if result["attention"] == FLEX_DOCUMENT or result["compile"]:
+        assert result["compiler/graphs"] > 0  # FlexAttention and the compiled layers
+    assert result["gradient_checkpointing"] == "full" and result["execution"].startswith("attention ")
+    assert set(result["attention_seconds"]) >= {result["attention"]}  # auto timed the kernels present

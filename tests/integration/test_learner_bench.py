@@ -1,15 +1,19 @@
 """`scripts/bench_learner.py` on CPU: the trainer's own step (packed), the padded step and the plain PyTorch step run
-and report their figures; the Qwen2.5 shape table builds models of the published sizes."""
+and report their figures on the toy mix and on Search-R1's workload (scaled down); the prepared GPU call runs its
+stages on CPU (`DRY=1 scripts/gpu_check.sh`); the Qwen2.5 shape table builds models of the published sizes."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_learner  # noqa: E402
 from learner_baselines import QWEN_VOCAB, SHAPES  # noqa: E402
@@ -21,11 +25,89 @@ def test_quick_cpu_run_reports_packed_padded_and_plain(capsys):
     assert bench_learner.main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["device"] == "cpu" and result["attention"] == "sr1_varlen_sdpa"
+    assert result["workload"] == "tiny" and result["workload_detail"].startswith("tiny (toy mix")
     for mode in ("packed", "padded", "plain"):
         assert result[f"{mode}/tokens_per_s"] > 0
         assert f"{mode}/mfu" not in result  # no peak FLOP/s is known for a CPU unless given
     assert result["ratio_packed_over_padded"] > 0 and result["ratio_packed_over_plain"] > 0
     assert 0 < result["padded/pad_fraction"] < 1 and result["torch"]
+    assert result["reference_forward"] is False and result["updates_per_step"] == 1
+
+
+@pytest.mark.timeout(600)
+def test_the_search_r1_step_on_cpu_trains_mini_batches_with_the_reference_forward(capsys):
+    """sr1's 8xH100 preset, lengths x 0.05: two updates of four trajectories per step, the reference and the
+    proximal forward before them (tis recomputes the proximal policy when a step makes several updates), and the
+    plain step with the same forwards; MFU with and without the no-gradient forwards."""
+    argv = [
+        "--workload",
+        "search-r1",
+        "--length-scale",
+        "0.05",
+        "--trajectories",
+        "4",
+        "--warmup-trajectories",
+        "1",
+    ]
+    argv += ["--budget", "1024", "--plain", "--peak-flops", "1e12", "--json"]
+    assert bench_learner.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["workload"] == "search-r1" and result["preset"] == "qwen2.5-3b-8xh100"
+    assert (
+        "profile qwen2.5-3b-h100" in result["workload_detail"]
+        and "lengths x 0.05" in result["workload_detail"]
+    )
+    assert (
+        result["updates_per_step"] == 2
+        and result["trajectories_per_update"] == 4
+        and result["trajectories"] == 8
+    )
+    assert result["reference_forward"] and result["proximal_forward"] and result["kl_coef"] == 0.001
+    assert result["gradient_checkpointing"] == "full" and result["dtype"] == "float32"  # the preset's, on CPU
+    assert 0 < result["loss_token_fraction"] < 1  # observation and prompt tokens carry no loss
+    for mode in ("packed", "plain"):
+        mfu = result[f"{mode}/mfu"]
+        assert mfu > 0 and result[f"{mode}/mfu_all_passes"] == pytest.approx(mfu * (6 + 2 + 2) / 6)
+    assert result["packed/estimate_gib"] > 0 and "padded/tokens_per_s" not in result
+    assert result["plain/shape"].endswith("per update")
+
+
+@pytest.mark.timeout(600)
+def test_the_gpu_check_runs_every_stage_on_cpu_when_dry(tmp_path):
+    """DRY=1: the prepared GPU call's stages, flags and code paths on the CPU with the small model, the modules the
+    GPU image lacks unimportable; every stage passes and writes its JSON line, and the table closes the run."""
+    env = os.environ | {"DRY": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "stages.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in rows] == [
+        "0-env", "1-3b", "2-1.5b", "3-0.5b", "4-3b-none", "5-3b-selective", "6-0.5b-chunked", "7-gpu-tier",
+        "8-3b-6-ranks", "9-3b-offload",
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" and r["dry"] for r in rows), [(r["stage"], r.get("error")) for r in rows]
+    env_row, tier = rows[0], rows[7]
+    assert env_row["python"] and env_row["plans"]["qwen2.5-3b/6"]["checkpointing"] == "none"  # CPU's auto
+    for row in (env_row, tier):  # no GPU here: every GPU test is collected and skipped
+        assert row["tests/tests"] > 0 and row["tests/skipped"] == row["tests/tests"]
+    benches = {r["stage"]: r for r in rows if r["stage"] not in ("0-env", "7-gpu-tier")}
+    for row in benches.values():
+        assert row["workload"] == "search-r1" and row["tokens_per_s"] > 0 and row["estimate_gib"] > 0
+        assert row["graphs"] == 0 and row["execution"]  # CPU: eager layers
+    assert [benches[k]["checkpointing"] for k in ("1-3b", "4-3b-none", "5-3b-selective")] == [
+        "full", "none", "selective",
+    ]  # fmt: skip
+    assert benches["1-3b"]["x_plain"] > 0 and benches["5-3b-selective"]["x_plain"] is None
+    assert [benches[k]["logprob_head"] for k in ("3-0.5b", "6-0.5b-chunked")] == ["chunked", "chunked"]  # CPU
+    assert "what a learner of 6 ranks picks" in benches["8-3b-6-ranks"]["checkpointing_why"]
+    profile = json.loads((tmp_path / "1-3b.json").read_text())["profile/top"]
+    assert profile and profile[0]["calls"] > 0
+    assert "stage" in proc.stdout and "9-3b-offload" in (tmp_path / "table.txt").read_text()
 
 
 @pytest.mark.parametrize(
