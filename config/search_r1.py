@@ -6,7 +6,7 @@
 `KEYS` is the one table: a key either sets sr1 fields (`Rule.sets`, its value converted where the units differ:
 warmup ratio -> steps, `adv_estimator` -> algorithm) or is accepted because sr1 does the same thing another way
 (`Rule.sets` empty; the note says what sr1 does instead). A key whose value sr1 cannot honour lists the values it
-can (`Rule.only`); any other value is an error. `docs/search-r1.md` is rendered from this table
+can (`Rule.only`); any other value is an error. `docs/search-r1-keys.md` is rendered from this table
 (`config/search_r1_script.py`), and `sr1 config from-search-r1 SCRIPT` uses it on a whole training script.
 
 Overrides in this vocabulary go through `translate`; a key it does not know is left to sr1's own keys, whose error
@@ -367,10 +367,10 @@ KEYS: dict[str, Rule] = {
     "reranker.topk": Rule(("retrieval.topk",),
         "with do_rerank: the documents a search keeps after reranking; without it ignored, as in Search-R1",
         NO_DEFAULT, _when("retrieval.reranker.enabled", (True,), "retrieval.topk")),
-    "retriever.url": _same("retrieval.url", "", "http://127.0.0.1:8000/retrieve"),
+    "retriever.url": _same("retrieval.client.url", "", "http://127.0.0.1:8000/retrieve"),
     "retriever.topk": Rule(("retrieval.topk", "retrieval.reranker.candidates"),
         "documents per search; with do_rerank, the candidates reranked", 3, _retrieved_topk),
-    "search_url": _same("retrieval.url", "the retriever URL's other spelling"),
+    "search_url": _same("retrieval.client.url", "the retriever URL's other spelling"),
     "topk": Rule(("retrieval.topk", "retrieval.reranker.candidates"), "the retriever top-k's other spelling",
         NO_DEFAULT, _retrieved_topk),
     # -- algorithm

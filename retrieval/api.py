@@ -50,16 +50,17 @@ def check_queries(queries: Any, cfg: RetrievalConfig) -> list[str]:
     at most `max_query_chars` long; `RequestError` naming the first that is not."""
     if not isinstance(queries, list):
         raise RequestError(400, f"'queries' must be a list of strings, got {type(queries).__name__}")
-    if len(queries) > cfg.max_queries_per_request:
+    if len(queries) > cfg.server.max_queries_per_request:
         raise RequestError(
-            413, f"too many queries: {len(queries)} > max_queries_per_request ({cfg.max_queries_per_request})"
+            413,
+            f"too many queries: {len(queries)} > max_queries_per_request ({cfg.server.max_queries_per_request})",
         )
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise RequestError(400, f"queries[{i}] must be a string, got {type(q).__name__}")
-        if len(q) > cfg.max_query_chars:
+        if len(q) > cfg.server.max_query_chars:
             raise RequestError(
-                413, f"queries[{i}] has {len(q)} characters > max_query_chars ({cfg.max_query_chars})"
+                413, f"queries[{i}] has {len(q)} characters > max_query_chars ({cfg.server.max_query_chars})"
             )
         try:  # JSON may spell lone surrogates (\ud800); tokenizers fail on them, and with them a whole batch
             q.encode("utf-8")
@@ -88,8 +89,8 @@ def parse_retrieve_request(
         topk = cfg.topk
     if not isinstance(topk, int) or isinstance(topk, bool):
         raise RequestError(400, f"'topk' must be an integer, got {type(topk).__name__}")
-    if not 1 <= topk <= cfg.max_topk:
-        raise RequestError(400, f"'topk' must be between 1 and {cfg.max_topk}, got {topk}")
+    if not 1 <= topk <= cfg.server.max_topk:
+        raise RequestError(400, f"'topk' must be between 1 and {cfg.server.max_topk}, got {topk}")
     return queries, topk, return_scores_of(payload)
 
 

@@ -75,12 +75,17 @@ class RetrievalClient:
 
     @classmethod
     def from_config(cls, cfg: Any) -> RetrievalClient:
-        """From a `RetrievalConfig` (its `url`, `topk`, `timeout_s`, `max_retries`, `backoff_s`, `token`; with
-        `reranker.enabled` and `reranker.url`, the remote reranker there and `reranker.candidates`)."""
-        timing = {"timeout_s": cfg.timeout_s, "max_retries": cfg.max_retries, "backoff_s": cfg.backoff_s}
+        """From a `RetrievalConfig` (its `client` section, `topk` and `token`; with `reranker.enabled` and
+        `reranker.url`, the remote reranker there and `reranker.candidates`)."""
+        client = cfg.client
+        timing = {
+            "timeout_s": client.timeout_s,
+            "max_retries": client.max_retries,
+            "backoff_s": client.backoff_s,
+        }
         remote = cfg.reranker.enabled and cfg.reranker.url is not None
         return cls(
-            cfg.url,
+            client.url,
             topk=cfg.topk,
             token=cfg.token,
             reranker=RemoteReranker(cfg.reranker.url, token=cfg.token, **timing) if remote else None,

@@ -132,8 +132,10 @@ def parse_rerank_request(body: bytes, cfg: RetrievalConfig) -> tuple[list[str], 
     for i, docs in enumerate(lists):
         if not isinstance(docs, list):
             raise RequestError(400, f"documents[{i}] must be a list of documents")
-        if len(docs) > cfg.max_topk:
-            raise RequestError(413, f"documents[{i}] holds {len(docs)} documents > max_topk ({cfg.max_topk})")
+        if len(docs) > cfg.server.max_topk:
+            raise RequestError(
+                413, f"documents[{i}] holds {len(docs)} documents > max_topk ({cfg.server.max_topk})"
+            )
         documents.append([_document(d, f"documents[{i}][{j}]") for j, d in enumerate(docs)])
     topk = payload.get("rerank_topk") or cfg.topk
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:

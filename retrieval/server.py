@@ -46,8 +46,8 @@ SHARE_TASK_KEY = web.AppKey("share_counters", asyncio.Task)
 MAX_LOGGED_UNKNOWN_FIELDS = 64  # distinct ignored field names a worker logs (once each)
 
 
-# Counters a worker reports; with several workers (`retrieval.workers`) /metrics sums them across the pool, except
-# the MAX_COUNTERS, where the pool reports its worst worker.
+# Counters a worker reports; with several workers (`retrieval.server.workers`) /metrics sums them across the pool,
+# except the MAX_COUNTERS, where the pool reports its worst worker.
 ERROR_CODES = (400, 401, 404, 405, 413, 415, 500, 502, 503)
 SUMMED_COUNTERS = (
     "requests",
@@ -93,13 +93,14 @@ class ServerState:
     ):
         self.cfg = cfg
         self.retriever = retriever
-        if cfg.batching:
+        server = cfg.server
+        if server.batching:
             self.dispatcher: MicroBatcher | NaiveDispatcher = MicroBatcher(
-                retriever, window_s=cfg.batch_window_ms / 1000.0, max_queries=cfg.max_batch_queries
+                retriever, window_s=server.batch_window_ms / 1000.0, max_queries=server.max_batch_queries
             )
         else:
             self.dispatcher = NaiveDispatcher(retriever)
-        self.cache = LRUCache(cfg.cache_size)
+        self.cache = LRUCache(server.cache_size)
         self.ready = True
         self.started = time.time()
         self.requests = 0
@@ -246,14 +247,13 @@ async def _read_body(request: web.Request, cfg: RetrievalConfig) -> bytes:
         auth = request.headers.get("Authorization", "")
         if not hmac.compare_digest(auth.encode(), f"Bearer {cfg.token}".encode()):
             raise RequestError(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
-    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
-        raise RequestError(
-            413, f"request body of {request.content_length} bytes > max_body_bytes ({cfg.max_body_bytes})"
-        )
+    limit = cfg.server.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestError(413, f"request body of {request.content_length} bytes > max_body_bytes ({limit})")
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise RequestError(413, f"request body larger than max_body_bytes ({cfg.max_body_bytes})") from None
+        raise RequestError(413, f"request body larger than max_body_bytes ({limit})") from None
 
 
 async def _retrieve(request: web.Request) -> web.Response:
@@ -299,10 +299,10 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "ok",
-            "method": state.cfg.method,
+            "method": state.cfg.retriever.method,
             "num_docs": len(store) if store is not None else None,
             "topk": state.cfg.topk,
-            "batching": state.cfg.batching,
+            "batching": state.cfg.server.batching,
             "rerank": request.app[RERANKER_KEY] is not None,
             "workers": state.peers.workers if state.peers is not None else 1,
         }
@@ -324,7 +324,7 @@ def create_app(
     worker `slot` of a multi-process server. `reranker` (a `retrieval.reranker.CrossEncoderReranker`) answers
     POST /rerank; by default the one behind `retriever` when it reranks its searches."""
     # aiohttp's own body limit is set above ours so the handler can answer with a JSON 413
-    app = web.Application(middlewares=[_errors_as_json], client_max_size=cfg.max_body_bytes + 1)
+    app = web.Application(middlewares=[_errors_as_json], client_max_size=cfg.server.max_body_bytes + 1)
     state = ServerState(retriever, cfg, peers, slot)
     app[STATE_KEY] = state
     app[RETRIEVER_KEY] = retriever
@@ -389,10 +389,10 @@ async def serve(
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)  # in-flight requests get 5 s to finish
     await runner.setup()
     site = web.TCPSite(
-        runner, cfg.host, cfg.port, backlog=1024, reuse_port=True if peers is not None else None
+        runner, cfg.server.host, cfg.server.port, backlog=1024, reuse_port=True if peers is not None else None
     )
     await site.start()
-    port = cfg.port
+    port = cfg.server.port
     if port == 0 and runner.addresses:
         port = runner.addresses[0][1]
     stop = asyncio.Event()
@@ -407,7 +407,7 @@ async def serve(
         if ready_line:
             workers = f", workers={peers.workers}" if peers is not None else ""
             print(
-                f"retrieval server listening on http://{cfg.host}:{port} (method={cfg.method}{workers})",
+                f"retrieval server listening on http://{cfg.server.host}:{port} (method={cfg.retriever.method}{workers})",
                 flush=True,
             )
         await stop.wait()

@@ -82,9 +82,9 @@ def passage_vectors(store, encoder, n_full: int):
 
 def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tuple[Path, Path]]:
     """Corpora and index directories (built once, reused across runs)."""
+    from retrieval.bm25 import BM25Settings
     from retrieval.build_index import build_index
     from retrieval.corpus import DocStore, write_corpus_jsonl
-    from retrieval.settings import RetrievalConfig
     from tests.fakes.corpus import synthetic_records
 
     out: dict[str, tuple[Path, Path]] = {}
@@ -97,11 +97,12 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
         if not (index / "sr1_index.json").exists():
             t0 = time.perf_counter()
             if method == "bm25":
-                build_index(RetrievalConfig(method="bm25", corpus_path=corpus), index, show_progress=False)
+                build_index(BM25Settings(corpus_path=corpus), index, show_progress=False)
             else:
-                from retrieval.dense import DenseRetriever, Encoder, build_dense_index
+                from retrieval.dense import DenseRetriever, DenseSettings, build_dense_index
+                from retrieval.encoder import Encoder
 
-                cfg = RetrievalConfig(method="dense", corpus_path=corpus, faiss_gpu=False)
+                cfg = DenseSettings(corpus_path=corpus, faiss_gpu=False)
                 store = DocStore.open_cached(corpus, index)
                 encoder = Encoder(cfg.encoder.model_copy(update={"batch_size": 128}))
                 emb_file = cache_dir / f"emb_{n}_{n_full}.npy"
@@ -124,7 +125,7 @@ def start_server(
     if not batching:
         args.append("--no-batching")
     if torch_threads:
-        args.append(f"retrieval.torch_threads={torch_threads}")
+        args.append(f"retrieval.server.torch_threads={torch_threads}")
     return spawn(args, timeout_s=600)
 
 
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "--torch-threads",
         type=int,
         default=1,
-        help="retrieval.torch_threads for both servers (default 1: on a small shared CPU, torch's default "
+        help="retrieval.server.torch_threads for both servers (default 1: on a small shared CPU, torch's default "
         "all-core OpenMP stalls; 0 keeps torch's default).",
     )
     p.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "sr1_bench_retrieval")
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                 if n > n_full
                 else f"all {n} passages encoded by the full MiniLM"
             )
-        workers = resolve_workers(RetrievalConfig(method=method, corpus_path=corpus, index_path=index))
+        retriever = {"method": method, "corpus_path": corpus, "index_path": index}
+        workers = resolve_workers(RetrievalConfig(retriever=retriever))
         entry["workers"] = {"baseline": 1, "batched": workers}
         # the baseline is one process, as Search-R1's server; ours runs its default worker count, and when that is
         # more than one, also a single worker at the top concurrency, to show what batching alone gives

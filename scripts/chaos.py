@@ -126,8 +126,11 @@ class ChaosRun:
             needle, scope = _MODULE_OF.get(part, ""), str(self.run_dir)
         found = []
         for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if needle in cmdline and scope in cmdline:
+            argv = proc.info["cmdline"] or []
+            # a module is matched as a whole argument (`-m retrieval.cli`), never as a prefix of another one
+            # (`retrieval.client.timeout_s=1` on sr1 run's own command line)
+            named = any(needle in arg for arg in argv) if part == "redis" else needle in argv
+            if named and scope in " ".join(argv):
                 found.append(proc)
         return found
 
@@ -435,8 +438,8 @@ def run_faults(
         "buffer.lease_s=30",
         "buffer.max_prompt_deliveries=2",
         # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
-        "retrieval.timeout_s=1",
-        "retrieval.max_retries=0",
+        "retrieval.client.timeout_s=1",
+        "retrieval.client.max_retries=0",
         "generators.tool_pause.min_calls=4",
         "generators.tool_pause.probe_s=2",
     ]

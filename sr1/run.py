@@ -154,7 +154,7 @@ class Orchestrator:
     def _place_retrieval(self, cfg: Config) -> Config:
         """Where the run's own retrieval server listens: a free loopback port (`sr1 launch`: on its Ray node)."""
         port = free_port()
-        return _update(cfg, "retrieval", port=port, url=f"http://127.0.0.1:{port}/retrieve")
+        return cfg.model_copy(update={"retrieval": cfg.retrieval.served_at(port)})
 
     def _start_redis(self, cfg: Config) -> Config:
         """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised."""
@@ -180,13 +180,15 @@ class Orchestrator:
         train, test, corpus = (Path(f).resolve() for f in files)
         cfg = _update(cfg, "model", path=str(Path(model_dir).resolve()))
         given = cfg.data.model_fields_set
-        given_corpus = "corpus_path" in cfg.retrieval.model_fields_set
+        retriever = cfg.retrieval.retriever
+        given_corpus = "corpus_path" in retriever.model_fields_set
         fill = {"train_files": [train], "test_files": [test]}
         cfg = _update(cfg, "data", **{k: v for k, v in fill.items() if k not in given})
-        if not given_corpus:
-            cfg = _update(cfg, "retrieval", corpus_path=corpus)
+        if "corpus_path" in type(retriever).model_fields and not given_corpus:
+            cfg = _update(cfg, "retrieval", retriever=retriever.model_copy(update={"corpus_path": corpus}))
         kept = sorted(
-            {f"data.{k}" for k in fill if k in given} | ({"retrieval.corpus_path"} if given_corpus else set())
+            {f"data.{k}" for k in fill if k in given}
+            | ({"retrieval.retriever.corpus_path"} if given_corpus else set())
         )
         if kept:
             print(
@@ -211,7 +213,7 @@ class Orchestrator:
     def wait_for_retrieval(self) -> None:
         if not self.cfg.retrieval.serves_locally:
             return
-        health = self.cfg.retrieval.url.rsplit("/", 1)[0] + "/health"
+        health = self.cfg.retrieval.client.url.rsplit("/", 1)[0] + "/health"
         self.supervisor.wait_until(
             lambda: http_ok(health), timeout_s=self.startup_timeout_s, what="the retrieval server"
         )

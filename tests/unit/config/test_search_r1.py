@@ -12,7 +12,13 @@ import yaml
 
 from config import ConfigError, load_config, load_job
 from config.search_r1 import IMPLIED, KEYS, resolve_interpolations, translate, verl_defaults
-from config.search_r1_script import ScriptError, parse_script, preset_yaml, search_r1_doc, translate_script
+from config.search_r1_script import (
+    ScriptError,
+    parse_script,
+    preset_yaml,
+    search_r1_keys_doc,
+    translate_script,
+)
 from learner.job import LearnerJob
 
 SCRIPTS = Path(__file__).parent / "search_r1_scripts"
@@ -75,7 +81,7 @@ EXAMPLES = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": (
         PPO,
         False,
-        {"learner.gradient_checkpointing": False},
+        {"learner.gradient_checkpointing": "none"},  # false/true mean the policies none/full
     ),
     "actor_rollout_ref.actor.ppo_mini_batch_size": (PPO, 128, {"learner.ppo_mini_batch_size": 128}),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (PPO, 32768, {"learner.micro_batch_tokens": 32768}),
@@ -109,12 +115,12 @@ EXAMPLES = {
     "reward_model.structure_format_score": (PPO, 0.2, {"task.structure_format_score": 0.2}),
     "reward_model.final_format_score": (PPO, 0.1, {"task.final_format_score": 0.1}),
     "reward_model.retrieval_score": (PPO, 0.05, {"task.retrieval_score": 0.05}),
-    "retriever.url": (PPO, "http://h:9/retrieve", {"retrieval.url": "http://h:9/retrieve"}),
+    "retriever.url": (PPO, "http://h:9/retrieve", {"retrieval.client.url": "http://h:9/retrieve"}),
     "retriever.topk": (PPO, 5, {"retrieval.topk": 5}),
     "reranker.do_rerank": (PPO, True, {"retrieval.reranker.enabled": True}, RERANK),
     "reranker.url": (PPO, "http://h:6980/rerank", {"retrieval.reranker.url": "http://h:6980/rerank"}),
     "reranker.topk": (PPO, 2, {"retrieval.topk": 2}, ["reranker.do_rerank=true", *RERANK]),
-    "search_url": (PPO, "http://h:9/retrieve", {"retrieval.url": "http://h:9/retrieve"}),
+    "search_url": (PPO, "http://h:9/retrieve", {"retrieval.client.url": "http://h:9/retrieve"}),
     "topk": (PPO, 7, {"retrieval.topk": 7}),
     "algorithm.gamma": (PPO, 0.99, {"learner.algorithm.gamma": 0.99}),
     "algorithm.lam": (PPO, 0.95, {"learner.algorithm.lam": 0.95}),
@@ -313,7 +319,7 @@ RERANKED = {
     "retrieval.reranker.url": "http://10.100.20.21:6980/rerank",
     "retrieval.reranker.candidates": 10,  # retriever.topk: what is retrieved, then reranked
     "retrieval.topk": 3,  # reranker.topk: what a search keeps
-    "retrieval.url": "http://10.100.20.17:8000/retrieve",
+    "retrieval.client.url": "http://10.100.20.17:8000/retrieve",
 }
 
 
@@ -447,9 +453,9 @@ def test_from_search_r1_writes_a_preset_that_loads(tmp_path):
     assert not (tmp_path / "bad.yaml").exists()
 
 
-def test_the_search_r1_document_is_current():
-    assert (ROOT / "docs" / "search-r1.md").read_text() == search_r1_doc(), (
-        "regenerate it: sr1 config search-r1-keys > docs/search-r1.md"
+def test_the_search_r1_keys_document_is_current():
+    assert (ROOT / "docs" / "search-r1-keys.md").read_text() == search_r1_keys_doc(), (
+        "regenerate it: sr1 config search-r1-keys > docs/search-r1-keys.md"
     )
 
 

@@ -221,9 +221,8 @@ async def test_a_search_reranks_its_candidates_remotely(search_r1_reranker):
 
     retrieval = await _start({"/retrieve": retrieve})
     cfg = RetrievalConfig(
-        url=str(retrieval.make_url("/retrieve")),
+        client={"url": str(retrieval.make_url("/retrieve")), "backoff_s": 0.01},
         topk=2,
-        backoff_s=0.01,
         reranker={"enabled": True, "url": search_r1_reranker["url"], "candidates": 4},
     )
     client = RetrievalClient.from_config(cfg)
@@ -273,7 +272,7 @@ async def _post(url: str, body: dict) -> tuple[int, dict]:
 
 async def _sr1_server(reranker: CrossEncoderReranker | None) -> TestServer:
     retriever = RerankingRetriever(NoSearch(), reranker, candidates=5) if reranker else NoSearch()
-    server = TestServer(create_app(retriever, RetrievalConfig(max_topk=10)))
+    server = TestServer(create_app(retriever, RetrievalConfig(server={"max_topk": 10})))
     await server.start_server()
     return server
 

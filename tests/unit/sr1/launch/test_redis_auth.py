@@ -283,7 +283,8 @@ def test_launch_turns_the_retrieval_token_on():
         supervisor=SimpleNamespace(slots=lambda pool: [slot], free_port=lambda s: 8123)
     )
     cfg = ClusterOrchestrator._place_retrieval(launcher, load_config("tiny"))
-    assert cfg.retrieval.url == "http://10.0.0.7:8123/retrieve" and len(cfg.retrieval.token) >= 32
+    assert cfg.retrieval.client.url == "http://10.0.0.7:8123/retrieve" and len(cfg.retrieval.token) >= 32
+    assert (cfg.retrieval.server.host, cfg.retrieval.server.port) == ("10.0.0.7", 8123)
     assert cfg.generator_job().retrieval.token == cfg.retrieval.token  # the generators' client sends it
     given = ClusterOrchestrator._place_retrieval(launcher, load_config("tiny", ["retrieval.token=mine"]))
     assert given.retrieval.token == "mine"
