@@ -148,6 +148,17 @@ class Orchestrator:
         # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
         # fast and `_riding_out_redis` retries them between supervisor checks
         self.buffer = open_buffer(cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S}))
+        self._riding_out_redis(self._withdraw_dead_learners_group)
+
+    def _withdraw_dead_learners_group(self) -> None:
+        """Withdraw a weight-sync rendezvous left in the run's Redis (a resumed run's, by the learner that died with
+        the run): no learner of this run is alive (the run lock), and the generators start before the new one, so
+        they would try to join the dead learner's group and hang there for `weight_sync.timeout_s` before joining
+        the new learner's."""
+        from weight_sync.rendezvous import Rendezvous
+
+        with Rendezvous(self.buffer.url, self.buffer.namespace, _OWN_RECONNECT_S) as rendezvous:
+            rendezvous.clear()
 
     def _place_retrieval(self, cfg: Config) -> Config:
         """Where the run's own retrieval server listens: a free loopback port (`sr1 launch`: on its Ray node)."""

@@ -28,7 +28,11 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 17
+# a kill every 2 steps or so (the last one lands at step 11 at the latest, whatever CHAOS_SEED), a checkpoint every
+# 3: the learner's and the parent's kills each lose a step or two since a checkpoint, as with longer runs
+STEPS = 12
+SPACING = 2
+CHECKPOINT_EVERY = 3
 MAX_STALENESS = 2
 FAULT_STEPS = 10
 RETRIEVER_DOWN_S = 20  # `scripts/chaos.py --faults` takes 60 by default
@@ -53,8 +57,9 @@ def test_kill_every_part_in_turn_and_finish(tmp_path):
         run_dir,
         ["generator", "learner", "redis", "retrieval", "parent"],
         steps=STEPS,
-        checkpoint_every=4,
+        checkpoint_every=CHECKPOINT_EVERY,
         max_staleness=MAX_STALENESS,
+        spacing=SPACING,
         seed=int(os.environ.get("CHAOS_SEED", "7")),
     )
     print("\n" + chaos.table([(r, verdict) for r in recoveries]))

