@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from common.processes import die_with_parent
+
 if TYPE_CHECKING:
     from generators.settings import EngineConfig
 
@@ -335,10 +337,7 @@ def die_with_parent_plugin() -> None:
     leaves no engine behind. Elsewhere it does nothing."""
     if os.environ.get(DIE_WITH_PARENT_ENV) != "1" or not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent()
     if os.getppid() == 1:  # the parent died before the line above: nothing will signal us
         os._exit(1)
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.processes import die_with_parent
 from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
 from world.warmstart import build_trajectories, warm_start
 
@@ -119,7 +120,8 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
         ] + ([] if progress else ["--quiet"])
         if progress:
             print(f"[tiny world] building seed {seed} into {out_dir} (once per seed and size)", flush=True)
-        subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True)
+        # the build dies with whoever started it (a killed `sr1 run` leaves no build running)
+        subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True, preexec_fn=die_with_parent)
         if not marker_path.exists():
             raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")
         return world

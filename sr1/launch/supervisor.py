@@ -17,7 +17,6 @@ same way before it is restarted.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from common.processes import die_with_parent
 from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED
 
 log = logging.getLogger("sr1.launch")
@@ -41,12 +41,6 @@ NOT_RESTARTED = {
     EXIT_BAD_INPUT: "stopped on a configuration or data error",
     EXIT_CHECKPOINT_FAILED: "stopped because its checkpoints cannot be written",
 }
-
-_PR_SET_PDEATHSIG = 1
-try:  # loaded here, not in the forked child (loading a library between fork and exec can deadlock)
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:  # pragma: no cover - not a POSIX libc
-    _LIBC = None
 
 
 class ChildFailed(RuntimeError):
@@ -73,16 +67,6 @@ def _prepare_child(cpus: tuple[int, ...] | None) -> None:
     die_with_parent()
     if cpus:
         os.sched_setaffinity(0, cpus)
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """In a child before exec (Linux): the kernel sends `sig` when the parent dies; a no-op elsewhere.
-
-    "The parent" is the thread that started the child: a child started from a short-lived thread dies when that
-    thread ends, so `Child.start` refuses to run anywhere but in the main thread."""
-    prctl = getattr(_LIBC, "prctl", None) if sys.platform.startswith("linux") else None
-    if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def python_module(module: str, *args: str) -> list[str]:
