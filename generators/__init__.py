@@ -6,8 +6,11 @@ engine.py       token-in/token-out wrapper over vLLM's AsyncLLM (log-probs, per-
 hf_engine.py    the same `Engine` over a transformers model (`sr1 ask`, the tiny world's check)
 agent.py        one trajectory: multi-turn generation + the task's tool, token-level masks/log-probs/versions
 group.py        the n samples of a prompt, scored by the task into a `Group`
-worker.py       one engine's worker: claim, run, put, heartbeat, follow weights, drain on SIGTERM
+worker.py       one engine's worker: runs the parts below side by side, drains on SIGTERM
+claims.py       claim prompts, run their groups, put each group, renew leases, release on drain
+weight_following.py  join the learner's weight-sync group, apply every newer update, pin for evaluations
+evaluation.py   answering a shard of test prompts (greedy, per data source), and the learner's requests for it
+tool_health.py  whether the worker's tool (the retriever) is healthy enough to sample with; the probe that resumes
+telemetry.py    the worker's counts, rates and idle time, sent as its heartbeat
 process.py      one worker process: start the engine, build the task, run the worker until a signal
-tool_health.py  whether the worker's tool (the retriever) is healthy enough to sample with
-evaluation.py   answering a shard of test prompts (greedy, per data source)
 """

@@ -4,6 +4,7 @@
     health.record(calls=3, errors=3, seconds=0.4)       # after each trajectory
     if health.paused: ...                               # claim nothing; probe the tool every probe_s
     health.resume()                                     # a probe succeeded
+    await health.probe_loop(task, "gen-0")              # the worker's background loop: probes, then resumes
 
 Trajectories sampled while the retriever is down see only "Search unavailable" observations: training on them teaches
 the policy nothing about searching. Above `max_error_rate` over the last `window_s` (and at least `min_calls` calls)
@@ -12,10 +13,15 @@ the worker pauses and says why (heartbeat `rollout/state` = paused, `rollout/pau
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import deque
 
 from generators.settings import ToolPauseConfig
+from tasks import Task
+
+log = logging.getLogger(__name__)
 
 
 class ToolHealth:
@@ -87,3 +93,23 @@ class ToolHealth:
             "rollout/tool_pauses": self.pauses,
             "rollout/pause_reason": self.pause_reason,
         }
+
+    async def probe_loop(self, task: Task, worker_id: str) -> None:
+        """While sampling is paused for tool errors, make a test call every `probe_s`; resume when one succeeds."""
+        cfg = self.cfg
+        while True:
+            await asyncio.sleep(cfg.probe_s)
+            if not self.paused:
+                continue
+            try:
+                failed = (await task.call_tool(cfg.probe_input)).failed
+            except Exception as exc:  # a task's own error is a failed probe, not a dead loop
+                failed = True
+                log.debug("tool probe raised %s", exc)
+            if not failed:
+                log.info(
+                    "worker %s: the tool answers again; sampling resumes (was paused: %s)",
+                    worker_id,
+                    self.pause_reason,
+                )
+                self.resume()

@@ -110,7 +110,7 @@ async def test_a_dead_background_loop_fails_the_worker(redis_url, toy_tokenizer,
 
 
 async def test_a_failing_retriever_pauses_sampling_until_it_answers_again(redis_url, toy_tokenizer, caplog):
-    caplog.set_level(logging.INFO, logger="generators.worker")
+    caplog.set_level(logging.INFO, logger="generators")
     buffer = ReplayBuffer(redis_url, "live-tools", lease_s=30)
     buffer.release_prompts(_prompts(8))
     retriever = {"up": False, "calls": 0}
