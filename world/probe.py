@@ -67,6 +67,7 @@ async def probe_policy(
     """Exact match, protocol share and query forms of the world's policy on `questions`, per mode (see module).
 
     `answers`, when given, receives each mode's extracted answers in question order (None where none was given)."""
+    # torch (and config/, which imports it): only when a probe runs, so `import world.probe` stays light
     import torch
 
     from config import load_config
