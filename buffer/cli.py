@@ -21,6 +21,9 @@ import sys
 import time
 
 from buffer.connection import mask_url
+from buffer.monitor import render, serve_metrics
+from buffer.redis_buffer import ReplayBuffer
+from buffer.settings import local_redis_dir
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -54,8 +57,6 @@ def _resolve_url(args: argparse.Namespace) -> str:
     if args.url:
         return args.url
     if args.run_dir:
-        from buffer.settings import local_redis_dir
-
         url_file = local_redis_dir(args.run_dir) / "url"
         if not url_file.is_file():
             raise SystemExit(f"sr1 buffer: no running local Redis found for run directory {args.run_dir!r}")
@@ -120,9 +121,6 @@ def watch_lines(buffer, interval_s: float, summary_every_s: float = 10.0) -> Non
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import redis
-
-    from buffer.monitor import render, serve_metrics
-    from buffer.redis_buffer import ReplayBuffer
 
     url = _resolve_url(args)
     try:

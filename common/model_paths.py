@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.verl_checkpoint import VerlCheckpointError, actor_dir, merged_verl_checkpoint
+
 if TYPE_CHECKING:
     from common.sections import ModelConfig
 
@@ -33,8 +35,6 @@ def resolve_model_path(
     directory merged from the verl FSDP checkpoint `name` (`common/verl_checkpoint.py`)."""
     path = Path(name).expanduser()
     if path.is_dir():
-        from common.verl_checkpoint import VerlCheckpointError, actor_dir, merged_verl_checkpoint
-
         if actor_dir(path) is None:
             return path
         try:

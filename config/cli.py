@@ -16,8 +16,10 @@ import typing
 
 from pydantic import BaseModel
 
+from buffer.connection import mask_url
 from config.loader import ConfigError, config_to_yaml, list_presets, load_config
 from config.schema import Config
+from config.search_r1_script import preset_yaml, search_r1_keys_doc, translate_script
 from config.unions import section_models, union_tag
 
 
@@ -82,8 +84,6 @@ def _union_rows(
 
 def masked(cfg: Config) -> Config:
     """`cfg` as it may be shown: the Redis URL's password and the retrieval token replaced by `***`."""
-    from buffer.connection import mask_url
-
     buffer = cfg.buffer.model_copy(
         update={"redis_url": cfg.buffer.redis_url and mask_url(cfg.buffer.redis_url)}
     )
@@ -137,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "from-search-r1":
         return _from_search_r1(args)
     if args.command == "search-r1-keys":
-        from config.search_r1_script import search_r1_keys_doc
-
         print(search_r1_keys_doc(), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))
@@ -160,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _from_search_r1(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from config.search_r1_script import preset_yaml, translate_script
 
     env = dict(item.partition("=")[::2] for item in args.env)
     try:

@@ -29,6 +29,9 @@ from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, Config
 from config.strict import boolean_numbers, non_finite_numbers
 from config.unions import section_models, union_tag
+from generators.job import GeneratorJob
+from learner.job import LearnerJob
+from retrieval.job import RetrievalJob
 
 log = logging.getLogger("config")
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -405,10 +408,6 @@ def load_job(job_cls: type[JobT], config: str | Path | None, overrides: list[str
     """A process's typed config from `config`: a job file a launcher wrote (its `job:` names the kind), or a
     preset / root config file, from which the root config makes the job; None: the job's defaults. Dotted overrides
     apply either way."""
-    from generators.job import GeneratorJob
-    from learner.job import LearnerJob
-    from retrieval.job import RetrievalJob
-
     kind = job_cls.model_fields["job"].default
     path = Path(config if config is not None else "defaults")
     if config is None:

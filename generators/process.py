@@ -17,7 +17,12 @@ import os
 import signal
 from typing import Any
 
+from buffer.redis_buffer import open_buffer
+from common.model_paths import resolve_model_path
+from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine, serving_process
 from generators.job import GeneratorJob
+from generators.worker import GeneratorWorker
+from tasks import build_task
 
 log = logging.getLogger("generators")
 
@@ -27,12 +32,6 @@ async def run_worker_process(
 ) -> int:
     """Start the engine and run the worker until a signal; returns the worker's exit code. `test_prompts` are
     the prompts the worker evaluates on (None without data.test_files: it answers no evaluation requests)."""
-    from buffer.redis_buffer import open_buffer
-    from common.model_paths import resolve_model_path
-    from generators.engine import DIE_WITH_PARENT_ENV, VLLMEngine, serving_process
-    from generators.worker import GeneratorWorker
-    from tasks import build_task
-
     # a SIGTERM while the engine starts must still shut the engine down: remember it, stop right after
     stop_requested: list[bool] = []
     worker: GeneratorWorker | None = None

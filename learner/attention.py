@@ -39,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from learner.device import host_to_device
+
 VARLEN_SDPA = "sr1_varlen_sdpa"
 FLEX_DOCUMENT = "sr1_flex_document"
 FLASH_VARLEN = "flash_attention_2"
@@ -212,8 +214,6 @@ def document_causal_block_mask(seq_lens: list[int], device: torch.device):
     own, so its queries never meet a real token and no real query sees it. `flex_document_forward` pads q, k and v
     to that length and drops the padding from the output."""
     from torch.nn.attention.flex_attention import create_block_mask
-
-    from learner.device import host_to_device
 
     total = int(sum(seq_lens))
     padded = flex_padded_length(total)

@@ -40,6 +40,7 @@ from learner.attention import (
     torch_varlen_available,
     torch_varlen_forward,
 )
+from learner.device import host_to_device
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,6 @@ def probe_lengths(tokens: int, seed: int = 0) -> list[int]:
 def _attend(name: str, seq_lens: list[int], device: torch.device):
     """Kernel `name` as a decoder layer calls it on a packed row of `seq_lens`: f(q, k, v) -> output. What is built
     once per micro-batch (the BlockMask, the boundaries) is built here, outside the timed calls."""
-    from learner.device import host_to_device
-
     module = SimpleNamespace(training=True)
     if name == FLEX_DOCUMENT:
         mask = document_causal_block_mask(seq_lens, device)

@@ -23,14 +23,14 @@ from collections.abc import Callable
 
 import torch
 
+from learner.attention import FLEX_BLOCK, VARLEN_SDPA, flex_padded_length
+
 log = logging.getLogger(__name__)
 
 
 def resolve_compile(setting: bool | str, device: torch.device, attention: str) -> bool:
     """learner.compile: `auto` compiles on CUDA unless the attention is the per-sequence loop; true compiles (and
     refuses the loop, which would recompile for every micro-batch); false does not."""
-    from learner.attention import VARLEN_SDPA
-
     if setting == "auto":
         return device.type == "cuda" and attention != VARLEN_SDPA
     if setting and attention == VARLEN_SDPA:
@@ -62,8 +62,6 @@ def mark_tokens_dynamic(tokens: int, *inputs) -> None:
     (the varlen kernels' boundaries). One of them left static would pin the length in the graph, and the next
     micro-batch would compile again."""
     from torch.utils._pytree import tree_leaves
-
-    from learner.attention import FLEX_BLOCK, flex_padded_length
 
     padded = flex_padded_length(tokens)
     for leaf in _tensors(tree_leaves(inputs)):

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import torch
 
+from learner.attention_choice import choose_attention
+from learner.compiled import resolve_compile
 from learner.distributed import World
+from learner.fused_head import resolve_logprob_head
 from learner.memory import (
     MemoryPlan,
     MemorySettings,
@@ -31,6 +34,7 @@ from learner.memory import (
     memory_of,
     plan_memory,
 )
+from learner.model import DTYPES
 from learner.settings import LearnerConfig
 
 log = logging.getLogger(__name__)
@@ -108,11 +112,6 @@ def plan_execution(
     """Resolve the learner's `auto` settings for this device and model (see the module docstring) and log them.
     `attention`: a kernel name that overrides learner.attention (the benchmark's --attention)."""
     from transformers import AutoConfig
-
-    from learner.attention_choice import choose_attention
-    from learner.compiled import resolve_compile
-    from learner.fused_head import resolve_logprob_head
-    from learner.model import DTYPES
 
     device = world.device
     config = AutoConfig.from_pretrained(str(model_path))

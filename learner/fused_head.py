@@ -30,6 +30,8 @@ import logging
 
 import torch
 
+from learner.compiled import keep_compilation_records
+
 log = logging.getLogger(__name__)
 
 HEADS = ("fused", "chunked")
@@ -99,7 +101,6 @@ def _kernels(compiled: bool):
     the entropy's presence is the only variant), or as they are."""
     if not compiled:
         return chunk_statistics, slice_logit_gradient
-    from learner.compiled import keep_compilation_records
 
     keep_compilation_records()
     return torch.compile(chunk_statistics, dynamic=True), torch.compile(slice_logit_gradient, dynamic=True)

@@ -23,7 +23,11 @@ from pathlib import Path
 
 import torch
 
+from learner.attention import attention_implementation
+from learner.compiled import compiled_forward
 from learner.distributed import World
+from learner.memory import checkpointed_layers
+from learner.recompute import checkpointed_forward
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +79,6 @@ def load_policy(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from learner.attention import attention_implementation
-
     head = {}
     if value_head:
         config = AutoConfig.from_pretrained(str(path), num_labels=1)
@@ -119,10 +121,6 @@ def prepare_layers(
 ) -> list[torch.nn.Module]:
     """Wrap each decoder layer's forward: checkpointed by policy (learner/recompute.py), then compiled
     (learner/compiled.py). Before FSDP2: its hooks stay around the module call, outside both. Returns the layers."""
-    from learner.compiled import compiled_forward
-    from learner.memory import checkpointed_layers
-    from learner.recompute import checkpointed_forward
-
     if isinstance(checkpointing, bool):
         checkpointing = "full" if checkpointing else "none"
     layers = _decoder_layers(model)

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from retrieval.base import Retriever
+from retrieval.reranker import CrossEncoderReranker, RerankingRetriever
 from retrieval.settings import RetrievalConfig
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ def build_reranker(cfg: RetrievalConfig) -> CrossEncoderReranker | None:
     """The server's cross-encoder (`retrieval.reranker.model`, when enabled), or None."""
     if not (cfg.reranker.enabled and cfg.reranker.model):
         return None
-    from retrieval.reranker import CrossEncoderReranker
 
     _limit_threads(cfg)
     return CrossEncoderReranker(cfg.reranker)
@@ -49,8 +49,6 @@ def build_retriever(
     (`cfg.reranks_searches`), the first stage goes behind `reranker` (default: `build_reranker(cfg)`)."""
     retriever = cfg.retriever.build(show_progress)
     if cfg.reranks_searches:
-        from retrieval.reranker import RerankingRetriever
-
         reranker = reranker if reranker is not None else build_reranker(cfg)
         retriever = RerankingRetriever(retriever, reranker, cfg.reranker.candidates)
     return retriever

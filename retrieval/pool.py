@@ -25,7 +25,7 @@ import socket
 import time
 from multiprocessing.synchronize import Event
 
-from retrieval.server import COUNTER_KEYS
+from retrieval.server import COUNTER_KEYS, run_server
 from retrieval.settings import RetrievalConfig
 
 log = logging.getLogger(__name__)
@@ -171,15 +171,12 @@ def _worker_main(
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s %(levelname)s worker{slot} %(name)s: %(message)s"
     )
-    from retrieval.server import run_server
 
     run_server(cfg, ready_line=False, peers=peers, slot=slot, companion=_ParentWatch(ready))
 
 
 def serve_pool(cfg: RetrievalConfig, workers: int, show_progress: bool = False) -> None:
     """Serve `cfg` with `workers` processes until SIGTERM / Ctrl-C (this process is worker 0)."""
-    from retrieval.server import run_server
-
     server = cfg.server.model_copy(
         update={"workers": workers, "port": claim_port(cfg.server.host, cfg.server.port)}
     )

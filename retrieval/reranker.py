@@ -14,6 +14,7 @@ from concurrent.futures import Executor
 import numpy as np
 
 from retrieval.base import Hits, Retriever
+from retrieval.encoder import pick_device
 from retrieval.settings import RerankerConfig
 
 
@@ -24,8 +25,6 @@ class CrossEncoderReranker:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        from retrieval.encoder import pick_device
 
         self.cfg = cfg
         self.device = pick_device(cfg.device)

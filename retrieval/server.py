@@ -33,6 +33,7 @@ from aiohttp import web
 from retrieval.api import RequestError, format_result, parse_retrieve_request
 from retrieval.base import Hits, Retriever
 from retrieval.batcher import LRUCache, MicroBatcher, NaiveDispatcher
+from retrieval.factory import build_reranker, load_retriever
 from retrieval.online import OnlineSearchError
 from retrieval.rerank_api import format_rerank_result, parse_rerank_request
 from retrieval.settings import RetrievalConfig
@@ -423,8 +424,6 @@ def run_server(cfg: RetrievalConfig, show_progress: bool = False, **serve_kwargs
     """What one server process runs: load and warm up the retriever (and the cross-encoder of /rerank), then `serve`
     it on uvloop (when installed) until stopped. `serve_kwargs` make the process a worker of a pool
     (`retrieval.pool`)."""
-    from retrieval.factory import build_reranker, load_retriever
-
     reranker = build_reranker(cfg)
     retriever = load_retriever(cfg, show_progress=show_progress, reranker=reranker)
     try:

@@ -16,9 +16,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.model_paths import ModelPathError, resolve_model_path
+from generators.agent import AgentSettings, run_agent
+from generators.engine import VLLMEngine
+from generators.hf_engine import TransformersEngine
+from tasks import build_task
+from tasks.prompt_tokens import encode_prompt
+
 
 def _load_config(checkpoint: Path, config_arg: str | None, overrides: list[str]):
-    from config import load_config
+    from config import load_config  # torch (config holds the learner's settings): not for --help
 
     if config_arg:
         return load_config(config_arg, overrides)
@@ -34,15 +41,9 @@ async def ask(
     from rich.console import Console
     from rich.panel import Panel
 
-    from generators.agent import AgentSettings, run_agent
-    from tasks import build_task
-    from tasks.prompt_tokens import encode_prompt
-
     console = Console()
     if engine_kind == "vllm":
         from transformers import AutoTokenizer
-
-        from generators.engine import VLLMEngine
 
         engine = VLLMEngine.create(
             str(checkpoint),
@@ -53,8 +54,6 @@ async def ask(
         )
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     else:
-        from generators.hf_engine import TransformersEngine
-
         engine = TransformersEngine(str(checkpoint))
         tokenizer = engine.tokenizer
     task = build_task(cfg.task, retrieval=cfg.retrieval.sending_to(retrieval_url))
@@ -104,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
-    from common.model_paths import ModelPathError, resolve_model_path
 
     try:  # a verl checkpoint is merged into an HF directory here
         model_dir = resolve_model_path(args.checkpoint, what="--checkpoint")

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from world import build_world
+from world.flashrag import build_rehearsal
+from world.qwen import build_qwen_shaped
+
 RUNS_ROOT = Path("runs")
 EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")
 WORLD_CACHE = RUNS_ROOT / ".world-cache"
@@ -22,14 +26,9 @@ WORLD_CACHE = RUNS_ROOT / ".world-cache"
 def build_embedded(model: str, seed: int, *, progress: bool = True) -> tuple[Path, tuple[Path, Path, Path]]:
     """The embedded `model`'s directory and its (train, test, corpus) files for `seed`, built when not cached."""
     if model == "tiny":
-        from world import build_world
-
         world = build_world(WORLD_CACHE / f"seed{seed}", seed=seed, progress=progress)
         return world.model_dir, (world.train_path, world.test_path, world.corpus_path)
     if model == "tiny-qwen2.5":
-        from world.flashrag import build_rehearsal
-        from world.qwen import build_qwen_shaped
-
         model_dir = build_qwen_shaped(WORLD_CACHE / f"qwen2.5-shaped-seed{seed}", seed=seed)
         return Path(model_dir), build_rehearsal(WORLD_CACHE / f"rehearsal-seed{seed}", seed=seed)
     raise ValueError(f"{model!r} is not an embedded model ({', '.join(EMBEDDED_MODELS)})")

@@ -28,9 +28,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.model_paths import ModelPathError, resolve_model_path
+from evaluation import shard
 from evaluation.prompts import select_prompts
 from evaluation.report import format_value, markdown, per_source_table, plot, summarize
+from generators.engine import VLLMEngine
+from generators.evaluation import answer_shard
+from generators.hf_engine import TransformersEngine
+from learner.tracking import Tracker
 from sr1 import entrypoints
+from tasks import build_task
+from tasks.search_r1.data import DataError
 
 MODES = ("search", "direct", "rag")
 
@@ -73,7 +81,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _checkpoint_and_config(args: argparse.Namespace):
     """The checkpoint directory to evaluate and the config to evaluate it with."""
-    from common.model_paths import resolve_model_path
+    # config/ and learner/ import torch: after --help has answered
     from config import load_config
     from learner.checkpoint import latest_checkpoint
 
@@ -126,10 +134,6 @@ async def _evaluate(
 ) -> tuple[list, float]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from evaluation import shard
-    from generators.evaluation import answer_shard
-    from tasks import build_task
-
     retrieval = cfg.retrieval.sending_to(retrieval_url) if retrieval_url else None
     task = build_task(cfg.task, retrieval=retrieval)
     engines, tokenizer = _start_engines(args, cfg, checkpoint)
@@ -176,14 +180,11 @@ async def _evaluate(
 
 def _start_engines(args, cfg, checkpoint: Path) -> tuple[list, Any]:
     if args.engine == "hf":
-        from generators.hf_engine import TransformersEngine
-
         engines = [TransformersEngine(str(checkpoint)) for _ in range(args.engines)]
         return engines, engines[0].tokenizer
     from transformers import AutoTokenizer
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the progress bar, not the engine's request log
-    from generators.engine import VLLMEngine
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     engines = [
@@ -245,6 +246,7 @@ def _print_table(rows: list[dict]) -> None:
 
 def _retrieval_for(args, cfg, supervisor) -> str | None:
     """A retrieval endpoint that answers: the given/configured one, or a local server started for the evaluation."""
+    # torch, through config (the supervisor imports it too): not for --help
     from config import save_job
     from sr1.launch.supervisor import Child, free_port, http_ok, python_module
 
@@ -279,8 +281,7 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from sr1.launch.supervisor import Supervisor
-    from tasks import build_task
+    from sr1.launch.supervisor import Supervisor  # torch, through config: not for --help
 
     checkpoint, cfg, run_dir = _checkpoint_and_config(args)
     test_files = args.test_files or cfg.data.test_files
@@ -323,8 +324,6 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     _print_table(rows)
     print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'eval.png'}")
     if cfg.logging.wandb:
-        from learner.tracking import Tracker
-
         tracker = Tracker(run_dir or out, cfg.logging, metrics_file=False)
         tracker.log_eval(summary, step=version)
         tracker.close()
@@ -333,9 +332,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    from common.model_paths import ModelPathError
-    from config import ConfigError
-    from tasks.search_r1.data import DataError
+    from config import ConfigError  # torch, through config: after --help
 
     try:
         summary = run_eval(args)

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from buffer.monitor import staleness_histogram
-from common.progress import format_seconds
+from common.progress import PhaseProgress, format_seconds
 from sr1.report import read_metric_lines
 
 
@@ -66,8 +66,6 @@ class LiveView:
     def phase(self, name: str, *, expected_s: float | None = None, total: int | None = None, unit: str = ""):
         """Progress of a phase before the live table starts (engines starting, an evaluation): a bar in a terminal,
         a line every 10 s without one, each with about how long is left."""
-        from common.progress import PhaseProgress
-
         return PhaseProgress(
             name, total=total, unit=unit, expected_s=expected_s, terminal=self.enabled, printer=self.log
         )

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 import redis
 
+from buffer.redis_buffer import open_buffer
+from buffer.settings import local_redis_dir
 from config import (
     EXIT_BAD_INPUT,
     EXIT_CHECKPOINT_FAILED,
@@ -35,9 +37,13 @@ from config import (
     save_config,
     save_job,
 )
+from evaluation import Evaluations, read_evals
+from learner.tracking import Tracker
 from sr1 import entrypoints
 from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded
 from sr1.launch.lock import RunLock, RunLocked
+from sr1.launch.pools import generator_children, learner_children
+from sr1.launch.redis_server import LocalRedis
 from sr1.launch.supervisor import (
     Child,
     ChildFailed,
@@ -47,7 +53,11 @@ from sr1.launch.supervisor import (
     http_ok,
     python_module,
 )
+from sr1.live import LiveView
 from sr1.preflight import BadInput, check_inputs
+from sr1.report import write_report
+from sr1.summary import summarize
+from weight_sync.rendezvous import Rendezvous
 
 _OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
 # typical times on a 2-core CPU for the tiny preset: the progress lines' "about N s left" before anything is measured
@@ -143,8 +153,6 @@ class Orchestrator:
             cfg = self._start_redis(cfg)
         self.cfg = cfg
 
-        from buffer.redis_buffer import open_buffer
-
         # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
         # fast and `_riding_out_redis` retries them between supervisor checks
         self.buffer = open_buffer(cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S}))
@@ -155,8 +163,6 @@ class Orchestrator:
         the run): no learner of this run is alive (the run lock), and the generators start before the new one, so
         they would try to join the dead learner's group and hang there for `weight_sync.timeout_s` before joining
         the new learner's."""
-        from weight_sync.rendezvous import Rendezvous
-
         with Rendezvous(self.buffer.url, self.buffer.namespace, _OWN_RECONNECT_S) as rendezvous:
             rendezvous.clear()
 
@@ -167,9 +173,6 @@ class Orchestrator:
 
     def _start_redis(self, cfg: Config) -> Config:
         """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised."""
-        from buffer.settings import local_redis_dir
-        from sr1.launch.redis_server import LocalRedis
-
         redis_dir = local_redis_dir(self.run_dir)
         self.redis_server = LocalRedis(
             redis_dir, appendfsync=cfg.buffer.local_appendfsync, pass_fds=self.supervisor.pass_fds
@@ -233,8 +236,6 @@ class Orchestrator:
 
     def launch_generators(self) -> None:
         """Start the generator workers; `wait_for_generators` waits until each heartbeats (its engine is up)."""
-        from sr1.launch.pools import generator_children
-
         for child in generator_children(self.cfg, self.cfg.generators.num_engines, "generator-", logs=True):
             # a restarted worker takes back its leases and waits for the weights
             child.restart = RestartPolicy()
@@ -267,8 +268,6 @@ class Orchestrator:
         return sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
 
     def start_learner(self) -> list[Child]:
-        from sr1.launch.pools import learner_children
-
         ranks = learner_children(self.cfg, self.resume, logs=True)
         for rank in ranks:
             rank.restart = RestartPolicy()
@@ -280,9 +279,6 @@ class Orchestrator:
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Evaluate the policy at version `step` (or newer) on the generator workers, and record it."""
-        from evaluation import Evaluations
-        from learner.tracking import Tracker
-
         evals = Evaluations(self.buffer, self.cfg.eval, self.run_dir)
         what = f"evaluating the policy at version {step} (greedy, test split)"
         started = time.monotonic()
@@ -300,8 +296,6 @@ class Orchestrator:
     @property
     def evals(self) -> list[dict[str, Any]]:
         """Every evaluation the run recorded so far: before and after by this process, during by the learner."""
-        from evaluation import read_evals
-
         return read_evals(self.run_dir)
 
     # -- supervision ----------------------------------------------------------------------------------------
@@ -330,8 +324,6 @@ class Orchestrator:
 
     def make_view(self):
         """The live view (`sr1 launch` adds where each part runs)."""
-        from sr1.live import LiveView
-
         return LiveView(self, enabled=self.live)
 
     def run(self) -> int:
@@ -359,10 +351,7 @@ class Orchestrator:
         return 0
 
     def write_report(self) -> None:
-        from sr1.summary import summarize
-
         summary = summarize(self)
-        from sr1.report import write_report
 
         json_path, md_path = write_report(summary, self.run_dir)
         before, after = summary.em_before, summary.em_after

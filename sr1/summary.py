@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
 from buffer.staleness import describe
+from learner.checkpoint import latest_checkpoint
 from sr1.report import (
     RunSummary,
     checkpoint_failures,
@@ -80,7 +81,6 @@ def summarize(orch) -> RunSummary:
     later = [r for seg in segments for r in seg.rows[1:]]
     wall = sum(r.get("perf/step_s", 0.0) for r in later)
     waited = sum(r.get("perf/wait_s", 0.0) for r in later)
-    from learner.checkpoint import latest_checkpoint
 
     tool_calls, tool_errors, tool_latency_s = tool_totals(rows)
 

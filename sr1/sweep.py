@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sr1.report import offpolicy_curve
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -79,8 +81,6 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     """What sweeps tabulate of one finished run: EM before and after, the EM curve against steps and against wall
     seconds since the first evaluation, time per step, idle fractions, the staleness histogram and the off-policy
     diagnostics of every step (`offpolicy`: step, mismatch_kl, is_ess, clipped_frac, masked_frac, bound, ...)."""
-    from sr1.report import offpolicy_curve
-
     report = json.loads((run_dir / "report.json").read_text())
     curve = sorted((int(e["step"]), float(e["eval/em"])) for e in report["evals"] if "eval/em" in e)
     timed = []  # (seconds since the evaluation before training, EM), from the evaluation rows of metrics.jsonl

@@ -21,6 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 
+from weight_sync.group import WeightSyncError, make_group, open_store
+from weight_sync.receiver import receive_update
+
 log = logging.getLogger(__name__)
 
 
@@ -80,9 +83,6 @@ class WeightSyncExtension:
     def ws_receive(self, update: dict) -> int:
         """Receive every bucket of `update` by broadcast from rank 0 and reload them (this worker's shards of them);
         returns tensors loaded."""
-        from weight_sync.group import WeightSyncError
-        from weight_sync.receiver import receive_update
-
         joiner = self._ws_joiner
         if joiner is None:
             raise WeightSyncError(
@@ -123,8 +123,6 @@ class _Joiner(threading.Thread):
         self.pool: dict | None = {} if info.get("keep_buffers", True) else None
 
     def run(self) -> None:
-        from weight_sync.group import make_group, open_store
-
         try:
             store = open_store(
                 self.info["addr"], int(self.info["port"]), is_master=False, timeout_s=self.connect_timeout_s
@@ -142,8 +140,6 @@ class _Joiner(threading.Thread):
             self.error = exc
 
     def result(self):
-        from weight_sync.group import WeightSyncError
-
         self.join(self.connect_timeout_s + 5)
         if self.is_alive():
             raise WeightSyncError(

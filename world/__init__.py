@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from common.processes import die_with_parent
+from retrieval.bm25 import BM25Retriever
+from retrieval.corpus import DocStore
 from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
 from world.warmstart import build_trajectories, warm_start
 
@@ -87,9 +89,6 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
     Returns at once when `out_dir` already holds a complete world built with the same seed and sizes.
     `sizes` are `WorldSizes` fields (e.g. `num_people=200`, `hidden_size=256`).
     """
-    from retrieval.bm25 import BM25Retriever
-    from retrieval.corpus import DocStore
-
     unknown = set(sizes) - {f.name for f in dataclasses.fields(WorldSizes)}
     if unknown:
         raise TypeError(f"unknown tiny-world sizes {sorted(unknown)}; expected fields of WorldSizes")

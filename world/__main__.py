@@ -11,10 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from world import PINNED_ENV, build_world, pinned
+
 
 def main(argv: list[str] | None = None) -> int:
-    from world import PINNED_ENV, build_world, pinned
-
     parser = argparse.ArgumentParser(prog="python -m world", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)

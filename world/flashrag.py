@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from tasks.search_r1.prepare import LocalFlashRAG, prepare
 from world.kb import KnowledgeBase, Question, WorldSizes, build_kb, write_corpus
 
 TRAIN_SPLITS = (("nq", "train"), ("hotpotqa", "train"))
@@ -83,8 +84,6 @@ if __name__ == "__main__":
 def build_rehearsal(out_dir: Path, seed: int = 0) -> tuple[Path, Path, Path]:
     """The rehearsal prepared as a user would (`sr1 data prepare`): (train.parquet, test.parquet, corpus.jsonl),
     cached in `out_dir`."""
-    from tasks.search_r1.prepare import LocalFlashRAG, prepare
-
     train, test, corpus = out_dir / "train.parquet", out_dir / "test.parquet", out_dir / "corpus.jsonl"
     marker = out_dir / "rehearsal.json"
     wanted = {"seed": seed}

@@ -23,6 +23,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from generators.agent import AgentSettings, run_agent
+from generators.engine import Generation
+from generators.hf_engine import TransformersEngine
+from retrieval.bm25 import BM25Retriever
+from retrieval.client import SearchResult
+from retrieval.corpus import DocStore
+from tasks.prompt_tokens import encode_prompt
+from tasks.search_r1 import SearchR1Task
+from tasks.search_r1.protocol import search_turn
+from world.kb import ATTRIBUTE_BY_KEY
+
 if TYPE_CHECKING:
     from world import TinyWorld
     from world.kb import KnowledgeBase, Question
@@ -38,8 +49,6 @@ class ForcedFirstTurn:
         self.version, self._called = 0, False
 
     async def generate(self, prompt_ids, spec):
-        from generators.engine import Generation
-
         if self._called:
             return await self.engine.generate(prompt_ids, spec)
         self._called = True
@@ -58,15 +67,10 @@ async def probe_policy(
     """Exact match, protocol share and query forms of the world's policy on `questions`, per mode (see module).
 
     `answers`, when given, receives each mode's extracted answers in question order (None where none was given)."""
+    # torch (and config/, which imports it): only when a probe runs, so `import world.probe` stays light
     import torch
 
     from config import load_config
-    from generators.agent import AgentSettings
-    from generators.hf_engine import TransformersEngine
-    from retrieval.bm25 import BM25Retriever
-    from retrieval.client import SearchResult
-    from retrieval.corpus import DocStore
-    from tasks.search_r1 import SearchR1Task
 
     unknown = set(modes) - set(MODES)
     if unknown:
@@ -91,11 +95,6 @@ async def probe_policy(
 
 
 async def _probe_modes(kb, questions, modes, task, engine, settings, answers) -> dict[str, float]:
-    from generators.agent import run_agent
-    from tasks.prompt_tokens import encode_prompt
-    from tasks.search_r1.protocol import search_turn
-    from world.kb import ATTRIBUTE_BY_KEY
-
     tokenizer = engine.tokenizer
     out: dict[str, float] = {}
     for mode in modes:

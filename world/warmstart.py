@@ -49,6 +49,7 @@ from tasks.search_r1.protocol import (
     search_turn,
 )
 from world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
+from world.model import build_tiny_policy
 
 if TYPE_CHECKING:
     import torch
@@ -269,8 +270,6 @@ def warm_start(
     """Train the tokenizer, build the model, fine-tune it on `trajectories` and save it (fp32 safetensors)."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
-
-    from world.model import build_tiny_policy
 
     torch.set_num_threads(2)
     torch.manual_seed(seed)

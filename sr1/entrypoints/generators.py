@@ -17,8 +17,11 @@ import logging
 import sys
 from typing import Any
 
+from common.model_paths import ModelPathError, resolve_tokenizer_path
 from generators.job import GeneratorJob
+from generators.process import run_worker_process
 from sr1.entrypoints import load_pool_job
+from tasks import DataError
 
 log = logging.getLogger("generators")
 
@@ -44,7 +47,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def evaluation_prompts(job: GeneratorJob, tokenizer: Any) -> list:
     """The test prompts the worker evaluates on, without those longer than model.max_prompt_tokens (counted and
     logged; an error instead with data.filter_overlong_prompts=false). DataError for a file that cannot be read."""
-    from config.prompts import fitting_prompts
+    from config.prompts import fitting_prompts  # torch, through config: not for --help
 
     if not job.data.test_files:
         return []
@@ -56,9 +59,7 @@ def evaluation_prompts(job: GeneratorJob, tokenizer: Any) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    from common.model_paths import ModelPathError
-    from config import EXIT_BAD_INPUT, ConfigError
-    from tasks import DataError
+    from config import EXIT_BAD_INPUT, ConfigError  # torch, through config: after --help
 
     try:
         job = load_pool_job(GeneratorJob, args.config, args.overrides, args.redis_url)
@@ -69,9 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     job = job.model_copy(update={k: v for k, v in updates.items() if v is not None})
     logging.basicConfig(level=job.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
-
-    from common.model_paths import resolve_tokenizer_path
-    from generators.process import run_worker_process
 
     try:
         tokenizer_path = str(resolve_tokenizer_path(job.model))  # model.tokenizer_path, else the model's own

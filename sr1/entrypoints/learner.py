@@ -22,7 +22,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from common.model_paths import ModelPathError, resolve_tokenizer_path
+from learner.stop import StopFlag
 from sr1.entrypoints import load_pool_job
+from tasks import DataError
 
 if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and --help should answer at once
     from learner.job import LearnerJob
@@ -47,9 +50,7 @@ def training_prompts(job: LearnerJob) -> list:
     instead with data.filter_overlong_prompts=false). DataError for a file that cannot be read."""
     from transformers import AutoTokenizer
 
-    from common.model_paths import resolve_tokenizer_path
-    from config.prompts import NO_TRAIN_FILES, fitting_prompts
-    from tasks import DataError
+    from config.prompts import NO_TRAIN_FILES, fitting_prompts  # torch, through config: not for --help
 
     if not job.data.train_files:
         raise DataError(NO_TRAIN_FILES)
@@ -62,6 +63,7 @@ def training_prompts(job: LearnerJob) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    # config/ and learner/ import torch: after --help has answered
     from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, ConfigError, save_job
     from learner.job import LearnerJob
 
@@ -77,21 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     prompts = None
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:  # rank 0 feeds the prompts; a bad file stops it before any collective
-        from common.model_paths import ModelPathError
-        from tasks import DataError
-
         try:
             prompts = training_prompts(job)
         except (DataError, ModelPathError) as err:
             print(f"learner: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    # torch and the training loop: only once the job is valid and the prompts are read
     import torch
 
     from learner.checkpoint import CheckpointLoadError
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import NonFiniteTrainingError, run_learner
     from learner.safety_net import CheckpointsFailing
-    from learner.stop import StopFlag
 
     stop = StopFlag().install()
     world = init_distributed(args.device)

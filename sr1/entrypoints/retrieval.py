@@ -32,6 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from retrieval.build_index import build_index
+from retrieval.job import RetrievalJob
+from retrieval.pool import resolve_workers, serve_pool
+from retrieval.server import run_server
 from retrieval.settings import RetrievalConfig, indexable_methods
 from retrieval.union import RETRIEVERS
 
@@ -208,8 +212,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def load_retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
     """The `RetrievalConfig` of --config (the defaults without one), the dotted overrides, then the flags."""
-    from config import ConfigError, load_job
-    from retrieval.job import RetrievalJob
+    from config import ConfigError, load_job  # torch, through config: not for --help
 
     try:
         return load_job(RetrievalJob, args.config, [*args.overrides, *flag_overrides(args)]).retrieval
@@ -218,9 +221,6 @@ def load_retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
 
 
 def _serve(cfg: RetrievalConfig) -> int:
-    from retrieval.pool import resolve_workers, serve_pool
-    from retrieval.server import run_server
-
     workers = resolve_workers(cfg)
     with contextlib.suppress(KeyboardInterrupt):
         if workers > 1:
@@ -231,8 +231,6 @@ def _serve(cfg: RetrievalConfig) -> int:
 
 
 def _build_index(cfg: RetrievalConfig, out: Path) -> int:
-    from retrieval.build_index import build_index
-
     t0 = time.perf_counter()
     n = build_index(cfg.retriever, out, show_progress=True)
     print(

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.connection import mask_url
+from buffer.settings import local_redis_dir
 from config import Config
 from config.loader import write_private
 from sr1.launch.lock import RunLock
@@ -48,6 +49,7 @@ from sr1.launch.ray import (
     learner_bundle,
     place_learner,
 )
+from sr1.launch.redis_server import LocalRedis
 from sr1.launch.supervisor import Child, RestartPolicy
 from sr1.live import LiveView
 from sr1.run import Orchestrator, _update, build_parser, parse_args, run_main
@@ -201,9 +203,6 @@ class ClusterOrchestrator(Orchestrator):
 
     def _start_redis(self, cfg: Config) -> Config:
         """redis-server in its slot, on the run's AOF (`<run_dir>/redis` on that node), restarted when it dies."""
-        from buffer.settings import local_redis_dir
-        from sr1.launch.redis_server import LocalRedis
-
         slot = self.supervisor.slots("redis")[0]
         server = LocalRedis(
             local_redis_dir(self.run_dir),

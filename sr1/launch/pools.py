@@ -25,6 +25,7 @@ import time
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
 from sr1 import entrypoints
 from sr1.launch.lock import RunLock, RunLocked
+from sr1.launch.ray import RaySupervisor, generator_bundle, place_learner
 from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
 from sr1.preflight import BadInput, check_inputs
 
@@ -239,8 +240,6 @@ def learner_main(argv: list[str] | None = None) -> int:
 
 def run_generators_on_ray(cfg: Config, num_engines: int, prefix: str, address: str | None = None) -> int:
     """One slot per engine; the pool's workers are watched as local ones are (a failed one is reported)."""
-    from sr1.launch.ray import RaySupervisor, generator_bundle
-
     sup = RaySupervisor(address)
     try:
         gpus = sup.cluster_gpus > 0
@@ -261,8 +260,6 @@ def run_generators_on_ray(cfg: Config, num_engines: int, prefix: str, address: s
 def run_learner_on_ray(cfg: Config, resume: bool, address: str | None = None) -> int:
     """One slot per rank, rank 0's node hosting torch.distributed's and weight sync's stores; one failed rank stops
     the others."""
-    from sr1.launch.ray import RaySupervisor, place_learner
-
     sup = RaySupervisor(address)
     try:
         cfg = place_learner(sup, cfg)

@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+from sr1.plan.profile import ProfileError, gpu_kind, with_figures
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -117,9 +119,9 @@ def _points(text: str) -> list[tuple[float, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    # config/ and the planner's modules import torch: `sr1 plan --help` answers without it
     from config import ConfigError, load_config
     from sr1.plan.measured import resolve_profile
-    from sr1.plan.profile import ProfileError, gpu_kind, with_figures
     from sr1.plan.report import print_plan, save_png, to_json
     from sr1.plan.splits import fit_search_r1, make_plan
 

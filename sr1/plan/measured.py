@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.staleness import first_bound, largest_bound
+from config import load_config
 from sr1.plan.profile import (
     Profile,
     ProfileError,
@@ -138,8 +139,6 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
 
     Figures a run cannot measure (prefill cost, the spread of lengths and latencies, memory; the hand-off of an
     asynchronous run) come from `defaults` (a profile) when given, else are named as missing."""
-    from config import load_config
-
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.exists():

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.records import PromptRecord
+from common.imports import import_object
 from tasks.base import Action, Observation, Score, Task, Transcript
 from tasks.search_r1 import protocol, rewards
 from tasks.search_r1.data import KNOWN_DATA_SOURCES, load_prompts
@@ -40,8 +41,6 @@ class SearchR1Task(Task):
         )
         self.reward_function: Callable[[Transcript, list[str]], float] | None = None
         if self.cfg.reward_function is not None:
-            from common.imports import import_object
-
             try:
                 self.reward_function = import_object(self.cfg.reward_function)
             except (ImportError, AttributeError) as err:
@@ -54,6 +53,7 @@ class SearchR1Task(Task):
         """With `retrieval` (a RetrievalConfig) the task searches the server at `retrieval.client.url`."""
         if retrieval is None:
             return cls(cfg)
+        # aiohttp (~0.15 s to import): only for a task that searches a server, not on every pool's --help
         from retrieval.client import RetrievalClient
 
         client = RetrievalClient.from_config(retrieval)
