@@ -72,6 +72,11 @@ is older than the bound its prompt was released under, and that none is older th
 (learner/staleness.py, `check_staleness`). The schedule lives in Redis beside the version (`ReplayBuffer.
 staleness_bounds`) and in every checkpoint; a resumed learner reads it back and changes the bound from the version
 after the one it resumes at, so the deadlines of the groups still in flight never change.
+
+Redis's memory (buffer/memory.py). The feeder also releases nothing while Redis's used_memory is above
+`buffer.memory_high_water` of its maxmemory: the admission rule already bounds what is released, and holding back
+releases only delays steps, so the bound holds as above. What was released still finishes and is trained, which
+frees its memory (a trained group's payload leaves Redis), and releases resume.
 """
 
 from __future__ import annotations
@@ -90,6 +95,9 @@ from buffer.redis_buffer import ReplayBuffer, TakenGroup
 log = logging.getLogger(__name__)
 
 _EPOCH = re.compile(r"(?P<base>.*)/e(?P<epoch>\d+)(?P<suffix>(/dup\d+)?)")  # make_group_id's layout
+
+
+_PAUSE_LOG_S = 30.0  # while releases are paused for memory, a warning this often
 
 
 def admission_limit(version: int, *, groups_per_step: int, max_staleness: int) -> int:
@@ -222,6 +230,10 @@ class PromptFeeder:
         self.groups_per_step = groups_per_step
         self.cursor = cursor
         self.exhausted = False
+        self.paused: str | None = (
+            None  # why the last pump released nothing although the rule allowed it (memory)
+        )
+        self._pause_logged = -_PAUSE_LOG_S
         self._by_id: dict[str, PromptRecord] | None = (
             None  # epoch-0 group id -> prompt, built when first needed
         )
@@ -278,8 +290,10 @@ class PromptFeeder:
     def pump(self) -> int:
         """Release as many prompts as the rule allows now, stamped with the current version, under the bound the
         schedule gives that version; return how many. Groups that left without being trained (dropped by dynamic
-        sampling, dead-lettered) are replaced: each one raises the limit by one."""
+        sampling, dead-lettered) are replaced: each one raises the limit by one. Nothing is released while Redis's
+        memory is above the high water (`paused` says why)."""
         released = 0
+        self.paused = None
         while not self.exhausted:
             version = self.buffer.version()
             limit = (
@@ -290,6 +304,12 @@ class PromptFeeder:
             )
             room = limit - self.buffer.released_count()
             if room <= 0:
+                break
+            self.paused = self.buffer.release_pause_reason()
+            if self.paused is not None:
+                if time.monotonic() - self._pause_logged >= _PAUSE_LOG_S:
+                    self._pause_logged = time.monotonic()
+                    log.warning("releases paused: %s", self.paused)
                 break
             batch = []
             while len(batch) < room:

@@ -128,6 +128,7 @@ async def serve(job: GeneratorJob) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    from buffer.memory import EvictingRedis
     from common.model_paths import ModelPathError
     from config import EXIT_BAD_INPUT, ConfigError, load_job
     from tasks import DataError
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     except (
         DataError,
         ModelPathError,
-    ) as err:  # found before the engine starts (serve reads its inputs first)
+        EvictingRedis,
+    ) as err:  # found before the engine starts (serve reads its inputs first and opens the buffer)
         print(f"generators: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -9,6 +9,10 @@ each group the moment it is complete, heartbeats with metrics, answers evaluatio
 learner's weights: it joins the weight-sync group when a rendezvous appears (in the background, generating with
 the initial weights meanwhile) and applies every newer update. On stop it stops claiming, finishes what it holds
 within `generators.drain_timeout_s`, releases the rest to other workers and returns 0.
+
+Redis unreachable (a restart, a network cut) or full: every call retries for `buffer.reconnect_s`; past that the
+worker keeps claiming and putting again (a put is idempotent), saying so, instead of dying with the groups it holds.
+After a reconnect it gives back the prompts a claim whose reply was lost leased to it without its knowing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import redis
 
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
@@ -94,6 +99,7 @@ class GeneratorWorker:
         self.pinned = False  # an evaluation holds the weights: no update, not in the weight-sync group
         self._weights_lock = asyncio.Lock()
         self._rendezvous: Any = None
+        self._reconnects = buffer.reconnects.count  # connection failures already looked after (orphan leases)
 
     # -- public ----------------------------------------------------------------------------------------------
 
@@ -234,12 +240,35 @@ class GeneratorWorker:
 
     async def _claim_loop(self) -> None:
         while not self._stop.is_set():
+            try:
+                await self._claim_until_stopped()
+            except REDIS_UNAVAILABLE as exc:  # past buffer.reconnect_s: keep trying, the groups held go on
+                log.warning("worker %s: cannot claim prompts (%s); trying again", self.worker_id, exc)
+                await asyncio.sleep(1.0)
+
+    async def _give_back_orphan_leases(self) -> None:
+        """After a reconnect: a claim whose reply was lost leased prompts to this worker that it never saw; they go
+        back at once instead of when their lease expires."""
+        if self.buffer.reconnects.count == self._reconnects:
+            return
+        self._reconnects = self.buffer.reconnects.count
+        leased = await asyncio.to_thread(self.buffer.leased_by, self.worker_id)
+        orphans = [entry_id for entry_id in leased if entry_id not in self._held]
+        if orphans:
+            log.info(
+                "worker %s: giving back %d prompt(s) a lost reply leased to it", self.worker_id, len(orphans)
+            )
+            await asyncio.to_thread(self.buffer.release_claims, self.worker_id, orphans)
+
+    async def _claim_until_stopped(self) -> None:
+        while not self._stop.is_set():
             free = self.cfg.max_inflight_groups - len(self._held)
             if free <= 0:
                 self._slot_free.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), timeout=1.0)
                 continue
+            await self._give_back_orphan_leases()
             if not await self._holds_published_weights():
                 self.waiting_for_weights = True
                 await asyncio.sleep(self.cfg.weight_sync_poll_s)
@@ -316,7 +345,7 @@ class GeneratorWorker:
                 self._held.pop(item.entry_id, None)
                 await asyncio.to_thread(self.buffer.release_claims, self.worker_id, [item.entry_id])
                 return
-            await asyncio.to_thread(self.buffer.put_group, group, item.entry_id)
+            await self._put(group, item.entry_id)
             now = time.monotonic()
             for traj, rollout in zip(group.trajectories, rollouts, strict=True):
                 self.finish_reasons[rollout.finish_reason] += 1
@@ -338,6 +367,21 @@ class GeneratorWorker:
         finally:
             self._count_inflight(-(n - finished))  # trajectories that never finished are gone
             self._slot_free.set()
+
+    async def _put(self, group: Any, entry_id: str) -> None:
+        """Put a finished group; while Redis is unreachable or full past `buffer.reconnect_s`, try again (a put sent
+        twice is stored once: buffer/redis_buffer.py) until the worker stops, rather than throw the group away."""
+        while True:
+            try:
+                await asyncio.to_thread(self.buffer.put_group, group, entry_id)
+                return
+            except REDIS_UNAVAILABLE as exc:
+                if self._stop.is_set():
+                    raise
+                log.warning(
+                    "worker %s: cannot put group %s (%s); trying again", self.worker_id, group.group_id, exc
+                )
+                await asyncio.sleep(1.0)
 
     async def _drain(self) -> None:
         tasks = list(self._tasks)
@@ -382,7 +426,9 @@ class GeneratorWorker:
         from weight_sync.engine_side import EngineWeightSync
         from weight_sync.rendezvous import Rendezvous
 
-        rendezvous = self._rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
+        rendezvous = self._rendezvous = Rendezvous(
+            self.buffer.url, self.buffer.namespace, self.buffer.reconnect_s, self.buffer.socket_timeout_s
+        )
         sync = EngineWeightSync(rendezvous, self.worker_id)
         self.weight_sync_state = "waiting"
         announced = 0.0
@@ -393,8 +439,13 @@ class GeneratorWorker:
                     announced = 0.0
                     continue
                 if time.monotonic() - announced > 2.0:  # alive and wanting weights: the learner groups us in
-                    await asyncio.to_thread(rendezvous.announce_engine, self.worker_id)
-                    announced = time.monotonic()
+                    try:
+                        await asyncio.to_thread(rendezvous.announce_engine, self.worker_id)
+                        announced = time.monotonic()
+                    except REDIS_UNAVAILABLE as exc:  # a Redis outage must not end the weight-sync loop
+                        log.warning("weight sync: announcing this engine: %s", exc)
+                        await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                        continue
                 # taken before looking, so an announcement made while we look still wakes the wait below
                 async with self._weights_lock:
                     cursor = await self._sync_once(sync)

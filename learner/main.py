@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BAD_INPUT
     import torch
 
+    from buffer.memory import EvictingRedis
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import NonFiniteTrainingError, run_learner
     from learner.stop import StopFlag
@@ -101,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         if world.is_main:
             log.info("learner stopped at version %d", version)
         finished = True
-    except NonFiniteTrainingError as err:
-        # a restart would resume from the last checkpoint into the same updates: stop the run instead
+    except (NonFiniteTrainingError, EvictingRedis) as err:
+        # a restart would resume from the last checkpoint into the same updates (or open the same Redis): stop
         print(f"learner: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:

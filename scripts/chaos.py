@@ -27,6 +27,14 @@ is not JSON and one with a bad field: counted, answered with an error), retrieve
 with SIGSTOP for `--retriever-down-s`: tool errors counted, sampling paused, resumed after). Checked as above, with
 dead-lettered prompts accounted for (not lost), and each event counted where the run reports it (report.json,
 metrics.jsonl, Redis).
+
+    python scripts/chaos.py --network                      # network cuts and a full Redis, in one run
+    python scripts/chaos.py --network cut-learner-redis,redis-maxmemory --cut-s 60
+
+Network faults (`--network`, scripts/chaos_network.py): the generator or the learner cut from Redis, the generator cut
+from the retrieval server (through fault proxies, for `--cut-s`; `--cut-mode blackhole` keeps the connections open
+and answers nothing, `drop` resets them), and Redis's maxmemory lowered under the run (`--memory-s` at its high water,
+then as long full). Checked as above, and each fault must be seen where the run reports it.
 """
 
 from __future__ import annotations
@@ -469,6 +477,29 @@ def table(rows: list[tuple[Recovery, Verdict]]) -> str:
     return "\n".join(lines)
 
 
+def _network_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from scripts.chaos_network import NETWORK_FAULTS, run_network_faults
+
+    faults = [f.strip() for f in args.network.split(",") if f.strip()]
+    if unknown := sorted(set(faults) - set(NETWORK_FAULTS)):
+        parser.error(f"unknown network fault(s) {unknown}; choose from {', '.join(NETWORK_FAULTS)}")
+    verdict, counts = run_network_faults(
+        args.out / f"network-{time.strftime('%Y%m%d-%H%M%S')}",
+        faults,
+        steps=args.steps,
+        seed=args.seed,
+        cut_s=args.cut_s,
+        memory_s=args.memory_s,
+        cut_mode=args.cut_mode,
+    )
+    print(verdict)
+    print(counts)
+    missing = counts.missing(faults)
+    if missing:
+        print(f"not seen: {', '.join(missing)}")
+    return 0 if verdict.ok and not missing else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -489,7 +520,25 @@ def main(argv: list[str] | None = None) -> int:
         "synchronous run instead of killing parts",
     )
     parser.add_argument("--retriever-down-s", type=float, default=60.0, help="how long retriever-down lasts")
+    from scripts.chaos_network import NETWORK_FAULTS
+
+    parser.add_argument(
+        "--network",
+        nargs="?",
+        const=",".join(NETWORK_FAULTS),
+        default=None,
+        help=f"inject network and memory faults (comma-separated; default all: {', '.join(NETWORK_FAULTS)}) in one run",
+    )
+    parser.add_argument("--cut-s", type=float, default=60.0, help="how long each network cut lasts")
+    parser.add_argument(
+        "--cut-mode", choices=("blackhole", "drop"), default="blackhole", help="what a cut does"
+    )
+    parser.add_argument(
+        "--memory-s", type=float, default=20.0, help="how long Redis stays at its high water, then full"
+    )
     args = parser.parse_args(argv)
+    if args.network is not None:
+        return _network_main(args, parser)
     if args.faults is not None:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         if unknown := sorted(set(faults) - set(FAULTS)):

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from buffer.memory import EvictingRedis
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
@@ -146,7 +147,10 @@ class Orchestrator:
 
         redis_dir = local_redis_dir(self.run_dir)
         self.redis_server = LocalRedis(
-            redis_dir, appendfsync=cfg.buffer.local_appendfsync, pass_fds=self.supervisor.pass_fds
+            redis_dir,
+            appendfsync=cfg.buffer.local_appendfsync,
+            pass_fds=self.supervisor.pass_fds,
+            maxmemory_mb=cfg.buffer.local_maxmemory_mb,
         ).start()
         # restarted on its port and AOF when it dies; every client rides out the gap (buffer.reconnect_s)
         self.redis_server.child.restart = RestartPolicy()
@@ -384,6 +388,9 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
         return 130
     except BadInput as err:
         print("\n".join(f"{command}: {problem}" for problem in err.problems), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EvictingRedis as err:  # buffer.redis_url names a Redis that would drop the run's keys
+        print(f"{command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (ChildFailed, TimeoutError, RunLocked) as err:
         print(f"{command}: {err}", file=sys.stderr)

