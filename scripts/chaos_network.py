@@ -103,7 +103,12 @@ class NetworkCounts:
     out_of_memory_lines: int  # lines saying a write waited for Redis memory
     releases_paused_seen: bool  # the feeder paused for memory (read from Redis during the fault)
     tool_errors: int  # the generator's failed searches (report)
+    recoveries: list[tuple[str, int, float]]  # (fault, version when it ended, s until the next version)
     duplicates: int  # groups put twice (a put delivered again after a cut): counted, never delivered
+    # Redis memory of a queued group (its stream entry), and what every group of the run keeps for good (its id in
+    # released_ids and put_ids), measured on the run's AOF
+    bytes_per_group: float | None
+    id_bytes_per_group: float | None
 
     def missing(self, faults: list[str]) -> list[str]:
         unreachable = self.redis_unreachable_lines
@@ -119,11 +124,23 @@ class NetworkCounts:
 class NetworkInjector:
     """Injects the faults of this module into a `ProxiedRun`."""
 
-    def __init__(self, run: ProxiedRun, cut_s: float, cut_mode: str, memory_s: float):
-        self.run, self.cut_s, self.cut_mode, self.memory_s = run, cut_s, cut_mode, memory_s
+    def __init__(self, run: ProxiedRun, steps: int, cut_s: float, cut_mode: str, memory_s: float):
+        self.run, self.steps, self.cut_s, self.cut_mode, self.memory_s = run, steps, cut_s, cut_mode, memory_s
         self.releases_paused_seen = False
+        self.recoveries: list[
+            tuple[str, int, float]
+        ] = []  # (fault, version when it ended, s to the next version)
 
     def inject(self, fault: str) -> None:
+        """Inject `fault`, end it, and time how long the learner takes to publish its next version after."""
+        self._inject(fault)
+        ended, at = time.monotonic(), self.run.version() or 0
+        if at >= self.steps:
+            return
+        self.run.wait(lambda: (self.run.version() or 0) > at, 600, f"training to go on after the {fault}")
+        self.recoveries.append((fault, at, time.monotonic() - ended))
+
+    def _inject(self, fault: str) -> None:
         if fault == "redis-maxmemory":
             self.fill_redis()
             return
@@ -167,8 +184,24 @@ class NetworkInjector:
             client.close()
 
 
-def count_network_events(run_dir: Path, releases_paused_seen: bool) -> NetworkCounts:
+def group_memory(run_dir: Path) -> tuple[float | None, float | None]:
+    """What one group not trained yet costs Redis (MEMORY USAGE of the groups stream / its length), and what every
+    group of the run keeps for good (its id in `released_ids` and `put_ids`), read from the run's AOF after the run:
+    the groups released past the last step are still queued there."""
+    from sr1.launch.redis_server import LocalRedis
+
+    with LocalRedis(run_dir / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        queued, released = client.xlen("sr1:groups"), client.scard("sr1:released_ids")
+        stream = client.memory_usage("sr1:groups", samples=0) if queued else None
+        ids = sum(client.memory_usage(k, samples=0) or 0 for k in ("sr1:released_ids", "sr1:put_ids"))
+        client.close()
+    return (stream / queued if stream else None), (ids / released if released else None)
+
+
+def count_network_events(run_dir: Path, injector: NetworkInjector) -> NetworkCounts:
     report = json.loads((run_dir / "report.json").read_text())
+    per_group, per_id = group_memory(run_dir)
     unreachable, oom = {}, 0
     for log in sorted((run_dir / "logs").glob("*.log")):
         text = log.read_text(errors="replace")
@@ -177,9 +210,12 @@ def count_network_events(run_dir: Path, releases_paused_seen: bool) -> NetworkCo
     return NetworkCounts(
         redis_unreachable_lines=unreachable,
         out_of_memory_lines=oom,
-        releases_paused_seen=releases_paused_seen,
+        releases_paused_seen=injector.releases_paused_seen,
+        recoveries=injector.recoveries,
         tool_errors=int(report.get("generator_tool_errors", 0)),
         duplicates=int(report["extra"]["buffer"].get("buffer/duplicates", 0)),
+        bytes_per_group=per_group,
+        id_bytes_per_group=per_id,
     )
 
 
@@ -220,7 +256,7 @@ def run_network_faults(
         "generators.tool_pause.probe_s=2",
     ]
     run = ProxiedRun(run_dir, overrides)
-    injector = NetworkInjector(run, cut_s, cut_mode, memory_s)
+    injector = NetworkInjector(run, steps, cut_s, cut_mode, memory_s)
     try:
         for fault, step in zip(faults, at_steps, strict=True):
             run.wait(lambda s=step: (run.version() or 0) >= s, 900, f"version {step}")
@@ -230,7 +266,7 @@ def run_network_faults(
     finally:
         run.kill_everything_left()
         run.close()
-    return verify(run, returncode, steps, 1, []), count_network_events(run_dir, injector.releases_paused_seen)
+    return verify(run, returncode, steps, 1, []), count_network_events(run_dir, injector)
 
 
 def main(argv: list[str]) -> int:
