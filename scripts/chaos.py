@@ -428,12 +428,7 @@ def run_faults(
     spacing: int = 2,
 ) -> tuple[Verdict, FaultCounts]:
     """One synchronous run (max_staleness 0) with `faults` injected in turn, one every `spacing` steps or so."""
-    rng = random.Random(seed)
-    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(faults))]
-    if at_steps and at_steps[-1] >= steps:
-        raise ValueError(
-            f"{len(faults)} faults need more than {steps} steps (the last lands at {at_steps[-1]})"
-        )
+    at_steps = fault_steps(len(faults), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"learner.total_steps={steps}",
@@ -442,23 +437,53 @@ def run_faults(
         "eval.every_steps=0",
         "buffer.lease_s=30",
         "buffer.max_prompt_deliveries=2",
-        # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
-        "retrieval.timeout_s=1",
-        "retrieval.max_retries=0",
-        "generators.tool_pause.min_calls=4",
-        "generators.tool_pause.probe_s=2",
+        *FAST_TOOL_FAILURES,
     ]
     chaos = ChaosRun(run_dir, overrides)
-    injector = FaultInjector(chaos, retriever_down_s)
+    returncode = inject_in_turn(chaos, faults, at_steps, FaultInjector(chaos, retriever_down_s).inject)
+    return verify(chaos, returncode, steps, 0, []), count_faults(run_dir)
+
+
+# a frozen or cut retriever fails calls in a second (not after four 10 s attempts); sampling pauses after 4 failures
+FAST_TOOL_FAILURES = (
+    "retrieval.timeout_s=1",
+    "retrieval.max_retries=0",
+    "generators.tool_pause.min_calls=4",
+    "generators.tool_pause.probe_s=2",
+)
+
+
+def fault_steps(count: int, steps: int, seed: int, first_step: int, spacing: int) -> list[int]:
+    """The versions at which `count` faults are injected: one every `spacing` steps from `first_step`, each one
+    step later or not (`seed` picks)."""
+    rng = random.Random(seed)
+    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(count)]
+    if at_steps and at_steps[-1] >= steps:
+        raise ValueError(f"{count} faults need more than {steps} steps (the last lands at {at_steps[-1]})")
+    return at_steps
+
+
+def inject_in_turn(chaos: ChaosRun, faults: list[str], at_steps: list[int], inject) -> int:
+    """Inject each fault once the run published its version, wait for the run to end; its exit status. Whatever
+    is left of the run is killed in any case."""
     try:
         for fault, step in zip(faults, at_steps, strict=True):
             chaos.wait(lambda s=step: (chaos.version() or 0) >= s, 900, f"version {step}")
             print(f"injecting {fault} at version {chaos.version()}", flush=True)
-            injector.inject(fault)
-        returncode = chaos.finish()
+            inject(fault)
+        return chaos.finish()
     finally:
         chaos.kill_everything_left()
-    return verify(chaos, returncode, steps, 0, []), count_faults(run_dir)
+
+
+def print_verdict(verdict: Verdict, counts, faults: list[str]) -> int:
+    """Print a fault run's verdict and what it reported; 0 when it passed and every fault was seen."""
+    print(verdict)
+    print(counts)
+    missing = counts.missing(faults)
+    if missing:
+        print(f"not seen where the run reports it: {', '.join(missing)}")
+    return 0 if verdict.ok and not missing else 1
 
 
 def table(rows: list[tuple[Recovery, Verdict]]) -> str:
@@ -492,12 +517,7 @@ def _network_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         memory_s=args.memory_s,
         cut_mode=args.cut_mode,
     )
-    print(verdict)
-    print(counts)
-    missing = counts.missing(faults)
-    if missing:
-        print(f"not seen: {', '.join(missing)}")
-    return 0 if verdict.ok and not missing else 1
+    return print_verdict(verdict, counts, faults)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -547,12 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict, counts = run_faults(
             run_dir, faults, steps=args.steps, seed=args.seed, retriever_down_s=args.retriever_down_s
         )
-        print(verdict)
-        print(counts)
-        missing = counts.missing(faults)
-        if missing:
-            print(f"not counted: {', '.join(missing)}")
-        return 0 if verdict.ok and not missing else 1
+        return print_verdict(verdict, counts, faults)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:

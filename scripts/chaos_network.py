@@ -28,7 +28,6 @@ errors).
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -39,7 +38,14 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.chaos import ChaosRun, Verdict, verify  # noqa: E402
+from scripts.chaos import (  # noqa: E402
+    FAST_TOOL_FAILURES,
+    ChaosRun,
+    Verdict,
+    fault_steps,
+    inject_in_turn,
+    verify,
+)
 from sr1.launch.supervisor import free_port  # noqa: E402
 from tests.fakes.fault_proxy import FaultProxy, process_role  # noqa: E402
 
@@ -232,12 +238,7 @@ def run_network_faults(
     spacing: int = 2,
 ) -> tuple[Verdict, NetworkCounts]:
     """One run (max_staleness 1, short leases) with `faults` injected in turn, one every `spacing` steps or so."""
-    rng = random.Random(seed)
-    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(faults))]
-    if at_steps and at_steps[-1] >= steps:
-        raise ValueError(
-            f"{len(faults)} faults need more than {steps} steps (the last lands at {at_steps[-1]})"
-        )
+    at_steps = fault_steps(len(faults), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"learner.total_steps={steps}",
@@ -249,22 +250,13 @@ def run_network_faults(
         "buffer.lease_s=10",
         "buffer.learner_lease_s=10",
         "buffer.heartbeat_ttl_s=5",
-        # a cut retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
-        "retrieval.timeout_s=1",
-        "retrieval.max_retries=0",
-        "generators.tool_pause.min_calls=4",
-        "generators.tool_pause.probe_s=2",
+        *FAST_TOOL_FAILURES,
     ]
     run = ProxiedRun(run_dir, overrides)
     injector = NetworkInjector(run, steps, cut_s, cut_mode, memory_s)
     try:
-        for fault, step in zip(faults, at_steps, strict=True):
-            run.wait(lambda s=step: (run.version() or 0) >= s, 900, f"version {step}")
-            print(f"injecting {fault} at version {run.version()}", flush=True)
-            injector.inject(fault)
-        returncode = run.finish()
+        returncode = inject_in_turn(run, faults, at_steps, injector.inject)
     finally:
-        run.kill_everything_left()
         run.close()
     return verify(run, returncode, steps, 1, []), count_network_events(run_dir, injector)
 
