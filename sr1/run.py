@@ -23,8 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import redis
-
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.memory import EvictingRedis
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
 from sr1.launch.lock import RunLock, RunLocked
@@ -132,8 +131,10 @@ class Orchestrator:
         from buffer.redis_buffer import open_buffer
 
         # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
-        # fast and `_riding_out_redis` retries them between supervisor checks
-        self.buffer = open_buffer(cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S}))
+        # fast and `_riding_out_redis` retries them between supervisor checks (also this first one: a Redis that
+        # dies right after it started is restarted here, as later in the run)
+        own = cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S})
+        self.buffer = self._riding_out_redis(lambda: open_buffer(own))
 
     def _place_retrieval(self, cfg: Config) -> Config:
         """Where the run's own retrieval server listens: a free loopback port (`sr1 launch`: on its Ray node)."""
@@ -269,13 +270,13 @@ class Orchestrator:
             self.view.log(message) if self.view is not None else print(message)
 
     def _riding_out_redis(self, call: Callable[[], T]) -> T:
-        """`call()`, retried while Redis is down for up to `buffer.reconnect_s`, supervising meanwhile (that is
-        what restarts a dead Redis)."""
+        """`call()`, retried while Redis is down, unreachable or full for up to `buffer.reconnect_s`, supervising
+        meanwhile (that is what restarts a dead Redis)."""
         deadline = None
         while True:
             try:
                 return call()
-            except redis.ConnectionError:
+            except REDIS_UNAVAILABLE:
                 now = time.monotonic()
                 deadline = deadline or now + self.cfg.buffer.reconnect_s
                 if now > deadline:
@@ -398,7 +399,7 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
             return EXIT_BAD_INPUT  # a part stopped on its configuration or data: going on would fail again
         interrupted = not isinstance(err, RunLocked)  # print how to go on
         return 1
-    except redis.ConnectionError as err:
+    except REDIS_UNAVAILABLE as err:
         print(f"{command}: lost Redis for longer than buffer.reconnect_s ({err})", file=sys.stderr)
         interrupted = True
         return 1

@@ -174,10 +174,13 @@ class FaultProxy:
                 self.refused += 1
                 _close(client, reset=True)
                 continue
-            upstream = self._upstream() if callable(self._upstream) else self._upstream
             try:
+                upstream = self._upstream() if callable(self._upstream) else self._upstream
                 server = socket.create_connection(upstream, timeout=5.0)
-            except OSError:  # the server itself is down: the client sees its connection closed
+            except (
+                OSError,
+                ValueError,
+            ):  # the server is down or not known yet: the client sees a closed connection
                 client.close()
                 continue
             with self._lock:
