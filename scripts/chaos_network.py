@@ -27,6 +27,7 @@ errors).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -162,8 +163,11 @@ class NetworkInjector:
             proxy.restore(who=who)
 
     def _hold(self, seconds: float, what: str) -> None:
+        """Keep a fault for `seconds` (watching the run's processes meanwhile); it ends early if the run does."""
         until = time.monotonic() + seconds
-        self.run.wait(lambda: time.monotonic() >= until, seconds + 5, what)
+        self.run.wait(
+            lambda: time.monotonic() >= until or self.run.parent.poll() is not None, seconds + 5, what
+        )
 
     def fill_redis(self) -> None:
         """Lower maxmemory under the run: just above the high water, then below what Redis holds; restore it."""
@@ -185,7 +189,8 @@ class NetworkInjector:
             )  # full: every write that adds memory is refused
             self._hold(self.memory_s, "a full Redis")
         finally:
-            client.config_set("maxmemory", before)
+            with contextlib.suppress(redis.RedisError):  # the run (and its Redis) may have ended meanwhile
+                client.config_set("maxmemory", before)
             buffer.close()
             client.close()
 

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-STEPS = 11
+STEPS = 16  # the last fault lands by version 9: the run goes on well after it
 CUT_S = 20  # past buffer.lease_s (10), buffer.learner_lease_s (10) and buffer.heartbeat_ttl_s (5) of the run
 MEMORY_S = 8
 
