@@ -29,6 +29,7 @@ import redis
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+_ROOM_FRESH_S = 1.0  # a reading that found room for puts is trusted this long
 
 
 class EvictingRedis(ValueError):
@@ -52,6 +53,8 @@ class RedisMemoryInfo:
 class RedisMemory:
     """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis`, `url`, `reconnects`, `reconnect_s` and
     `memory_high_water` it uses."""
+
+    _room_seen = float("-inf")  # when a put last found room in Redis
 
     def memory(self) -> RedisMemoryInfo | None:
         """Redis's memory now; None when the server does not let this user run INFO (an ACL without it)."""
@@ -93,7 +96,10 @@ class RedisMemory:
     def wait_for_put_room(self) -> None:
         """Back-pressure for a producer: wait while `put_pause_reason` gives a reason, for at most `reconnect_s`,
         then raise `redis.exceptions.OutOfMemoryError` with it (the caller tries again, as after a lost
-        connection)."""
+        connection). Redis is asked at most once a second while there is room (a second of puts fits in the
+        reserve above the put limit)."""
+        if time.monotonic() - self._room_seen < _ROOM_FRESH_S:
+            return
         deadline = time.monotonic() + self.reconnect_s
         delay, said = 0.05, 0.0
         while (reason := self.put_pause_reason()) is not None:
@@ -105,6 +111,7 @@ class RedisMemory:
                 log.warning("%s", reason)
             time.sleep(delay)
             delay = min(2 * delay, 2.0)
+        self._room_seen = time.monotonic()
 
     def check_eviction_policy(self) -> None:
         """Raise `EvictingRedis` when Redis may evict keys (maxmemory-policy other than noeviction)."""
