@@ -32,6 +32,12 @@ MIB = 1 << 20
 _ROOM_FRESH_S = 1.0  # a reading that found room for puts is trusted this long
 
 
+def _mib(size: int) -> str:
+    """`412 MiB`, or `2.6 MiB` below 10 MiB."""
+    mib = size / MIB
+    return f"{mib:,.1f} MiB" if mib < 10 else f"{mib:,.0f} MiB"
+
+
 class EvictingRedis(ValueError):
     """Redis would evict the run's keys under memory pressure (its maxmemory-policy is not noeviction)."""
 
@@ -75,7 +81,7 @@ class RedisMemory:
         if memory is None or not memory.fraction or memory.fraction < self.memory_high_water:
             return None
         return (
-            f"Redis memory {memory.used / MIB:,.0f} MiB of maxmemory {memory.maxmemory / MIB:,.0f} MiB "
+            f"Redis memory {_mib(memory.used)} of maxmemory {_mib(memory.maxmemory)} "
             f"({memory.fraction:.0%}) is above buffer.memory_high_water ({self.memory_high_water:.0%}): no prompt is "
             f"released until the learner has trained what is queued (raise maxmemory, see docs/reliability.md)"
         )
@@ -88,7 +94,7 @@ class RedisMemory:
         if memory is None or not memory.fraction or memory.fraction < limit:
             return None
         return (
-            f"Redis memory {memory.used / MIB:,.0f} MiB of maxmemory {memory.maxmemory / MIB:,.0f} MiB "
+            f"Redis memory {_mib(memory.used)} of maxmemory {_mib(memory.maxmemory)} "
             f"({memory.fraction:.0%}) is above {limit:.0%} (halfway from buffer.memory_high_water to full): the put "
             f"waits until the learner has trained what is queued"
         )
