@@ -9,7 +9,9 @@
 
 Each fault applies to every connection, or with `who=` only to those whose label matches: `label(peer)` names
 the client of a connection when it is accepted (`process_role` names the sr1 process behind a loopback peer, so
-one proxy in front of Redis can cut the generators and leave the learner alone).
+one proxy in front of Redis can cut the generators and leave the learner alone). `held[label]` counts the connections
+that had traffic held back by a black hole, `dropped[label]` those a drop closed: proof that a fault met live
+traffic.
 
 A black hole is the nasty case: the client's connection stays open and its request unanswered, so a client
 without a socket timeout waits forever. The proxy stops reading, so what the client sent sits in the kernel's
@@ -21,10 +23,12 @@ lost reply does to a retry is exactly what the test sees.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,6 +48,7 @@ class _Link:
     def __init__(self, proxy: FaultProxy, client: socket.socket, upstream: socket.socket, label: str):
         self.proxy, self.client, self.upstream, self.label = proxy, client, upstream, label
         self.closed = threading.Event()
+        self.holding = False  # traffic of this connection is held back by the black hole in force
         self.threads = [
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True),
             threading.Thread(target=self._pump, args=(upstream, client), daemon=True),
@@ -75,8 +80,12 @@ class _Link:
                 self.close(reset=True)
                 return
             if fault.mode == BLACKHOLE:  # read nothing: the sender's bytes wait in the kernel's buffers
+                if not self.holding and select.select([src], [], [], 0)[0]:
+                    self.holding = True
+                    self.proxy.count("held", self.label)
                 time.sleep(_POLL_S)
                 continue
+            self.holding = False
             try:
                 held = src.recv(65536)
             except TimeoutError:
@@ -120,12 +129,18 @@ class FaultProxy:
         self.port = self._listener.getsockname()[1]
         self.accepted = 0
         self.refused = 0  # connections closed at once because their client was cut (DROP)
+        self.held: Counter[str] = Counter()  # label -> connections whose traffic a black hole held back
+        self.dropped: Counter[str] = Counter()  # label -> connections a drop closed
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
 
     def url(self, scheme: str = "redis", path: str = "/0") -> str:
         return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     # -- faults -----------------------------------------------------------------------------------------------
+
+    def count(self, what: str, label: str) -> None:
+        with self._lock:
+            getattr(self, what)[label] += 1
 
     def fault_for(self, label: str) -> Fault:
         with self._lock:
@@ -140,8 +155,9 @@ class FaultProxy:
             links = list(self._links)
         if fault.mode == DROP:
             for link in links:
-                if who is None or link.label == who:
+                if (who is None or link.label == who) and not link.closed.is_set():
                     link.close(reset=True)
+                    self.count("dropped", link.label)
 
     def restore(self, who: str | None = None) -> None:
         """Traffic passes again (a held-back request is delivered now)."""

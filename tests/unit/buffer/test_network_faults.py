@@ -55,7 +55,7 @@ def test_a_black_holed_redis_is_an_error_not_a_hang(proxy, redis_url):
     proxy.blackhole()
     with pytest.raises((redis.TimeoutError, redis.ConnectionError)):
         buf.version()  # the socket timeout turns silence into an error the retry loop handles, then gives up
-    assert buf.reconnects.count >= 1
+    assert buf.reconnects.count >= 1 and proxy.held["client"] >= 1  # the request was held back
     proxy.restore()
     assert buf.version() == 3
 
@@ -157,5 +157,6 @@ def test_the_proxy_cuts_only_the_clients_it_is_told_to(redis_server, redis_url):
         with pytest.raises(redis.ConnectionError):
             redis.Redis.from_url(proxy.url(), socket_timeout=0.3).ping()  # ... and so is every new one of its
         assert learner.ping() and proxy.refused >= 1
+        assert proxy.dropped == {"generator": 1}
         proxy.restore(who="generator")
         assert generator.ping()
