@@ -1,15 +1,19 @@
 # The two set-up commands of the README:  `make run`  and  `make test`.
-# Both create/reuse .venv and install what they need first (scripts/setup_env.sh).
+# Both create/reuse .venv and install what they need first (scripts/setup_env.py: uv with pinned versions, pip as
+# the fallback; INSTALLER=pip forces pip, VENV=/path installs elsewhere).
 VENV ?= .venv
+INSTALLER ?= auto
+PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-fast test-gpu lint bench
 
 setup:
-	@bash scripts/setup_env.sh
+	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER)
 
-run: setup  ## the main job: `sr1 run` on the embedded tiny default (ARGS="learner.max_staleness=0" ...)
+run:  ## the main job: `sr1 run` on the embedded tiny default (ARGS="learner.max_staleness=0" ...)
+	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER) --world '$(ARGS)'  # a fresh install builds the world meanwhile
 	$(VENV)/bin/sr1 run $(ARGS)
 
 test: setup  ## the whole test suite, slow integration tests included

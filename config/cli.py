@@ -15,8 +15,9 @@ import typing
 
 from pydantic import BaseModel
 
-from config.loader import ConfigError, config_to_yaml, list_presets, load_config, section_models
+from config.loader import ConfigError, config_to_yaml, list_presets, load_config
 from config.schema import Config
+from config.unions import section_models, union_tag
 
 
 def _type_name(annotation: typing.Any) -> str:
@@ -27,15 +28,16 @@ def _type_name(annotation: typing.Any) -> str:
 
 def reference_rows(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """(dotted key, type, default, description) for every leaf field, depth first. A union section (`learner.correction`)
-    gives its `type` row (every variant) and each variant's fields, marked with the variants that have them."""
+    gives its tag's row (every variant) and each variant's fields, marked with the variants that have them."""
     rows: list[tuple[str, str, str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         models = section_models(field.annotation)
-        if models and not field.discriminator:
+        tag = union_tag(field)
+        if models and not tag:
             rows.extend(reference_rows(models[0], f"{key}."))
-        elif models:
-            rows.extend(_union_rows(key, field, models))
+        elif models and tag:
+            rows.extend(_union_rows(key, field, tag, models))
         else:
             default = field.get_default(call_default_factory=True)
             rows.append((key, _type_name(field.annotation), repr(default), field.description or ""))
@@ -43,21 +45,21 @@ def reference_rows(model: type[BaseModel] = Config, prefix: str = "") -> list[tu
 
 
 def _union_rows(
-    key: str, field: typing.Any, models: list[type[BaseModel]]
+    key: str, field: typing.Any, tag_name: str, models: list[type[BaseModel]]
 ) -> list[tuple[str, str, str, str]]:
-    tags = [m.model_fields["type"].default for m in models]
-    default = field.get_default(call_default_factory=True)
-    rows = [(f"{key}.type", " / ".join(repr(t) for t in tags), repr(default.type), field.description or "")]
+    tags = [m.model_fields[tag_name].default for m in models]
+    default = getattr(field.get_default(call_default_factory=True), tag_name)
+    rows = [(f"{key}.{tag_name}", " / ".join(repr(t) for t in tags), repr(default), field.description or "")]
     seen: dict[str, list[str]] = {}  # field -> the variants that have it
     for model, tag in zip(models, tags, strict=True):
         for name in model.model_fields:
-            if name != "type":
+            if name != tag_name:
                 seen.setdefault(name, []).append(tag)
     for name, owners in seen.items():
         sub = next(m for m, t in zip(models, tags, strict=True) if t == owners[0]).model_fields[name]
         nested = section_models(sub.annotation)
-        if (
-            nested and not sub.discriminator
+        if nested and not union_tag(
+            sub
         ):  # a section inside a variant (`learner.algorithm.critic`): its leaves
             for leaf, type_name, value, description in reference_rows(nested[0], f"{key}.{name}."):
                 rows.append((leaf, type_name, value, f"({', '.join(owners)}) {description}"))

@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import threading
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from config import search_r1
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
 from config.strict import boolean_numbers, non_finite_numbers
+from config.unions import section_models, union_tag
 
 log = logging.getLogger("config")
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -74,18 +74,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def section_models(annotation: Any) -> list[type[BaseModel]]:
-    """The models a field holds: one for a section, every member for a union section (`learner.correction`), none
-    for a plain value."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    if typing.get_origin(annotation) is typing.Annotated:
-        return section_models(typing.get_args(annotation)[0])
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [m for arg in typing.get_args(annotation) for m in section_models(arg)]
-    return []
-
-
 def _fields_of(models: list[type[BaseModel]]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for model in models:
@@ -113,16 +101,18 @@ def _check_key_path(keys: list[str], origin: str, root: type[BaseModel] = Config
 
 
 def _normalize(values: dict[str, Any], model: type[BaseModel] = Config) -> dict[str, Any]:
-    """A union section given by its variant's name alone (`correction: icepop`) becomes `{"type": "icepop"}`, so
-    that a later source's `correction.cap` merges into it instead of replacing it."""
+    """A union section given by its variant's name alone (`correction: icepop`) becomes `{"type": "icepop"}` (its
+    tag: `retriever: dense` becomes `{"method": "dense"}`), so that a later source's `correction.cap` merges into it
+    instead of replacing it."""
     fields = model.model_fields
     for key, value in values.items():
         if key not in fields:
             continue
         models = section_models(fields[key].annotation)
-        if isinstance(value, str) and fields[key].discriminator:
-            values[key] = {"type": value}
-        elif isinstance(value, dict) and not fields[key].discriminator and models:
+        tag = union_tag(fields[key])
+        if isinstance(value, str) and tag:
+            values[key] = {tag: value}
+        elif isinstance(value, dict) and not tag and models:
             _normalize(value, models[0])
     return values
 
@@ -130,7 +120,7 @@ def _normalize(values: dict[str, Any], model: type[BaseModel] = Config) -> dict[
 def _fill_variant_types(
     update: dict[str, Any], base: dict[str, Any], model: type[BaseModel] = Config
 ) -> None:
-    """A union section an override sets without its `type` (`task.reward=f1`) keeps the type the lower source gives,
+    """A union section an override sets without its tag (`task.reward=f1`) keeps the variant the lower source gives,
     else takes the field's default variant."""
     fields = model.model_fields
     for key, value in update.items():
@@ -138,20 +128,25 @@ def _fill_variant_types(
             continue
         models = section_models(fields[key].annotation)
         below = base.get(key) if isinstance(base.get(key), dict) else {}
-        if fields[key].discriminator:
-            if "type" not in value and "type" not in below:
-                value["type"] = fields[key].get_default(call_default_factory=True).type
+        tag = union_tag(fields[key])
+        if tag:
+            if tag not in value and tag not in below:
+                value[tag] = getattr(fields[key].get_default(call_default_factory=True), tag)
         elif models:
             _fill_variant_types(value, below, models[0])
 
 
-def _set_dotted(target: dict[str, Any], keys: list[str], value: Any) -> None:
+def _set_dotted(target: dict[str, Any], keys: list[str], value: Any, root: type[BaseModel]) -> None:
+    models = [root]
     for key in keys[:-1]:
+        field = _fields_of(models)[key]  # the path is checked before
+        models = section_models(field.annotation)
         node = target.setdefault(key, {})
         if not isinstance(
             node, dict
         ):  # `correction=icepop correction.low=0.3`: the shorthand, then one of its knobs
-            node = target[key] = {"type": node} if isinstance(node, str) else {}
+            tag = union_tag(field)
+            node = target[key] = {tag: node} if isinstance(node, str) and tag else {}
         target = node
     target[keys[-1]] = value
 
@@ -179,9 +174,12 @@ def parse_overrides(overrides: list[str], root: type[BaseModel] = Config) -> dic
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.field=value")
         dotted, raw = item.split("=", 1)
-        keys = renamed_key(dotted.strip(), f"override {item!r}").split(".")
+        current = renamed_key(dotted.strip(), f"override {item!r}")
+        if current is None:  # a key that is gone (it did nothing)
+            continue
+        keys = current.split(".")
         _check_key_path(keys, f"override {item!r}", root)
-        _set_dotted(result, keys, _parse_value(item, raw))
+        _set_dotted(result, keys, _parse_value(item, raw), root)
     return _normalize(result, root)
 
 
@@ -266,7 +264,7 @@ def _translate(theirs: dict[str, tuple[str, Any]], root: type[BaseModel], build_
             _check_value(keys, value, root)
         except ValueError as err:
             raise ConfigError(f"override {item!r} (sr1: {sr1_key}={value!r}): {err}") from None
-        _set_dotted(result, keys, value)
+        _set_dotted(result, keys, value, root)
     return _normalize(result, root)
 
 
@@ -388,16 +386,20 @@ def save_job(job: BaseModel, path: Path) -> Path:
     return write_private(path, config_to_yaml(job))
 
 
-def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | None = None) -> JobT:
+def load_job(job_cls: type[JobT], config: str | Path | None, overrides: list[str] | None = None) -> JobT:
     """A process's typed config from `config`: a job file a launcher wrote (its `job:` names the kind), or a
-    preset / root config file, from which the root config makes the job. Dotted overrides apply either way."""
+    preset / root config file, from which the root config makes the job; None: the job's defaults. Dotted overrides
+    apply either way."""
     from generators.job import GeneratorJob
     from learner.job import LearnerJob
     from retrieval.job import RetrievalJob
 
     kind = job_cls.model_fields["job"].default
-    path = Path(config)
-    values = _read_yaml(path) if path.suffix in (".yaml", ".yml") and path.is_file() else None
+    path = Path(config if config is not None else "defaults")
+    if config is None:
+        values: dict[str, Any] | None = {"job": kind}
+    else:
+        values = _read_yaml(path) if path.suffix in (".yaml", ".yml") and path.is_file() else None
     if values is None or "job" not in values:
         root = load_config(config, overrides)
         makers = {
@@ -408,6 +410,7 @@ def load_job(job_cls: type[JobT], config: str | Path, overrides: list[str] | Non
         return makers[job_cls]()
     if values["job"] != kind:
         raise ConfigError(f"{path} is the job file of a {values['job']} process, not of a {kind} process")
+    values = migrate(values, str(path))
     _check_yaml_keys(values, str(path), job_cls)
     values = _normalize(values, job_cls)
     native, theirs = _split_search_r1(overrides or [], job_cls)

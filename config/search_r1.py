@@ -138,6 +138,13 @@ def _critic_model(value: Any, lookup: Lookup) -> dict[str, Any]:
     return {"learner.algorithm.critic.model_path": None if value == lookup("model.path") else value}
 
 
+def _retrieved_topk(value: Any, lookup: Lookup) -> dict[str, Any]:
+    # Search-R1 retrieves retriever.topk documents; with do_rerank it reranks them and keeps reranker.topk
+    if lookup("retrieval.reranker.enabled"):
+        return {"retrieval.reranker.candidates": value}
+    return {"retrieval.topk": value}
+
+
 def _ppo(sr1_key: str, ratio: bool = False) -> Convert:
     return _when("learner.algorithm.type", ("ppo",), sr1_key, ratio)
 
@@ -349,11 +356,23 @@ KEYS: dict[str, Rule] = {
     "reward_model.structure_format_score": _same("task.structure_format_score", "format_em's score", 0),
     "reward_model.final_format_score": _same("task.final_format_score", "format_em's score", 0),
     "reward_model.retrieval_score": _same("task.retrieval_score", "format_em's score", 0),
-    # -- retrieval
-    "retriever.url": _same("retrieval.url", "", "http://127.0.0.1:8000/retrieve"),
-    "retriever.topk": _same("retrieval.topk", "", 3),
-    "search_url": _same("retrieval.url", "the retriever URL's other spelling"),
-    "topk": _same("retrieval.topk", "the retriever top-k's other spelling"),
+    # -- retrieval (the reranker's switch first: it decides what retriever.topk counts)
+    "reranker.do_rerank": _same("retrieval.reranker.enabled",
+        "rerank each search's retriever.topk candidates and keep reranker.topk: at reranker.url from the generators "
+        "(retrieval.reranker.url), or in sr1's retrieval server with retrieval.reranker.model (a cross-encoder). "
+        "Search-R1's reranking version of train_ppo.sh passes it"),
+    "reranker.url": _same("retrieval.reranker.url",
+        "a /rerank endpoint speaking Search-R1's rerank API: its rerank_server.py (port 6980), or an sr1 retrieval "
+        "server with retrieval.reranker.model; used when do_rerank is true"),
+    "reranker.topk": Rule(("retrieval.topk",),
+        "with do_rerank: the documents a search keeps after reranking; without it ignored, as in Search-R1",
+        NO_DEFAULT, _when("retrieval.reranker.enabled", (True,), "retrieval.topk")),
+    "retriever.url": _same("retrieval.client.url", "", "http://127.0.0.1:8000/retrieve"),
+    "retriever.topk": Rule(("retrieval.topk", "retrieval.reranker.candidates"),
+        "documents per search; with do_rerank, the candidates reranked", 3, _retrieved_topk),
+    "search_url": _same("retrieval.client.url", "the retriever URL's other spelling"),
+    "topk": Rule(("retrieval.topk", "retrieval.reranker.candidates"), "the retriever top-k's other spelling",
+        NO_DEFAULT, _retrieved_topk),
     # -- algorithm
     "algorithm.gamma": Rule(("learner.algorithm.gamma",), "(ppo only)", 1.0, _ppo("learner.algorithm.gamma")),
     "algorithm.lam": Rule(("learner.algorithm.lam",), "(ppo only)", 1.0, _ppo("learner.algorithm.lam")),

@@ -42,6 +42,9 @@ class ScriptOverrides:
 
     values: dict[str, Any]
     lines: dict[str, int]
+    tokens: list[
+        str
+    ]  # the overrides as the command passes them (variables expanded): what `sr1 config show` takes
 
 
 @dataclass
@@ -126,20 +129,22 @@ def _command_overrides(tokens: list[str], variables: dict[str, str], command: _C
         )
     values: dict[str, Any] = {}
     lines: dict[str, int] = {}
+    expanded: list[str] = []
     for token in tokens[entry + 1 :]:
         if token.startswith(_STOP):
             break
         line = command.line_of(token)
         if "=" not in token:
             raise ScriptError(f"line {line}: cannot read {token!r} (expected key=value overrides)")
-        key, _, raw = _expand(token, variables, line).partition("=")
+        expanded.append(_expand(token, variables, line))
+        key, _, raw = expanded[-1].partition("=")
         key = key.lstrip("+")
         try:
             values[key] = _hydra_value(token, raw)
         except ConfigError as err:
             raise ScriptError(f"line {line}: {err}") from None
         lines[key] = line
-    return ScriptOverrides(values, lines)
+    return ScriptOverrides(values, lines, expanded)
 
 
 @dataclass
@@ -289,7 +294,9 @@ writes a preset: the base preset (default: `search-r1-ppo-8xh100` for `gae`, `se
 which hold sr1's pools, GPU placement and weight sync for 8 GPUs) with every translated value set and commented with
 the key and line it came from. A key the table does not know, or a line that cannot be read, is an error naming the
 line. Search-R1's published `train_ppo.sh` / `train_grpo.sh` (nq_hotpotqa v0.2) translate to exactly those two
-presets but for the run name and the model the script picks.
+presets but for the run name and the model the script picks. Every published script's overrides, as they are, are
+also accepted by `sr1 config show` / `sr1 run` on those presets (tested), the version of `train_ppo.sh` that reranks
+included.
 
 A whole script's translation also sets what verl fixes in code and Search-R1's schedule:
 
@@ -315,7 +322,32 @@ the pairs.
 ## Retrieval server
 
 `sr1 retrieval serve` takes `retrieval_server.py`'s flags as aliases: `--index_path`, `--corpus_path`, `--topk`,
-`--retriever_name` (e5 / bge / bm25), `--retriever_model`, `--faiss_gpu`.
+`--retriever_name` (e5 / bge / bm25), `--retriever_model`, `--faiss_gpu`; and `retrieval_rerank_server.py`'s:
+`--reranker_model` (a cross-encoder reranks each search), `--retrieval_topk` (its candidates), `--reranking_topk`
+(the documents kept), `--reranker_batch_size`.
+
+## Reranker
+
+One version of Search-R1's `train_ppo.sh` reranks: `retriever.topk=10 reranker.do_rerank=true
+reranker.url=http://HOST:6980/rerank reranker.topk=3`. Its generation asks `/retrieve` for 10 documents per search,
+posts them to the rerank server (`rerank_server.py`, a cross-encoder, `cross-encoder/ms-marco-MiniLM-L12-v2` by
+default) and shows the model the best 3. sr1 does the same: those keys set `retrieval.reranker.enabled`,
+`retrieval.reranker.url`, `retrieval.reranker.candidates` (10) and `retrieval.topk` (3), and the generators' search
+client asks `/retrieve` for the candidates, then the `/rerank` endpoint at that URL, with the retrieval client's
+timeout and retries; a reranker that fails or answers in another shape fails the search (the model reads `Search
+unavailable: ...`, `tools/errors` counts it). Overrides without `retriever.topk` keep the preset's
+`retrieval.reranker.candidates` (20) where Search-R1 would retrieve its default 3; a whole script's translation takes
+that default. The request and answer are Search-R1's
+(`{{"queries", "documents", "rerank_topk", "return_scores"}}` → `{{"result": [[{{"document": "(Title: ...) ...",
+"score"}}]]}}`), so the model sees the same bytes as under Search-R1. Differences: sr1 sends one query per request
+(Search-R1's server scores every query of a request against every document of the request, so a batch could mix
+queries' documents), and skips the call when a search found nothing.
+
+Without a rerank server of its own, sr1's retrieval server serves that endpoint: give it a cross-encoder
+(`retrieval.reranker.enabled=true retrieval.reranker.model=DIR`) and it answers `POST /rerank` beside `/retrieve`
+(each query against its own documents), so a script's `reranker.url` may point at it (`http://HOST:8000/rerank`, or
+start one on port 6980). Without `reranker.url`, a server with a cross-encoder reranks its own searches
+(`retrieval.reranker.candidates` first-stage documents per query) and the generators see only the result.
 
 ## The key table
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from config.unions import section_models
+
 
 def _members(annotation: Any) -> list[Any]:
     """The types a field admits: Optional/Union/Annotated unwrapped (one level of containers is kept as is)."""
@@ -44,10 +46,6 @@ def _item_annotation(annotation: Any) -> Any | None:
     return None
 
 
-def _sections(annotation: Any) -> list[type[BaseModel]]:
-    return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
-
-
 def boolean_numbers(values: dict[str, Any], model: type[BaseModel], prefix: str = "") -> list[str]:
     """Keys of `values` (raw, as read from YAML or overrides) that give a boolean to a number field."""
     return _boolean_numbers(values, dict(model.model_fields), prefix)
@@ -60,7 +58,7 @@ def _boolean_numbers(values: dict[str, Any], fields: dict[str, Any], prefix: str
         if field is None:
             continue  # unknown keys are reported by the loader with close matches
         dotted = f"{prefix}{key}"
-        sections = _sections(field.annotation)
+        sections = section_models(field.annotation)
         if isinstance(value, dict) and sections:
             merged: dict[str, Any] = {}
             for section in sections:  # a union section: every variant's fields

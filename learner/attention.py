@@ -1,21 +1,26 @@
 """Attention for packed rows: each sequence of a packed row attends only to itself, causally, with no T x T mask.
 
 A packed row of T tokens holding sequences of lengths L_1..L_n needs block-diagonal ("document") causal attention.
-The learner picks one of three implementations when it loads a model (`attention_implementation`):
+The learner picks one of four implementations when it loads a model (`attention_implementation`; `auto` on CUDA
+times the ones present and takes the fastest, learner/attention_choice.py):
 
 - `flash_attention_2` (CUDA, when flash-attn is installed: the `gpu` extra): flash-attention's varlen kernel gets
   the sequence boundaries (`cu_seq_lens_q/k`, int32 on the device) and the longest length (`max_length_q/k`, an
   int), one kernel call per layer for the whole row; GQA is native.
-- `sr1_flex_document` (CUDA without flash-attn): FlexAttention (compiled) with a document-causal BlockMask built once
-  per micro-batch (`document_causal_block_mask`) and handed to every layer as its `attention_mask`; GQA through
-  `enable_gqa` (K/V are not copied per query head). Blocks outside every sequence are skipped, so the cost follows
-  sum(L_i^2), not T^2.
+- `sr1_torch_varlen` (CUDA, where torch has `torch.nn.attention.varlen`): PyTorch's own varlen flash-attention
+  kernel (`varlen_attn`), with the same boundaries; no extra package. GQA without copying K/V: `enable_gqa` where
+  this torch has it, else K/V with fewer heads go to the kernel as they are (flash-attention's kernel takes them
+  natively).
+- `sr1_flex_document` (CUDA): FlexAttention (compiled) with a document-causal BlockMask built once per micro-batch
+  (`document_causal_block_mask`) and handed to every layer as its `attention_mask`; GQA through `enable_gqa` (K/V
+  are not copied per query head). Blocks outside every sequence are skipped, so the cost follows sum(L_i^2), not
+  T^2.
 - `sr1_varlen_sdpa` (CPU, and the reference the others are tested against): causal SDPA on each sequence's slice, a
   Python loop over sequences. On CPU this is the fastest exact path: SDPA's fused CPU kernel on each slice, where a
   T x T masked SDPA takes the slow math path and FlexAttention has no CPU backward. Its boundaries arrive as a
   Python list, so no layer reads them back from the device; GQA through SDPA's `enable_gqa`.
 
-All three are registered with transformers' attention-function registry (`register()`), so the model's own forward
+All four are registered with transformers' attention-function registry (`register()`), so the model's own forward
 calls them:
 
     register()
@@ -23,20 +28,24 @@ calls them:
     model(input_ids, position_ids=..., **packing.attention_kwargs(model, mb))   # boundaries or the block mask
 
 Batches with a 2-D padding mask and no boundaries (the padded benchmark) take transformers' own masks: plain SDPA
-for the loop's name, transformers' FlexAttention BlockMask for the flex name.
+for the loop's and torch varlen's names, transformers' FlexAttention BlockMask for the flex name.
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 VARLEN_SDPA = "sr1_varlen_sdpa"
 FLEX_DOCUMENT = "sr1_flex_document"
 FLASH_VARLEN = "flash_attention_2"
-IMPLEMENTATIONS = (FLASH_VARLEN, FLEX_DOCUMENT, VARLEN_SDPA)
+VARLEN_TORCH = "sr1_torch_varlen"
+IMPLEMENTATIONS = (FLASH_VARLEN, VARLEN_TORCH, FLEX_DOCUMENT, VARLEN_SDPA)
+# the kernels that take the boundaries as a device tensor of cumulative lengths
+DEVICE_BOUNDARIES = (FLASH_VARLEN, VARLEN_TORCH)
 
 
 def flash_attn_installed() -> bool:
@@ -47,14 +56,29 @@ def flash_attn_installed() -> bool:
     return True
 
 
+def torch_varlen_available() -> bool:
+    """Whether this torch has `torch.nn.attention.varlen.varlen_attn` (its kernel runs on CUDA only)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def attention_implementation(device: torch.device, requested: str = "auto") -> str:
     """The attention a model on `device` uses for packed rows: `requested` if given, else flash-attention's varlen
-    kernel on CUDA when installed, FlexAttention on CUDA otherwise, the per-sequence SDPA loop on CPU."""
+    kernel on CUDA when installed, FlexAttention on CUDA otherwise, the per-sequence SDPA loop on CPU. (The learner
+    resolves `auto` on CUDA by timing the kernels present first: learner/attention_choice.py.)"""
     if requested != "auto":
         if requested not in IMPLEMENTATIONS:
             raise ValueError(f"attention {requested!r} is not one of auto, {', '.join(IMPLEMENTATIONS)}")
         if requested == FLASH_VARLEN and not flash_attn_installed():
             raise ValueError("attention flash_attention_2 needs the flash-attn package (the `gpu` extra)")
+        if requested == VARLEN_TORCH and not (torch_varlen_available() and device.type == "cuda"):
+            raise ValueError(
+                f"attention {VARLEN_TORCH} needs CUDA and a torch with torch.nn.attention.varlen (this is torch "
+                f"{torch.__version__} on {device.type})"
+            )
     elif device.type == "cuda":
         requested = FLASH_VARLEN if flash_attn_installed() else FLEX_DOCUMENT
     else:
@@ -78,10 +102,8 @@ def varlen_sdpa_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     boundaries = kwargs.get("cu_seq_lens_q")
-    if boundaries is None:  # an ordinary (padded or single-sequence) batch: plain SDPA with its mask
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if boundaries is None:
+        return _unpacked_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if not isinstance(boundaries, list | tuple):
         raise TypeError(
             f"{VARLEN_SDPA} takes the sequence boundaries as a list of ints (got {type(boundaries).__name__}): a "
@@ -107,6 +129,13 @@ def varlen_sdpa_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _unpacked_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs):
+    """An ordinary (padded or single-sequence) batch, without boundaries: transformers' SDPA with its mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
 def _sdpa_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
     """No mask for packed rows (boundaries do the work); the usual SDPA mask when a padding mask is given."""
     if attention_mask is None:
@@ -114,6 +143,51 @@ def _sdpa_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> t
     from transformers.masking_utils import sdpa_mask
 
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+# -- PyTorch's varlen flash-attention (CUDA) --------------------------------------------------------------------------
+
+
+@functools.cache
+def _varlen_call_options() -> tuple[dict, bool]:
+    """How this torch's varlen_attn is asked for causal attention ({window_size: (-1, 0)} from torch 2.11, {is_causal:
+    True} before), and whether it takes `enable_gqa` (later versions; earlier ones pass K/V heads through)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    parameters = inspect.signature(varlen_attn).parameters
+    # a tuple: varlen_attn tests `window_size == (-1, 0)`, which a list would fail
+    causal = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
+    return causal, "enable_gqa" in parameters
+
+
+def torch_varlen_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (1, Hq, T, D)
+    key: torch.Tensor,  # (1, Hkv, T, D)
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    boundaries = kwargs.get("cu_seq_lens_q")
+    if boundaries is None:
+        return _unpacked_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if dropout and module.training:
+        raise ValueError(f"{VARLEN_TORCH} does not implement attention dropout ({dropout})")
+    if query.shape[0] != 1:
+        raise ValueError(f"{VARLEN_TORCH} takes one packed row, got a batch of {query.shape[0]}")
+    from torch.nn.attention.varlen import varlen_attn
+
+    causal, takes_gqa = _varlen_call_options()
+    gqa = {"enable_gqa": True} if takes_gqa and query.shape[1] != key.shape[1] else {}
+    longest = kwargs["max_length_q"]
+    # (1, H, T, D) -> (T, H, D): a view of the projections' (T, H, D) memory, no copy
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = varlen_attn(q, k, v, boundaries, boundaries, longest, longest, scale=scaling, **causal, **gqa)
+    return out[None], None
 
 
 # -- FlexAttention with a document-causal block mask (CUDA) ---------------------------------------------------------
@@ -139,10 +213,13 @@ def document_causal_block_mask(seq_lens: list[int], device: torch.device):
     to that length and drops the padding from the output."""
     from torch.nn.attention.flex_attention import create_block_mask
 
+    from learner.device import host_to_device
+
     total = int(sum(seq_lens))
     padded = flex_padded_length(total)
-    lengths = torch.tensor([*seq_lens, padded - total], device=device)
-    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    lengths = [*seq_lens, padded - total]
+    # built on the host and copied without a stream sync (a device repeat_interleave would read its size back)
+    document = host_to_device(torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths)), device)
 
     def same_document_causal(_batch, _head, q_index, kv_index):
         return (document[q_index] == document[kv_index]) & (q_index >= kv_index)
@@ -160,6 +237,12 @@ def _flex_attention(device_type: str):
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention) if device_type == "cuda" else flex_attention
+
+
+def _flex_eager():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention
 
 
 def flex_document_forward(
@@ -188,7 +271,9 @@ def flex_document_forward(
         raise ValueError(f"the BlockMask spans {attention_mask.seq_lengths[0]} tokens, the row {tokens}")
     if pad:
         query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
-    out = _flex_attention(query.device.type)(
+    # inside a compiled decoder layer (learner/compiled.py) the kernel is compiled with the layer's graph
+    attend = _flex_attention(query.device.type) if not torch.compiler.is_compiling() else _flex_eager()
+    out = attend(
         query,
         key,
         value,
@@ -207,7 +292,8 @@ def _flex_mask(*args, **kwargs):
 
 
 def register() -> None:
-    """Register the loop and the FlexAttention path (and their mask builders) with transformers."""
+    """Register the loop, torch's varlen kernel and the FlexAttention path (and their mask builders) with
+    transformers."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -215,3 +301,5 @@ def register() -> None:
     AttentionMaskInterface.register(VARLEN_SDPA, _sdpa_mask)
     AttentionInterface.register(FLEX_DOCUMENT, flex_document_forward)
     AttentionMaskInterface.register(FLEX_DOCUMENT, _flex_mask)
+    AttentionInterface.register(VARLEN_TORCH, torch_varlen_forward)
+    AttentionMaskInterface.register(VARLEN_TORCH, _sdpa_mask)

@@ -74,21 +74,16 @@ class Critic:
         *,
         betas: tuple[float, float] = (0.9, 0.999),
         dtype: str = "float32",
-        gradient_checkpointing: bool = False,
         cpu_offload: bool = False,
-        attention: str = "auto",
+        **load_options,
     ):
+        """`load_options`: how the policy's model is run (attention, checkpointing, compile, FSDP2 resharding:
+        learner.model.load_policy's keywords, from learner/execution.py); the critic runs the same way."""
         self.cfg = cfg
         self.world = world
         self.path = Path(cfg.model_path) if cfg.model_path else Path(policy_path)
         self.model = load_policy(
-            self.path,
-            world,
-            dtype=dtype,
-            gradient_checkpointing=gradient_checkpointing,
-            cpu_offload=cpu_offload,
-            value_head=True,
-            attention=attention,
+            self.path, world, dtype=dtype, cpu_offload=cpu_offload, value_head=True, **load_options
         )
         head = value_head(self.model)
         with torch.no_grad():  # every value starts at 0 (the shards of a DTensor are zeroed in place)

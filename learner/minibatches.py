@@ -12,6 +12,18 @@ every rank plans the same mini-batches; each mini-batch's sequences are balanced
 (`split_across_ranks`) and packed under `micro_batch_tokens`. One mini-batch and one epoch is the plain step (the
 whole batch, one update).
 
+Any number of ranks takes any batch (7 groups on 3 ranks, Search-R1's 512 on 6 or 7): the ranks are dealt single
+trajectories, not whole groups, because nothing a rank computes needs a whole group beside it. Every rank receives the
+whole batch, so the group statistics (GRPO's mean and std, RLOO's leave-one-out mean, REINFORCE's group baseline) come
+from every group's scores on every rank (`AdvantageBatch.scores`), and what spans ranks (the KL in the reward, the
+batch-wide whitening of REINFORCE++ and PPO, the critic's fit, the metrics) is summed over them. A rank's time is its
+tokens, and a trajectory is the finer unit to balance them with (a group of 5 long answers is one indivisible lump);
+a mini-batch need not hold whole groups either (256 trajectories of groups of 5). The loss is the token mean over the
+whole mini-batch on all ranks (`MiniBatch.loss_tokens`, reduced over them) and FSDP2 averages the ranks' gradients, so
+the update is the one a single rank makes on the same batch, whatever the split (tests/integration/
+test_learner_uneven_ranks.py); a rank short of trajectories runs empty micro-batches so that every rank makes the same
+collectives.
+
 What a step computes before its first update (no gradient, the weights of the step's start) is kept beside each
 packed micro-batch, aligned with its `keep` positions: the reference's log-probs (the KL), the policy's own
 (the proximal policy of the correction when the step makes several updates, and the KL in the reward) and the

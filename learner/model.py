@@ -2,9 +2,11 @@
 
 Same code on CPU (gloo) and GPU (NCCL). Master weights stay fp32; with `model.dtype` bfloat16/float16 FSDP2's
 MixedPrecisionPolicy casts parameters for compute and reduces gradients in fp32. Each decoder layer is its own
-FSDP unit (all-gathered just before it runs, freed after), the embeddings and head belong to the root unit, which
-FSDP2 does not reshard after the forward: the chunked log-prob head (learner/packing.py) uses the head's weight
-between the forward and the backward.
+FSDP unit (all-gathered just before it runs, freed after, or with `reshard_after_forward=False` kept until the
+trainer lets it go: learner/execution.py decides), the embeddings and head belong to the root unit, which FSDP2
+does not reshard after the forward: the log-prob head (learner/packing.py) uses the head's weight between the
+forward and the backward. Before FSDP2 wraps a layer, its forward is wrapped for activation checkpointing
+(learner/recompute.py) and compiled (learner/compiled.py): `prepare_layers`.
 
 `cpu_offload` (`learner.cpu_offload`): FSDP2's CPUOffloadPolicy keeps the sharded parameters, their gradients and
 so the optimizer state in CPU memory, copies each unit to the GPU for its forward/backward, and the optimizer steps
@@ -52,17 +54,24 @@ def load_policy(
     world: World,
     *,
     dtype: str = "float32",
-    gradient_checkpointing: bool = False,
+    gradient_checkpointing: bool | str = False,
+    checkpointing_every: int = 2,
     trainable: bool = True,
     cpu_offload: bool = False,
     value_head: bool = False,
     attention: str = "auto",
+    compile: bool = False,
+    reshard_after_forward: bool = True,
 ) -> torch.nn.Module:
     """Load an HF model in fp32 and shard it over the world with FSDP2 (optionally offloaded to CPU memory).
 
     `value_head`: the model's body with a scalar head in place of the LM head (PPO's critic, learner/critic.py):
     transformers' token-classification class with one label and no dropout on the head. `attention`: how packed
-    rows are attended (learner/attention.py; auto picks by device)."""
+    rows are attended (learner/attention.py; auto picks by device). `gradient_checkpointing`: a policy of
+    learner/recompute.py (`full`, `every_n` with `checkpointing_every`, `selective`, `none`; true/false mean
+    full/none), applied to each decoder layer's forward, which `compile` then compiles (learner/compiled.py), both
+    before FSDP2 wraps the layer. `reshard_after_forward`: whether each layer frees its gathered (compute-dtype)
+    parameters after the forward; False keeps them for the backward (no second all-gather and cast)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -81,9 +90,10 @@ def load_policy(
         attn_implementation=attention_implementation(world.device, attention),
         **head,
     )
-    if gradient_checkpointing and trainable:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    layers = prepare_layers(
+        model, gradient_checkpointing if trainable else "none", every=checkpointing_every, compile=compile
+    )
     mesh = _device_mesh(world, cpu_offload)
     compute = DTYPES[dtype]
     mp = (
@@ -94,14 +104,48 @@ def load_policy(
     kwargs = {"mesh": mesh} | ({"mp_policy": mp} if mp is not None else {})
     if cpu_offload:  # pinned host memory for fast copies; pinning needs an accelerator
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=world.device.type == "cuda")
-    for layer in _decoder_layers(model):
-        fully_shard(layer, **kwargs)
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
     fully_shard(model, **kwargs)
     if not trainable:
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
     return model
+
+
+def prepare_layers(
+    model: torch.nn.Module, checkpointing: bool | str, *, every: int = 2, compile: bool = False
+) -> list[torch.nn.Module]:
+    """Wrap each decoder layer's forward: checkpointed by policy (learner/recompute.py), then compiled
+    (learner/compiled.py). Before FSDP2: its hooks stay around the module call, outside both. Returns the layers."""
+    from learner.compiled import compiled_forward
+    from learner.memory import checkpointed_layers
+    from learner.recompute import checkpointed_forward
+
+    if isinstance(checkpointing, bool):
+        checkpointing = "full" if checkpointing else "none"
+    layers = _decoder_layers(model)
+    for layer, mode in zip(layers, checkpointed_layers(checkpointing, len(layers), every), strict=True):
+        forward = checkpointed_forward(layer.forward, mode)
+        if compile:
+            forward = compiled_forward(forward)
+        if forward is not layer.forward:
+            layer.forward = forward
+    return layers
+
+
+def fsdp_units(model: torch.nn.Module) -> list:
+    """The model's FSDP2 units (its decoder layers and the root)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every unit's gathered parameters and register the shards again (FSDP2's reshard is per unit)."""
+    for unit in fsdp_units(model):
+        unit.reshard()
 
 
 def build_optimizer(

@@ -4,9 +4,9 @@ A trajectory is prompt + response in one row; the log-prob of response token j c
 position before it. Each packed micro-batch concatenates whole sequences (first-fit decreasing under
 `micro_batch_tokens`) and carries, per position t, the target token t + 1 and the loss inputs of that target.
 
-Sequences in a packed row must not attend to each other (learner/attention.py): flash_attention_2 (GPU) and the
-per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries (`cu_seq_lens_q`) and attend within each
-sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
+Sequences in a packed row must not attend to each other (learner/attention.py): flash_attention_2 and
+sr1_torch_varlen (GPU) and the per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries
+(`cu_seq_lens_q`) and attend within each sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
 models get an explicit block-diagonal causal mask (`block_causal_mask`). All give the same log-probs as running each
 sequence alone (tested).
 """
@@ -19,8 +19,16 @@ import numpy as np
 import torch
 
 from buffer.records import Group
-from learner.attention import FLASH_VARLEN, FLEX_DOCUMENT, VARLEN_SDPA, document_causal_block_mask
+from learner.attention import (
+    DEVICE_BOUNDARIES,
+    FLEX_DOCUMENT,
+    VARLEN_SDPA,
+    VARLEN_TORCH,
+    document_causal_block_mask,
+)
 from learner.chunked_logprobs import chunked_logprobs
+from learner.device import host_to_device
+from learner.fused_head import fused_logprobs
 
 
 @dataclass
@@ -57,9 +65,10 @@ class MicroBatch:
         return int(self.input_ids.shape[1])
 
     def to(self, device: torch.device) -> MicroBatch:
+        """The micro-batch on `device`; to CUDA through pinned memory, without waiting for the copies."""
         return MicroBatch(
             **{
-                name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+                name: (host_to_device(value, device) if isinstance(value, torch.Tensor) else value)
                 for name, value in self.__dict__.items()
             }
         )
@@ -108,7 +117,8 @@ def plan_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def split_across_ranks(lengths: list[int], world_size: int) -> list[list[int]]:
-    """Assign sequences to ranks balancing tokens (longest first onto the least-loaded rank)."""
+    """Assign sequences to ranks balancing tokens (longest first onto the least-loaded rank); any number of ranks,
+    some possibly empty (learner/minibatches.py says why single trajectories, not groups)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     shares: list[list[int]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
@@ -180,19 +190,29 @@ def attention_kwargs(model: torch.nn.Module, mb: MicroBatch) -> dict:
     device = mb.input_ids.device
     if attn == FLEX_DOCUMENT:
         return {"attention_mask": document_causal_block_mask(mb.seq_lens, device)}
-    if attn not in (FLASH_VARLEN, VARLEN_SDPA):
+    if attn not in (*DEVICE_BOUNDARIES, VARLEN_SDPA):
         return {"attention_mask": block_causal_mask(mb.seq_lens, device)}
     # varlen kernels: sequence boundaries, no T x T mask (flash-attention takes a 2-D mask as padding: none here)
     bounds = np.cumsum([0, *mb.seq_lens]).tolist()
     longest = max(mb.seq_lens)
-    if attn == FLASH_VARLEN:
-        bounds = torch.tensor(bounds, dtype=torch.int32, device=device)
+    if attn in DEVICE_BOUNDARIES:
+        bounds = host_to_device(torch.tensor(bounds, dtype=torch.int32), device)
     return {
         "cu_seq_lens_q": bounds,
         "cu_seq_lens_k": bounds,
         "max_length_q": longest,
         "max_length_k": longest,
-    }
+    } | (_no_mask(model) if attn == VARLEN_TORCH else {})
+
+
+def _no_mask(model: torch.nn.Module) -> dict:
+    """For torch's varlen kernel: an attention mask per layer type that is already "made" (none), so transformers
+    builds none. Otherwise it looks for packed sequences in the position ids with a check that reads a device value
+    back to the host, once per forward (flash_attention_2 still pays that read: transformers' flash path wants no
+    mask argument at all). Only for models that take such a mapping (those whose config lists `layer_types`: Qwen2,
+    Qwen3 and their like)."""
+    layer_types = getattr(model.config, "layer_types", None)
+    return {"attention_mask": dict.fromkeys(layer_types)} if layer_types else {}
 
 
 # config attributes of models whose forward changes the logits after the LM head (Gemma 2/3 soft-capping, Cohere,
@@ -246,6 +266,7 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = True,
     chunk_tokens: int = 1024,
+    head: str = "chunked",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp32 log-probs (and entropies) of the targets at `mb.keep`, from logits / temperature like the engine's.
 
@@ -255,6 +276,7 @@ def token_logprobs(
     still runs inside the root unit's forward/backward hooks, which all-gather the head with the embeddings and
     reduce-scatter its gradient after the backward.
     `with_entropy=False` computes no entropy; with it, the entropy's gradient is computed only if it reaches the loss.
+    `head`: `chunked` (learner/chunked_logprobs.py) or `fused` (learner/fused_head.py; learner.logprob_head).
     """
     hidden = final_hidden_states(
         model,
@@ -262,7 +284,9 @@ def token_logprobs(
         position_ids=mb.position_ids,
         **attention_kwargs(model, mb),
     )[0, mb.keep]
-    return chunked_logprobs(
+    if head not in ("chunked", "fused"):
+        raise ValueError(f"token_logprobs head {head!r} is not one of chunked, fused")
+    return (fused_logprobs if head == "fused" else chunked_logprobs)(
         hidden,
         lm_head_weight(model),
         mb.target_ids[mb.keep],

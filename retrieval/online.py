@@ -3,10 +3,10 @@
 Each adapter calls its vendor's JSON API and returns documents in the corpus shape, `{"id": url, "contents":
 "\"Title\"\\nsnippet"}`, scored 1/rank, so the server answers exactly as for BM25 or dense. Keys come from the
 environment (`GOOGLE_API_KEY` + `GOOGLE_CSE_ID`, `BING_API_KEY`, `BRAVE_API_KEY`, `SERPAPI_API_KEY`, or
-`online.api_key_env`); `online.base_url` points an adapter elsewhere (the tests use loopback fakes that answer
-with the vendors' response layouts). Each engine is a class here, a name in `retrieval.settings.METHODS` and its
-entry in `retrieval.factory.BUILDERS`. An empty or whitespace-only query is not sent to the vendor (web search APIs
-refuse it): it gets no documents.
+`retrieval.retriever.api_key_env`); `retrieval.retriever.base_url` points an adapter elsewhere (the tests use
+loopback fakes that answer with the vendors' response layouts). Each engine is a class here beside its member of the
+retriever union (`retrieval.retriever: {method: brave}`). An empty or whitespace-only query is not sent to the
+vendor (web search APIs refuse it): it gets no documents.
 """
 
 from __future__ import annotations
@@ -16,15 +16,39 @@ import html
 import os
 import re
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import aiohttp
+from pydantic import Field
 
 from retrieval.base import Hits
 from retrieval.corpus import join_contents
-from retrieval.settings import OnlineConfig, RetrievalConfig
+from retrieval.union import RetrieverSettings
+
+if TYPE_CHECKING:
+    import aiohttp
 
 _TAG = re.compile(r"<[^>]+>")
+
+
+class OnlineSettings(RetrieverSettings):
+    """A web search API (no corpus, no server process of sr1's own). Keys come from the environment, never from
+    config files."""
+
+    local = False
+    engine: ClassVar[type[OnlineEngine]]  # the adapter `build()` makes
+
+    base_url: str | None = Field(
+        None, description="Override the vendor endpoint (tests point it at a loopback fake)."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Env var holding the key; None: GOOGLE_API_KEY, BING_API_KEY, BRAVE_API_KEY or SERPAPI_API_KEY.",
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Per-call timeout to the vendor.")
+    concurrency: int = Field(16, ge=1, description="Vendor calls in flight at once.")
+
+    def build(self, show_progress: bool = False) -> OnlineEngine:
+        return self.engine(self)
 
 
 class OnlineSearchError(RuntimeError):
@@ -43,23 +67,18 @@ class OnlineEngine:
     default_key_env = ""
     max_per_call = 10
 
-    def __init__(self, cfg: OnlineConfig):
+    def __init__(self, cfg: OnlineSettings):
         self.cfg = cfg
         self.base_url = (cfg.base_url or self.default_base).rstrip("/")
         key_env = cfg.api_key_env or self.default_key_env
         self.api_key = os.environ.get(key_env, "")
         if not self.api_key:
             raise ValueError(
-                f"retrieval.method={self.name!r} needs an API key in the environment variable {key_env}"
+                f"retrieval.retriever.method={self.name!r} needs an API key in the environment variable {key_env}"
             )
         self._session: aiohttp.ClientSession | None = None
         self._sem: asyncio.Semaphore | None = None
         self.store = None
-
-    @classmethod
-    def from_config(cls, cfg: RetrievalConfig, show_progress: bool = False) -> OnlineEngine:
-        """What `build_retriever` (`retrieval.factory.BUILDERS`) calls: this engine with `cfg.online`'s settings."""
-        return cls(cfg.online)
 
     # -- vendor specifics ------------------------------------------------------------------------------------
     def request(self, query: str, topk: int) -> tuple[str, dict[str, Any], dict[str, str]]:
@@ -94,6 +113,8 @@ class OnlineEngine:
         return Hits(docs, [1.0 / (i + 1) for i in range(len(docs))])
 
     async def asearch(self, queries: list[str], topk: int, executor: Executor | None = None) -> list[Hits]:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s))
             self._sem = asyncio.Semaphore(self.cfg.concurrency)
@@ -129,12 +150,12 @@ class GoogleEngine(OnlineEngine):
     default_base = "https://www.googleapis.com"
     default_key_env = "GOOGLE_API_KEY"
 
-    def __init__(self, cfg: OnlineConfig):
+    def __init__(self, cfg: GoogleSettings):
         super().__init__(cfg)
-        self.cx = os.environ.get(cfg.google_cx_env, "")
+        self.cx = os.environ.get(cfg.cx_env, "")
         if not self.cx:
             raise ValueError(
-                f"retrieval.method='google' needs the search engine id (cx) in {cfg.google_cx_env}"
+                f"retrieval.retriever.method='google' needs the search engine id (cx) in {cfg.cx_env}"
             )
 
     def request(self, query: str, topk: int) -> tuple[str, dict[str, Any], dict[str, str]]:
@@ -207,3 +228,39 @@ class SerpApiEngine(OnlineEngine):
     def parse(self, answer: dict[str, Any]) -> list[tuple[str, str, str]]:
         results = sorted(answer.get("organic_results", []), key=lambda r: r.get("position", 0))
         return [(r.get("link", ""), r.get("title", ""), r.get("snippet", "")) for r in results]
+
+
+# -- their members of the retriever union (`retrieval/union.py`) ---------------------------------------------------
+class GoogleSettings(OnlineSettings):
+    """Google Programmable Search: GOOGLE_API_KEY and the search engine id in GOOGLE_CSE_ID."""
+
+    engine = GoogleEngine
+
+    method: Literal["google"] = Field("google", description="Which retriever (the union's tag).")
+    cx_env: str = Field(
+        "GOOGLE_CSE_ID", description="Env var holding the Google Programmable Search id (cx)."
+    )
+
+
+class BingSettings(OnlineSettings):
+    """Bing Web Search API v7: BING_API_KEY."""
+
+    engine = BingEngine
+
+    method: Literal["bing"] = Field("bing", description="Which retriever (the union's tag).")
+
+
+class BraveSettings(OnlineSettings):
+    """Brave Search API: BRAVE_API_KEY."""
+
+    engine = BraveEngine
+
+    method: Literal["brave"] = Field("brave", description="Which retriever (the union's tag).")
+
+
+class SerpApiSettings(OnlineSettings):
+    """SerpAPI's Google engine: SERPAPI_API_KEY."""
+
+    engine = SerpApiEngine
+
+    method: Literal["serpapi"] = Field("serpapi", description="Which retriever (the union's tag).")

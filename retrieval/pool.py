@@ -1,4 +1,4 @@
-"""Several server processes on one port: `retrieval.workers` > 1.
+"""Several server processes on one port: `retrieval.server.workers` > 1.
 
 One server process tops out at about one core: HTTP parsing, JSON and query tokenising run under the GIL. With
 `workers: N` the `serve` process is worker 0 and starts N-1 more (spawned, not forked); each loads the same index
@@ -36,11 +36,12 @@ MAX_RESTART_DELAY_S = 30.0
 
 
 def resolve_workers(cfg: RetrievalConfig) -> int:
-    """`cfg.workers`, or for 0: one per core (at most 8) for bm25 over a prebuilt index, else 1 (a dense encoder or
-    GPU index would be loaded once per worker; a bm25 index built at start would be built once per worker)."""
-    if cfg.workers:
-        return cfg.workers
-    if cfg.method == "bm25" and cfg.index_path is not None:
+    """`retrieval.server.workers`, or for 0: one per core (at most 8) when the retriever's index is shared between
+    processes (bm25 over a prebuilt index), else 1 (a dense encoder or GPU index would be loaded once per worker; a
+    bm25 index built at start would be built once per worker)."""
+    if cfg.server.workers:
+        return cfg.server.workers
+    if cfg.retriever.shares_index():
         return max(1, min(os.cpu_count() or 1, MAX_AUTO_WORKERS))
     return 1
 
@@ -179,10 +180,11 @@ def serve_pool(cfg: RetrievalConfig, workers: int, show_progress: bool = False) 
     """Serve `cfg` with `workers` processes until SIGTERM / Ctrl-C (this process is worker 0)."""
     from retrieval.server import run_server
 
-    update: dict[str, object] = {"workers": workers, "port": claim_port(cfg.host, cfg.port)}
-    if cfg.bm25_threads == 0:  # the cores are shared between the workers' scoring threads
-        update["bm25_threads"] = max(1, (os.cpu_count() or 1) // workers)
-    cfg = cfg.model_copy(update=update)
+    server = cfg.server.model_copy(
+        update={"workers": workers, "port": claim_port(cfg.server.host, cfg.server.port)}
+    )
+    # the cores are shared between the workers (bm25's scoring threads)
+    cfg = cfg.model_copy(update={"server": server, "retriever": cfg.retriever.for_workers(workers)})
     pool = WorkerPool(cfg, workers)
     try:
         for slot in range(1, workers):  # they load their index while this process loads its own

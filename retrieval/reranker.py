@@ -25,7 +25,7 @@ class CrossEncoderReranker:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from retrieval.dense import pick_device
+        from retrieval.encoder import pick_device
 
         self.cfg = cfg
         self.device = pick_device(cfg.device)

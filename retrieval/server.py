@@ -3,11 +3,15 @@
     POST /retrieve  {"queries": [str, ...], "topk": 3, "return_scores": true}
                  -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}
                     (with "return_scores": false each entry is the bare document, as Search-R1's server meant)
+    POST /rerank    {"queries": [...], "documents": [[doc, ...], ...], "rerank_topk": 3, "return_scores": true}
+                 -> {"result": [[{"document": "(Title: T) text", "score": float}, ...], ...]}
+                    Search-R1's rerank server's API (`retrieval/rerank_api.py`), served when the server has a
+                    cross-encoder (`retrieval.reranker.enabled` with a `model`)
     GET  /health    {"status": "ok", "method", "num_docs", ...} once the index is loaded
     GET  /metrics   JSON counters (`retrieval/requests`, `retrieval/batch_mean`, latency percentiles, ...)
 
 Every bad request gets a JSON 4xx `{"error": "..."}` naming what was wrong; nothing a client sends can crash it.
-Request fields other than those three are ignored, as Search-R1's server does, and counted in
+Request fields of /retrieve other than those three are ignored, as Search-R1's server does, and counted in
 `retrieval/unknown_fields`. Every query, an empty one included, is searched (see `retrieval/api.py`).
 Run it with `sr1 retrieval serve ...` (see `retrieval/cli.py`).
 """
@@ -30,18 +34,20 @@ from retrieval.api import RequestError, format_result, parse_retrieve_request
 from retrieval.base import Hits, Retriever
 from retrieval.batcher import LRUCache, MicroBatcher, NaiveDispatcher
 from retrieval.online import OnlineSearchError
+from retrieval.rerank_api import format_rerank_result, parse_rerank_request
 from retrieval.settings import RetrievalConfig
 
 log = logging.getLogger(__name__)
 
 RETRIEVER_KEY = web.AppKey("retriever", object)
+RERANKER_KEY = web.AppKey("reranker", object)
 STATE_KEY = web.AppKey("state", object)
 SHARE_TASK_KEY = web.AppKey("share_counters", asyncio.Task)
 MAX_LOGGED_UNKNOWN_FIELDS = 64  # distinct ignored field names a worker logs (once each)
 
 
-# Counters a worker reports; with several workers (`retrieval.workers`) /metrics sums them across the pool, except
-# the MAX_COUNTERS, where the pool reports its worst worker.
+# Counters a worker reports; with several workers (`retrieval.server.workers`) /metrics sums them across the pool,
+# except the MAX_COUNTERS, where the pool reports its worst worker.
 ERROR_CODES = (400, 401, 404, 405, 413, 415, 500, 502, 503)
 SUMMED_COUNTERS = (
     "requests",
@@ -53,6 +59,8 @@ SUMMED_COUNTERS = (
     "cache_misses",
     "cache_entries",
     "unknown_fields",
+    "rerank_requests",
+    "reranked_queries",
     *(f"errors_{code}" for code in ERROR_CODES),
     "errors_other",
 )
@@ -85,19 +93,22 @@ class ServerState:
     ):
         self.cfg = cfg
         self.retriever = retriever
-        if cfg.batching:
+        server = cfg.server
+        if server.batching:
             self.dispatcher: MicroBatcher | NaiveDispatcher = MicroBatcher(
-                retriever, window_s=cfg.batch_window_ms / 1000.0, max_queries=cfg.max_batch_queries
+                retriever, window_s=server.batch_window_ms / 1000.0, max_queries=server.max_batch_queries
             )
         else:
             self.dispatcher = NaiveDispatcher(retriever)
-        self.cache = LRUCache(cfg.cache_size)
+        self.cache = LRUCache(server.cache_size)
         self.ready = True
         self.started = time.time()
         self.requests = 0
         self.queries = 0
         self.errors: dict[int, int] = {}
         self.unknown_fields = 0  # request fields ignored (not queries/topk/return_scores)
+        self.rerank_requests = 0
+        self.reranked_queries = 0
         self.logged_fields: set[str] = set()
         self.latencies: deque[float] = deque(maxlen=4096)
         self.peers, self.slot = peers, slot
@@ -150,6 +161,8 @@ class ServerState:
             "cache_misses": self.cache.misses,
             "cache_entries": len(self.cache),
             "unknown_fields": self.unknown_fields,
+            "rerank_requests": self.rerank_requests,
+            "reranked_queries": self.reranked_queries,
             **{f"errors_{code}": self.errors.get(code, 0) for code in ERROR_CODES},
             "errors_other": sum(n for code, n in self.errors.items() if code not in ERROR_CODES),
             "batch_max": s.max_batch,
@@ -187,6 +200,8 @@ class ServerState:
             "retrieval/cache_misses": int(c["cache_misses"]),
             "retrieval/cache_entries": int(c["cache_entries"]),
             "retrieval/unknown_fields": int(c["unknown_fields"]),
+            "retrieval/rerank_requests": int(c["rerank_requests"]),
+            "retrieval/reranked_queries": int(c["reranked_queries"]),
             "retrieval/errors": errors,
             "retrieval/latency_p50_ms": c["latency_p50_ms"],
             "retrieval/latency_p99_ms": c["latency_p99_ms"],
@@ -216,7 +231,8 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
         if exc.status in (404, 405):
             return _json_error(
                 exc.status,
-                f"no route {request.method} {request.path}; use POST /retrieve, GET /health, GET /metrics",
+                f"no route {request.method} {request.path}; use POST /retrieve, POST /rerank, GET /health, "
+                "GET /metrics",
             )
         return _json_error(exc.status, exc.reason or "error")
     except Exception as exc:  # noqa: BLE001 - a server bug must answer 500, not kill the connection silently
@@ -225,21 +241,25 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
         return _json_error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-async def _retrieve(request: web.Request) -> web.Response:
-    state: ServerState = request.app[STATE_KEY]
-    cfg = state.cfg
+async def _read_body(request: web.Request, cfg: RetrievalConfig) -> bytes:
+    """The body of an authorised request within `max_body_bytes`; `RequestError` otherwise."""
     if cfg.token is not None:
         auth = request.headers.get("Authorization", "")
         if not hmac.compare_digest(auth.encode(), f"Bearer {cfg.token}".encode()):
             raise RequestError(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
-    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
-        raise RequestError(
-            413, f"request body of {request.content_length} bytes > max_body_bytes ({cfg.max_body_bytes})"
-        )
+    limit = cfg.server.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestError(413, f"request body of {request.content_length} bytes > max_body_bytes ({limit})")
     try:
-        body = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise RequestError(413, f"request body larger than max_body_bytes ({cfg.max_body_bytes})") from None
+        raise RequestError(413, f"request body larger than max_body_bytes ({limit})") from None
+
+
+async def _retrieve(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    cfg = state.cfg
+    body = await _read_body(request, cfg)
     t0 = time.perf_counter()
     ignored: list[str] = []
     queries, topk, return_scores = parse_retrieve_request(body, cfg, ignored)
@@ -252,16 +272,38 @@ async def _retrieve(request: web.Request) -> web.Response:
     return web.Response(text=json.dumps(format_result(hits, return_scores)), content_type="application/json")
 
 
+async def _rerank(request: web.Request) -> web.Response:
+    """Search-R1's /rerank: each query's own documents re-ordered by the server's cross-encoder."""
+    state: ServerState = request.app[STATE_KEY]
+    reranker = request.app[RERANKER_KEY]
+    body = await _read_body(request, state.cfg)
+    if reranker is None:
+        raise RequestError(
+            404,
+            "this server has no reranker: start it with retrieval.reranker.enabled=true and "
+            "retrieval.reranker.model=<an HF cross-encoder> to serve POST /rerank",
+        )
+    queries, documents, topk, return_scores = parse_rerank_request(body, state.cfg)
+    candidates = [Hits(docs, [0.0] * len(docs)) for docs in documents]
+    loop = asyncio.get_running_loop()
+    ranked = await loop.run_in_executor(None, reranker.rerank, queries, candidates, topk)
+    state.rerank_requests += 1
+    state.reranked_queries += len(queries)
+    answer = format_rerank_result([(h.docs, h.scores) for h in ranked], return_scores)
+    return web.Response(text=json.dumps(answer), content_type="application/json")
+
+
 async def _health(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
     store = getattr(state.retriever, "store", None)
     return web.json_response(
         {
             "status": "ok",
-            "method": state.cfg.method,
+            "method": state.cfg.retriever.method,
             "num_docs": len(store) if store is not None else None,
             "topk": state.cfg.topk,
-            "batching": state.cfg.batching,
+            "batching": state.cfg.server.batching,
+            "rerank": request.app[RERANKER_KEY] is not None,
             "workers": state.peers.workers if state.peers is not None else 1,
         }
     )
@@ -272,16 +314,23 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def create_app(
-    retriever: Retriever, cfg: RetrievalConfig, peers: PeerCounters | None = None, slot: int = 0
+    retriever: Retriever,
+    cfg: RetrievalConfig,
+    peers: PeerCounters | None = None,
+    slot: int = 0,
+    reranker: Any = None,
 ) -> web.Application:
     """The aiohttp application serving `retriever` (already loaded) under `cfg`'s limits; `peers`/`slot` make it
-    worker `slot` of a multi-process server."""
+    worker `slot` of a multi-process server. `reranker` (a `retrieval.reranker.CrossEncoderReranker`) answers
+    POST /rerank; by default the one behind `retriever` when it reranks its searches."""
     # aiohttp's own body limit is set above ours so the handler can answer with a JSON 413
-    app = web.Application(middlewares=[_errors_as_json], client_max_size=cfg.max_body_bytes + 1)
+    app = web.Application(middlewares=[_errors_as_json], client_max_size=cfg.server.max_body_bytes + 1)
     state = ServerState(retriever, cfg, peers, slot)
     app[STATE_KEY] = state
     app[RETRIEVER_KEY] = retriever
+    app[RERANKER_KEY] = reranker if reranker is not None else getattr(retriever, "reranker", None)
     app.router.add_post("/retrieve", _retrieve)
+    app.router.add_post("/rerank", _rerank)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
 
@@ -330,19 +379,20 @@ async def serve(
     peers: PeerCounters | None = None,
     slot: int = 0,
     companion: Companion | None = None,
+    reranker: Any = None,
 ) -> None:
     """Serve until cancelled, SIGTERM, or the companion sets the stop event.
 
     Prints `retrieval server listening on http://HOST:PORT` once bound. As a worker of a multi-process server
     (`peers` given) the socket is bound with SO_REUSEPORT, and the line waits for `companion.ready()`."""
-    app = create_app(retriever, cfg, peers, slot)
+    app = create_app(retriever, cfg, peers, slot, reranker)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)  # in-flight requests get 5 s to finish
     await runner.setup()
     site = web.TCPSite(
-        runner, cfg.host, cfg.port, backlog=1024, reuse_port=True if peers is not None else None
+        runner, cfg.server.host, cfg.server.port, backlog=1024, reuse_port=True if peers is not None else None
     )
     await site.start()
-    port = cfg.port
+    port = cfg.server.port
     if port == 0 and runner.addresses:
         port = runner.addresses[0][1]
     stop = asyncio.Event()
@@ -357,7 +407,7 @@ async def serve(
         if ready_line:
             workers = f", workers={peers.workers}" if peers is not None else ""
             print(
-                f"retrieval server listening on http://{cfg.host}:{port} (method={cfg.method}{workers})",
+                f"retrieval server listening on http://{cfg.server.host}:{port} (method={cfg.retriever.method}{workers})",
                 flush=True,
             )
         await stop.wait()
@@ -370,15 +420,17 @@ async def serve(
 
 
 def run_server(cfg: RetrievalConfig, show_progress: bool = False, **serve_kwargs: Any) -> None:
-    """What one server process runs: load and warm up the retriever, then `serve` it on uvloop (when installed)
-    until stopped. `serve_kwargs` make the process a worker of a pool (`retrieval.pool`)."""
-    from retrieval.factory import load_retriever
+    """What one server process runs: load and warm up the retriever (and the cross-encoder of /rerank), then `serve`
+    it on uvloop (when installed) until stopped. `serve_kwargs` make the process a worker of a pool
+    (`retrieval.pool`)."""
+    from retrieval.factory import build_reranker, load_retriever
 
-    retriever = load_retriever(cfg, show_progress=show_progress)
+    reranker = build_reranker(cfg)
+    retriever = load_retriever(cfg, show_progress=show_progress, reranker=reranker)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(retriever, cfg, **serve_kwargs))
+    asyncio.run(serve(retriever, cfg, reranker=reranker, **serve_kwargs))

@@ -11,12 +11,19 @@ several workers, it also measures one worker at concurrency 128 (what batching a
     python scripts/bench_retrieval.py            # full: 100k passages (indexes cached in --cache-dir)
     python scripts/bench_retrieval.py --quick    # a couple of minutes
     python scripts/bench_retrieval.py --json     # one JSON object with every figure
+    python scripts/bench_retrieval.py --curve 1,2,4,8,16,32,64,128 --json > retrieval.json   # for `sr1 plan`
+
+`--curve` measures requests/s at each concurrency for both servers of each method and adds `retrieval_curves`
+(`bm25/naive`, `bm25/batched`, `dense_flat/naive`, `dense_flat/batched`: [[clients, requests/s], ...]) to the
+output: `sr1 plan --retrieval-bench retrieval.json --retrieval-server dense_flat/naive` simulates searches queueing
+at that server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import itertools
 import json
 import os
@@ -75,9 +82,9 @@ def passage_vectors(store, encoder, n_full: int):
 
 def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tuple[Path, Path]]:
     """Corpora and index directories (built once, reused across runs)."""
+    from retrieval.bm25 import BM25Settings
     from retrieval.build_index import build_index
     from retrieval.corpus import DocStore, write_corpus_jsonl
-    from retrieval.settings import RetrievalConfig
     from tests.fakes.corpus import synthetic_records
 
     out: dict[str, tuple[Path, Path]] = {}
@@ -90,11 +97,12 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
         if not (index / "sr1_index.json").exists():
             t0 = time.perf_counter()
             if method == "bm25":
-                build_index(RetrievalConfig(method="bm25", corpus_path=corpus), index, show_progress=False)
+                build_index(BM25Settings(corpus_path=corpus), index, show_progress=False)
             else:
-                from retrieval.dense import DenseRetriever, Encoder, build_dense_index
+                from retrieval.dense import DenseRetriever, DenseSettings, build_dense_index
+                from retrieval.encoder import Encoder
 
-                cfg = RetrievalConfig(method="dense", corpus_path=corpus, faiss_gpu=False)
+                cfg = DenseSettings(corpus_path=corpus, faiss_gpu=False)
                 store = DocStore.open_cached(corpus, index)
                 encoder = Encoder(cfg.encoder.model_copy(update={"batch_size": 128}))
                 emb_file = cache_dir / f"emb_{n}_{n_full}.npy"
@@ -117,7 +125,7 @@ def start_server(
     if not batching:
         args.append("--no-batching")
     if torch_threads:
-        args.append(f"retrieval.torch_threads={torch_threads}")
+        args.append(f"retrieval.server.torch_threads={torch_threads}")
     return spawn(args, timeout_s=600)
 
 
@@ -212,13 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--duration", type=float, help="Seconds per measurement (default 6; quick 2.5).")
     p.add_argument("--concurrency", default="1,16,128", help="Comma-separated client concurrencies.")
+    p.add_argument(
+        "--curve",
+        default=None,
+        metavar="N,...",
+        help="Measure requests/s at each of these concurrencies for both servers and add the curves `sr1 plan "
+        "--retrieval-bench` reads (replaces --concurrency).",
+    )
     p.add_argument("--methods", default="bm25,dense", help="Comma-separated: bm25, dense.")
     p.add_argument("--topk", type=int, default=3)
     p.add_argument(
         "--torch-threads",
         type=int,
         default=1,
-        help="retrieval.torch_threads for both servers (default 1: on a small shared CPU, torch's default "
+        help="retrieval.server.torch_threads for both servers (default 1: on a small shared CPU, torch's default "
         "all-core OpenMP stalls; 0 keeps torch's default).",
     )
     p.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "sr1_bench_retrieval")
@@ -227,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     n_bm25 = args.passages or (20_000 if args.quick else 100_000)
     n_dense = args.dense_passages or (20_000 if args.quick else 100_000)
     duration = args.duration or (2.5 if args.quick else 6.0)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = _levels(args.curve or args.concurrency, "--curve" if args.curve else "--concurrency", p)
     methods = args.methods.split(",")
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     n_full = min(n_dense, args.dense_full_passages or (2_000 if args.quick else 10_000))
@@ -246,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_at_start": round(os.getloadavg()[0], 2),
         "torch_threads": args.torch_threads,
         "baseline": "same retriever in one process, each request encoded and searched on its own in a 40-thread pool",
+        "date": datetime.datetime.now().isoformat(timespec="minutes"),
+        "machine": _machine(),
         "methods": {},
     }
     for method in methods:
@@ -264,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                 if n > n_full
                 else f"all {n} passages encoded by the full MiniLM"
             )
-        workers = resolve_workers(RetrievalConfig(method=method, corpus_path=corpus, index_path=index))
+        retriever = {"method": method, "corpus_path": corpus, "index_path": index}
+        workers = resolve_workers(RetrievalConfig(retriever=retriever))
         entry["workers"] = {"baseline": 1, "batched": workers}
         # the baseline is one process, as Search-R1's server; ours runs its default worker count, and when that is
         # more than one, also a single worker at the top concurrency, to show what batching alone gives
         modes = [("baseline", False, 1, levels), ("batched", True, 0, levels)]
-        if workers > 1:
+        if workers > 1 and not args.curve:
             modes.append(("batched_1_worker", True, 1, levels[-1:]))
         for mode, batching, n_workers, mode_levels in modes:
             proc, url = start_server(method, corpus, index, batching, args.torch_threads, n_workers)
@@ -298,8 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"{name}: batched ({workers} worker(s)) / baseline queries/s at concurrency {top}: "
             f"{entry[f'ratio_qps_c{top}']}x"
-            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if workers > 1 else "")
+            + (f"; one worker: {entry[f'ratio_qps_c{top}_1_worker']}x" if "batched_1_worker" in entry else "")
         )
+    if args.curve:
+        report["retrieval_curves"] = {
+            f"{name}/{label}": [[c, e[mode][str(c)]["qps"]] for c in levels]
+            for name, e in report["methods"].items()
+            for label, mode in (("naive", "baseline"), ("batched", "batched"))
+        }
     top = str(max(levels))
     report["target"] = f">= 3x baseline queries/s at concurrency {top}"
     report["load_avg_at_end"] = round(os.getloadavg()[0], 2)
@@ -323,7 +347,33 @@ def main(argv: list[str] | None = None) -> int:
                     f"{e[f'ratio_qps_c{top}_1_worker']}x"
                 )
         print(f"target {report['target']}: {'met' if report['target_met'] else 'NOT met'}")
+        for name, points in report.get("retrieval_curves", {}).items():
+            print(
+                f"curve {name}: " + ", ".join(f"{c}:{qps:g}" for c, qps in points) + " (clients:requests/s)"
+            )
     return 0
+
+
+def _levels(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
+    """Concurrency levels, increasing, each >= 1 (the parser's error names the flag otherwise)."""
+    try:
+        levels = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected comma-separated integers (1,4,16,64)")
+    if not levels or levels != sorted(set(levels)) or levels[0] < 1:
+        parser.error(f"{flag} {text!r}: expected distinct, increasing concurrencies >= 1")
+    return levels
+
+
+def _machine() -> str:
+    """The CPU model, as `lscpu` names it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def shared_core(profile: Profile, solo: Path, shared: Path, engines: int) -> Pro
             Curve(points=read_bench_output(f, command, "engine_curve")["engine_curve"], source=str(f))
             for f in (solo, shared)
         ]
-        ratios = [curves[1].tokens_per_s(x) / curves[0].tokens_per_s(x) for x, _ in points]
+        ratios = [curves[1].at(x) / curves[0].at(x) for x, _ in points]
     else:
         ratios = [1 / engines] * len(points)
     share = statistics.median(ratios)

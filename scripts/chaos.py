@@ -355,7 +355,10 @@ class FaultInjector:
     def retriever_down(self) -> None:
         """Freeze the retrieval server and its worker processes (SIGSTOP) for `retriever_down_s`, then let them go
         on (SIGCONT): connections are accepted and never answered, as from a hung host."""
-        (server,) = self.chaos.processes("retrieval")
+        matched = self.chaos.processes(
+            "retrieval"
+        )  # the server and its workers, which share its command line
+        (server,) = [p for p in matched if p.ppid() not in {m.pid for m in matched}]
         frozen = [server, *server.children(recursive=True)]
         for proc in frozen:
             proc.send_signal(signal.SIGSTOP)
@@ -446,8 +449,8 @@ def run_faults(
 
 # a frozen or cut retriever fails calls in a second (not after four 10 s attempts); sampling pauses after 4 failures
 FAST_TOOL_FAILURES = (
-    "retrieval.timeout_s=1",
-    "retrieval.max_retries=0",
+    "retrieval.client.timeout_s=1",
+    "retrieval.client.max_retries=0",
     "generators.tool_pause.min_calls=4",
     "generators.tool_pause.probe_s=2",
 )

@@ -29,7 +29,7 @@ NOTES = {
     "Makefile": "`make run`, `make test` (the two set-up commands), `make test-fast`, `make lint`",
     "README.md": "what sr1 is, the two set-up commands, what `sr1 run` shows, and the index of docs/",
     "pyproject.toml": "package metadata, extras (cpu, gpu, dev), the `sr1` command, pytest and ruff settings",
-    "scripts/setup_env.sh": "creates/reuses .venv, installs torch first, the project and extras, Redis",
+    "scripts/cpu-constraints.txt": "every package of a working CPU venv, pinned (what scripts/setup_env.py installs)",
     "weight_sync/README.md": "weight sync in depth (protocol, failures, config)",
     "docs/algorithms.md": "the RL methods, staleness and off-policy corrections, and how to tune them",
     "docs/architecture.md": "the map for contributors: processes, layers, records, contracts",

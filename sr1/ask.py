@@ -57,7 +57,7 @@ async def ask(
 
         engine = TransformersEngine(str(checkpoint))
         tokenizer = engine.tokenizer
-    task = build_task(cfg.task, retrieval=cfg.retrieval.model_copy(update={"url": retrieval_url}))
+    task = build_task(cfg.task, retrieval=cfg.retrieval.sending_to(retrieval_url))
     prompt_ids = encode_prompt(
         tokenizer, task.prompt_messages(question), chat_template=cfg.model.chat_template
     )
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         help="HF model directory (a run's checkpoint) or a verl FSDP actor checkpoint",
     )
     parser.add_argument(
-        "--retrieval-url", help="POST /retrieve endpoint (default: retrieval.url of the config)"
+        "--retrieval-url", help="POST /retrieve endpoint (default: retrieval.client.url of the config)"
     )
     parser.add_argument(
         "--config", help="preset or YAML (default: the run's config.yaml next to checkpoints/)"
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sr1 ask: {args.checkpoint} is not an HF model directory (no config.json)", file=sys.stderr)
         return 2
     cfg = _load_config(args.checkpoint, args.config, args.overrides)
-    url = args.retrieval_url or cfg.retrieval.url
+    url = args.retrieval_url or cfg.retrieval.client.url
     asyncio.run(ask(args.question, model_dir, url, cfg, args.engine))
     return 0
 

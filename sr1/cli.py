@@ -2,6 +2,7 @@
 when that subcommand runs, so `sr1 --help` answers at once.
 
     sr1 run [preset] [section.field=value ...]     the whole asynchronous system on this machine
+    sr1 world [preset] [section.field=value ...]   the embedded world that run would use, built ahead
     sr1 launch [preset] [section.field=value ...]  the same on a Ray cluster (RAY_ADDRESS), parts placed by Ray
     sr1 retrieval serve|build-index ...            the retrieval service
     sr1 generators --config ...                    the generator pool alone
@@ -25,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": (
         "sr1.run",
         "run everything locally: Redis, retrieval, generators, learner (embedded tiny default)",
+    ),
+    "world": (
+        "sr1.run:world_main",
+        "build (or find cached) the embedded world a `sr1 run` with the same arguments uses",
     ),
     "launch": ("sr1.launch.cluster", "run everything on a Ray cluster (RAY_ADDRESS) or a local Ray instance"),
     "retrieval": ("retrieval.cli", "serve retrieval (BM25/dense/online) or build an index"),

@@ -12,7 +12,7 @@ split over `--engines` vLLM engines (`--engine hf`: transformers in this process
 
 Writes `<out>/eval.json` (the summary, the per-source table and every item), `eval.md` and `eval.png` (EM per
 source), prints the table, and logs to wandb when the config enables it (the run's own wandb run with `--run-dir`).
-The retrieval server at `retrieval.url` is used when it answers; otherwise, if the config serves a local index
+The retrieval server at `retrieval.client.url` is used when it answers; otherwise, if the config serves a local index
 (BM25 or dense), one is started for the evaluation and stopped after.
 """
 
@@ -59,7 +59,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the prompts")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
-    parser.add_argument("--retrieval-url", help="POST /retrieve endpoint (default: retrieval.url)")
+    parser.add_argument("--retrieval-url", help="POST /retrieve endpoint (default: retrieval.client.url)")
     parser.add_argument("--out", type=Path, help="output directory (default: <checkpoint>/eval-<mode>)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_intermixed_args(argv)
@@ -129,7 +129,7 @@ async def _evaluate(
     from generators.evaluation import answer_shard
     from tasks import build_task
 
-    retrieval = cfg.retrieval.model_copy(update={"url": retrieval_url}) if retrieval_url else None
+    retrieval = cfg.retrieval.sending_to(retrieval_url) if retrieval_url else None
     task = build_task(cfg.task, retrieval=retrieval)
     engines, tokenizer = _start_engines(args, cfg, checkpoint)
     started = time.monotonic()
@@ -249,13 +249,13 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
 
     if args.mode == "direct":
         return None
-    url = args.retrieval_url or cfg.retrieval.url
+    url = args.retrieval_url or cfg.retrieval.client.url
     if http_ok(url.rsplit("/", 1)[0] + "/health"):
         return url
     if args.retrieval_url or not cfg.retrieval.serves_locally:
         raise EvalInputError(f"no retrieval server answers at {url} (start one with `sr1 retrieval serve`)")
     port = free_port()
-    local = cfg.retrieval.model_copy(update={"port": port, "url": f"http://127.0.0.1:{port}/retrieve"})
+    local = cfg.retrieval.served_at(port)
     out = args.out_dir
     job = save_job(
         cfg.model_copy(update={"retrieval": local, "run_dir": out}).retrieval_job(), out / "retrieval.yaml"
@@ -265,11 +265,14 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
             "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), out / "retrieval.log"
         )
     )
-    print(f"sr1 eval: starting a retrieval server on port {port} ({cfg.retrieval.method})", file=sys.stderr)
+    print(
+        f"sr1 eval: starting a retrieval server on port {port} ({cfg.retrieval.retriever.method})",
+        file=sys.stderr,
+    )
     supervisor.wait_until(
         lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s=600, what="the retrieval server"
     )
-    return local.url
+    return local.client.url
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:

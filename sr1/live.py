@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from buffer.monitor import memory_text, staleness_histogram
+from common.progress import format_seconds
 from sr1.report import read_metric_lines
 
 
@@ -41,6 +42,9 @@ class LiveView:
         self._last_plain = 0.0
         self._metrics_offset = 0
         self.last_metrics: dict[str, Any] = {}
+        self._first_step: tuple[float, int] | None = (
+            None  # (when, step) of the first step seen: the rate's origin
+        )
 
     def log(self, message: str) -> None:
         elapsed = time.monotonic() - self.orch.started
@@ -49,6 +53,15 @@ class LiveView:
             self._live.console.print(line)
         else:
             print(line, flush=True)
+
+    def phase(self, name: str, *, expected_s: float | None = None, total: int | None = None, unit: str = ""):
+        """Progress of a phase before the live table starts (engines starting, an evaluation): a bar in a terminal,
+        a line every 10 s without one, each with about how long is left."""
+        from common.progress import PhaseProgress
+
+        return PhaseProgress(
+            name, total=total, unit=unit, expected_s=expected_s, terminal=self.enabled, printer=self.log
+        )
 
     def __enter__(self) -> LiveView:
         if self.enabled:
@@ -79,16 +92,32 @@ class LiveView:
         if steps:
             self.last_metrics = steps[-1]
 
+    def training_left_s(self, step: int | None, total: int, now: float | None = None) -> float | None:
+        """Seconds of training left at the rate of the steps seen so far (None before two steps were seen)."""
+        now = time.monotonic() if now is None else now
+        if step is None:
+            return None
+        if self._first_step is None:
+            self._first_step = (now, step)
+            return None
+        since, first = self._first_step
+        if step <= first or now <= since:
+            return None
+        return (total - step) * (now - since) / (step - first)
+
     def snapshot(self) -> dict[str, Any]:
         """The figures shown: learner metrics (last step), buffer stats, generator heartbeats, last eval."""
         self._read_new_metrics()
         m = self.last_metrics
+        total = self.orch.cfg.learner.total_steps
+        left = self.training_left_s(m.get("step"), total)
         stats = self.orch.buffer.stats()
         generators = [w for w in self.orch.buffer.workers() if w.get("role") == "generator"]
         gen_metrics = [w.get("metrics", {}) for w in generators]
         last_eval = self.orch.evals[-1] if self.orch.evals else {}
         return {
-            "step": f"{m.get('step', 0)}/{self.orch.cfg.learner.total_steps}",
+            "step": f"{m.get('step', 0)}/{total}",
+            "training left": "-" if left is None else f"about {format_seconds(left)}",
             "version": stats.get("buffer/version"),
             "reward": m.get("batch/reward_mean"),
             "test EM": last_eval.get("eval/em"),

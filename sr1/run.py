@@ -4,8 +4,9 @@
     sr1 run tiny learner.max_staleness=0     # the synchronous baseline, same report
     sr1 run --resume runs/tiny-20261121-231500
 
-Order: tiny world (if the model is `tiny`) -> Redis (embedded unless buffer.redis_url) -> retrieval server ->
-generator workers -> greedy evaluation before training -> learner -> live view -> evaluation after -> report.
+Order: tiny world (if the model is `tiny`) -> Redis (embedded unless buffer.redis_url) -> retrieval server and
+generator workers, side by side -> greedy evaluation before training -> learner -> live view -> evaluation after ->
+report. Each phase says what it is waiting for and about how long is left.
 
 Every part is supervised: a dead Redis, retrieval server, generator or learner is restarted with back-off (the
 learner with `--resume`; the others ride out the gap), and the run fails with the dead part's last log lines only
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.memory import EvictingRedis
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
+from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
     Child,
@@ -38,9 +40,10 @@ from sr1.launch.supervisor import (
 )
 from sr1.preflight import BadInput, check_inputs
 
-RUNS_ROOT = Path("runs")
-EMBEDDED_MODELS = ("tiny", "tiny-qwen2.5")  # built by `sr1 run` itself (see _with_embedded_world)
 _OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
+# typical times on a 2-core CPU for the tiny preset: the progress lines' "about N s left" before anything is measured
+ENGINE_START_S = 40.0
+EVAL_S = 25.0
 T = TypeVar("T")
 
 
@@ -99,6 +102,9 @@ class Orchestrator:
         self.started = time.monotonic()
         self.view = None
         self.inputs_checked = False
+        self._eval_s = (
+            EVAL_S  # what an evaluation is expected to take (the last one's time, once there was one)
+        )
 
     # -- set-up -------------------------------------------------------------------------------------------------
 
@@ -139,7 +145,7 @@ class Orchestrator:
     def _place_retrieval(self, cfg: Config) -> Config:
         """Where the run's own retrieval server listens: a free loopback port (`sr1 launch`: on its Ray node)."""
         port = free_port()
-        return _update(cfg, "retrieval", port=port, url=f"http://127.0.0.1:{port}/retrieve")
+        return cfg.model_copy(update={"retrieval": cfg.retrieval.served_at(port)})
 
     def _start_redis(self, cfg: Config) -> Config:
         """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised."""
@@ -164,28 +170,19 @@ class Orchestrator:
         `tiny`: the tiny world (a warm-started tiny policy on its synthetic knowledge base). `tiny-qwen2.5`: a small
         random model with Qwen2.5's real tokenizer and chat template, on the tiny knowledge base laid out as the
         FlashRAG downloads and prepared by `sr1 data prepare` (the CPU rehearsal of the real workflow)."""
-        cache = RUNS_ROOT / ".world-cache"
-        if cfg.model.path == "tiny":
-            from world import build_world
-
-            world = build_world(cache / f"seed{cfg.seed}", seed=cfg.seed)
-            model_dir, files = world.model_dir, (world.train_path, world.test_path, world.corpus_path)
-        else:
-            from world.flashrag import build_rehearsal
-            from world.qwen import build_qwen_shaped
-
-            model_dir = build_qwen_shaped(cache / f"qwen2.5-shaped-seed{cfg.seed}", seed=cfg.seed)
-            files = build_rehearsal(cache / f"rehearsal-seed{cfg.seed}", seed=cfg.seed)
+        model_dir, files = build_embedded(cfg.model.path, cfg.seed)
         train, test, corpus = (Path(f).resolve() for f in files)
         cfg = _update(cfg, "model", path=str(Path(model_dir).resolve()))
         given = cfg.data.model_fields_set
-        given_corpus = "corpus_path" in cfg.retrieval.model_fields_set
+        retriever = cfg.retrieval.retriever
+        given_corpus = "corpus_path" in retriever.model_fields_set
         fill = {"train_files": [train], "test_files": [test]}
         cfg = _update(cfg, "data", **{k: v for k, v in fill.items() if k not in given})
-        if not given_corpus:
-            cfg = _update(cfg, "retrieval", corpus_path=corpus)
+        if "corpus_path" in type(retriever).model_fields and not given_corpus:
+            cfg = _update(cfg, "retrieval", retriever=retriever.model_copy(update={"corpus_path": corpus}))
         kept = sorted(
-            {f"data.{k}" for k in fill if k in given} | ({"retrieval.corpus_path"} if given_corpus else set())
+            {f"data.{k}" for k in fill if k in given}
+            | ({"retrieval.retriever.corpus_path"} if given_corpus else set())
         )
         if kept:
             print(
@@ -197,7 +194,8 @@ class Orchestrator:
         log_path = self.run_dir / "logs" / f"{name}.log"
         return self.supervisor.start(Child(name, cmd, log_path, restart=restart))
 
-    def start_retrieval(self) -> None:
+    def launch_retrieval(self) -> None:
+        """Start the run's retrieval server (when it serves locally); `wait_for_retrieval` waits for its health."""
         if not self.cfg.retrieval.serves_locally:
             return  # online engines need no local server
         job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
@@ -205,25 +203,50 @@ class Orchestrator:
         self._child(
             "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), RestartPolicy()
         )
-        health = self.cfg.retrieval.url.rsplit("/", 1)[0] + "/health"
+
+    def wait_for_retrieval(self) -> None:
+        if not self.cfg.retrieval.serves_locally:
+            return
+        health = self.cfg.retrieval.client.url.rsplit("/", 1)[0] + "/health"
         self.supervisor.wait_until(
             lambda: http_ok(health), timeout_s=self.startup_timeout_s, what="the retrieval server"
         )
 
-    def start_generators(self) -> None:
+    def start_retrieval(self) -> None:
+        self.launch_retrieval()
+        self.wait_for_retrieval()
+
+    def launch_generators(self) -> None:
+        """Start the generator workers; `wait_for_generators` waits until each heartbeats (its engine is up)."""
         from sr1.launch.pools import generator_children
 
-        wanted = self.cfg.generators.num_engines
-        for child in generator_children(self.cfg, wanted, "generator-", logs=True):
-            child.restart = (
-                RestartPolicy()
-            )  # a restarted worker takes back its leases and waits for the weights
+        for child in generator_children(self.cfg, self.cfg.generators.num_engines, "generator-", logs=True):
+            # a restarted worker takes back its leases and waits for the weights
+            child.restart = RestartPolicy()
             self.supervisor.start(child)
+
+    def wait_for_generators(self) -> None:
+        wanted = self.cfg.generators.num_engines
         self.supervisor.wait_until(
             lambda: self._riding_out_redis(lambda: self._count_generators() >= wanted),
             timeout_s=self.startup_timeout_s,
             what=f"{wanted} generator worker(s) to heartbeat",
         )
+
+    def start_generators(self) -> None:
+        self.launch_generators()
+        self.wait_for_generators()
+
+    def start_serving(self) -> None:
+        """The retrieval server and the generator workers, started side by side: an engine needs the server only
+        when it first searches, and its start (processes, imports, weights, KV cache) is most of the wait."""
+        engines = self.cfg.generators.num_engines
+        what = f"starting the retrieval server and {engines} vLLM engine(s)"
+        with self.view.phase(what, expected_s=ENGINE_START_S):
+            self.launch_retrieval()
+            self.launch_generators()
+            self.wait_for_retrieval()
+            self.wait_for_generators()
 
     def _count_generators(self) -> int:
         return sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
@@ -246,8 +269,12 @@ class Orchestrator:
         from learner.tracking import Tracker
 
         evals = Evaluations(self.buffer, self.cfg.eval, self.run_dir)
-        eval_id = self._riding_out_redis(lambda: evals.request(step))
-        result = self._riding_out_redis(lambda: evals.wait(eval_id, self.startup_timeout_s))
+        what = f"evaluating the policy at version {step} (greedy, test split)"
+        started = time.monotonic()
+        with self.view.phase(what, expected_s=self._eval_s):
+            eval_id = self._riding_out_redis(lambda: evals.request(step))
+            result = self._riding_out_redis(lambda: evals.wait(eval_id, self.startup_timeout_s))
+        self._eval_s = time.monotonic() - started  # the next evaluation's estimate
         tracker = Tracker(
             self.run_dir, self.cfg.logging
         )  # metrics.jsonl and wandb, as the learner's evaluations
@@ -296,12 +323,8 @@ class Orchestrator:
         self.prepare()
         self.view = view = self.make_view()
         view.log(f"run directory: {self.run_dir}")
-        view.log("starting retrieval server")
-        self.start_retrieval()
-        view.log(f"starting {self.cfg.generators.num_engines} generator worker(s) (vLLM)")
-        self.start_generators()
+        self.start_serving()
         if not any(e["step"] == 0 for e in self.evals):
-            view.log("evaluating the initial policy (greedy, test split)")
             first = self.evaluate(0)
             view.log(f"test EM before: {first['eval/em']:.3f}")
         view.log("starting learner")
@@ -361,6 +384,22 @@ def _interrupt_on_sigterm() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_main(parse_args(build_parser(), argv), Orchestrator)
+
+
+def world_main(argv: list[str] | None = None) -> int:
+    """`sr1 world`: build (or find cached) the embedded world a `sr1 run` with the same arguments would use."""
+    args = parse_args(build_parser(prog="sr1 world", description=world_main.__doc__), argv)
+    try:
+        cfg, _ = _resolve(args)
+    except ConfigError as err:
+        print(f"sr1 world: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if cfg.model.path not in EMBEDDED_MODELS:
+        print(f"sr1 world: model.path {cfg.model.path!r} is not embedded: nothing to build")
+        return 0
+    model_dir, _ = build_embedded(cfg.model.path, cfg.seed)
+    print(f"sr1 world: {cfg.model.path} (seed {cfg.seed}) ready in {model_dir.parent}")
+    return 0
 
 
 def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], **options: Any) -> int:

@@ -117,11 +117,15 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
             "--sizes",
             json.dumps(sizes),
         ] + ([] if progress else ["--quiet"])
+        if progress:
+            print(f"[tiny world] building seed {seed} into {out_dir} (once per seed and size)", flush=True)
         subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True)
         if not marker_path.exists():
             raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")
         return world
 
+    say = print if progress else (lambda *_, **__: None)
+    say("[tiny world] the knowledge base, its corpus and questions, the warm-start trajectories", flush=True)
     kb = build_kb(seed, world_sizes)
     write_corpus(kb, world.corpus_path)
     write_questions(kb.train, world.train_path)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.progress import PhaseProgress
 from tasks.search_r1.protocol import (
     answer_turn,
     format_documents,
@@ -213,13 +214,10 @@ def sft(
     prefix_len = shared_prefix_length(seqs)
     model.train()
     losses: list[float] = []
-    bar = _progress(progress)
-    with bar:
-        task = bar.add_task("warm start", total=total, loss=float("nan"))
+    with PhaseProgress("warm start", total=total, unit="steps", enabled=progress) as bar:
         for _ in range(epochs):
             order = list(range(len(seqs)))
             gen.shuffle(order)
-            # sort each chunk of batches by length so padding stays small
             for start in range(0, len(order), batch_size):
                 batch = [seqs[i] for i in order[start : start + batch_size]]
                 loss = sequence_loss(model, batch, pad_id, prefix_len)
@@ -229,22 +227,9 @@ def sft(
                 optim.step()
                 sched.step()
                 losses.append(loss.item())
-                bar.update(task, advance=1, loss=loss.item())
+                bar.advance(note=f"loss {losses[-1]:.3f}")
     model.eval()
     return losses
-
-
-def _progress(enabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(),
-        disable=not enabled,
-    )
 
 
 def copy_friendly_init(model: Any) -> None:
@@ -290,6 +275,8 @@ def warm_start(
     torch.set_num_threads(2)
     torch.manual_seed(seed)
     model_dir = Path(model_dir)
+    if progress:
+        print("[tiny world] the tokenizer and the model", flush=True)
     build_tiny_policy(
         model_dir,
         tokenizer_texts(kb, trajectories),

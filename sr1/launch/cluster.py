@@ -196,9 +196,8 @@ class ClusterOrchestrator(Orchestrator):
         slot = self.supervisor.slots("retrieval")[0]
         port = self.supervisor.free_port(slot)
         token = cfg.retrieval.token or secrets.token_urlsafe(32)  # the server listens beyond loopback
-        return _update(
-            cfg, "retrieval", host=slot.ip, port=port, url=f"http://{slot.ip}:{port}/retrieve", token=token
-        )
+        retrieval = cfg.retrieval.served_at(port, host=slot.ip).model_copy(update={"token": token})
+        return cfg.model_copy(update={"retrieval": retrieval})
 
     def _start_redis(self, cfg: Config) -> Config:
         """redis-server in its slot, on the run's AOF (`<run_dir>/redis` on that node), restarted when it dies."""

@@ -377,7 +377,15 @@ class RaySupervisor(Supervisor):
                 ray.init(address="auto", **options)
             except ConnectionError:  # none running: a local instance that lives and dies with this process
                 cpus = max(os.cpu_count() or 1, self.local_num_cpus or 0)
-                ray.init(address="local", num_cpus=cpus, include_dashboard=False, **options)
+                # on loopback: nothing outside this machine joins it, so nothing of it listens beyond (its node
+                # address is also where the engines find the learner's weight-sync store)
+                ray.init(
+                    address="local",
+                    num_cpus=cpus,
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    **options,
+                )
         # ray.init makes SIGTERM exit at once; the launcher's own handler stops the parts in order first
         signal.signal(signal.SIGTERM, previous)
         self.connected = True

@@ -3,6 +3,7 @@
     profile_from_run(Path("runs/tiny-..."), load_profile("cpu-tiny"))  # metrics.jsonl + config.yaml of `sr1 run`
     with_learner_bench(data, Path("bench.json"))     # learner tokens/s, `bench_learner.py --json`
     with_engine_bench(data, Path("engine.json"))     # engine curve, `bench_generators.py --curve ... --json`
+    with_retrieval_bench(data, Path("retrieval.json"), "dense_flat/naive")  # `bench_retrieval.py --curve ... --json`
     resolve_profile(profile, from_run, learner_bench, engine_bench)  # what `sr1 plan` composes from its flags
 
 A run measures its trajectory shapes, the learner's tokens/s, its step overhead and its publish time directly. The
@@ -287,14 +288,50 @@ def with_engine_bench(profile_data: dict[str, Any], bench_path: Path) -> dict[st
     return {**profile_data, "generator": generator}
 
 
+def with_retrieval_bench(
+    profile_data: dict[str, Any], bench_path: Path, server: str | None
+) -> dict[str, Any]:
+    """`profile_data` with the retrieval server's requests/s curve taken from a `bench_retrieval.py --curve --json`
+    output; `server` names one of its curves (`dense_flat/batched`, `bm25/naive`, ...), or None when it has one."""
+    bench = read_bench_output(bench_path, "bench_retrieval.py --curve 1,4,16,64 --json", "retrieval_curves")
+    curves = bench["retrieval_curves"]
+    if server is None and len(curves) == 1:
+        server = next(iter(curves))
+    if server not in curves:
+        raise ProfileError(
+            f"{bench_path}: {'no curve ' + repr(server) if server else 'several curves'}; give --retrieval-server "
+            f"with one of: {', '.join(curves)}"
+        )
+    return {
+        **profile_data,
+        "retrieval": {
+            "requests_per_s": {
+                "points": curves[server],
+                "source": f"bench_retrieval.py --curve in {bench_path} ({server}, {bench.get('date', 'undated')}, "
+                f"{bench.get('machine', '?')}): requests/s against concurrent clients",
+            }
+        },
+    }
+
+
+def with_retrieval_points(profile_data: dict[str, Any], points: list[tuple[float, float]]) -> dict[str, Any]:
+    """`profile_data` with the retrieval server's curve given as (clients, requests/s) points."""
+    curve = {"points": [list(p) for p in points], "source": "given on the command line"}
+    return {**profile_data, "retrieval": {"requests_per_s": curve}}
+
+
 def resolve_profile(
     profile: str | Path | None = None,
     from_run: Path | None = None,
     learner_bench: Path | None = None,
     engine_bench: Path | None = None,
+    retrieval_bench: Path | None = None,
+    retrieval_server: str | None = None,
+    retrieval_points: list[tuple[float, float]] | None = None,
 ) -> Profile:
     """The profile `sr1 plan` uses: a file, with the engine's curve from a bench output; a run's measurements over it
-    when given (the fitted engine curve keeps the bench's shape); and the learner's tokens/s from a bench on top."""
+    when given (the fitted engine curve keeps the bench's shape); the learner's tokens/s from a bench, and the
+    retrieval server's curve from a bench or given points, on top."""
     if profile is None and from_run is None:
         raise ProfileError(
             "give a profile: --profile NAME_OR_FILE, --from-run RUN_DIR (with --learner-bench FILE and "
@@ -313,4 +350,8 @@ def resolve_profile(
     data = json.loads(base.model_dump_json())
     if learner_bench is not None:
         data = with_learner_bench(data, learner_bench)
+    if retrieval_bench is not None:
+        data = with_retrieval_bench(data, retrieval_bench, retrieval_server)
+    if retrieval_points is not None:
+        data = with_retrieval_points(data, retrieval_points)
     return validate_profile(data, str(profile or from_run))

@@ -43,12 +43,13 @@ class Figure(BaseModel):
 
 
 class Curve(BaseModel):
-    """An engine's aggregate decode tokens/s as a function of the sequences it batches at once."""
+    """A server's aggregate rate as a function of the jobs it serves at once: an engine's decode tokens/s against
+    concurrent sequences, a retrieval server's requests/s against concurrent clients."""
 
     model_config = ConfigDict(extra="forbid")
 
     points: list[tuple[float, float]] = Field(
-        description="(concurrent sequences, aggregate tokens/s) pairs; linear in between, flat past the last."
+        description="(concurrent jobs, aggregate rate) pairs; linear in between, flat past the last."
     )
     source: str = Field(min_length=1, description="Where the points came from.")
 
@@ -58,11 +59,11 @@ class Curve(BaseModel):
         if not self.points or xs != sorted(xs) or len(set(xs)) != len(xs) or xs[0] <= 0:
             raise ValueError(f"points need distinct, increasing concurrencies > 0, got {xs}")
         if any(y <= 0 for _, y in self.points):
-            raise ValueError("tokens/s must be > 0 at every point")
+            raise ValueError("the rate must be > 0 at every point")
         return self
 
-    def tokens_per_s(self, concurrent: int) -> float:
-        """Aggregate tokens/s at `concurrent` sequences (through the origin below the first point)."""
+    def at(self, concurrent: int) -> float:
+        """The aggregate rate at `concurrent` jobs (through the origin below the first point)."""
         if concurrent <= 0:
             return 0.0
         (x0, y0) = self.points[0]
@@ -87,6 +88,12 @@ class GeneratorProfile(BaseModel):
     )
     min_kv_cache_gib: Figure = Field(
         description="KV-cache memory an engine needs beside its weights (GiB per GPU)."
+    )
+    worker_tokens_per_s: Figure | None = Field(
+        None,
+        description="The most sampled tokens/s one generator worker process can drive (its agent loop handles "
+        "every engine step's output: `bench_generators.py --null-engine`); an engine never runs faster than its "
+        "worker, and the plan says when a split's engines would. None: not modelled.",
     )
 
 
@@ -135,6 +142,51 @@ class WorkloadProfile(BaseModel):
     )
 
 
+class RetrievalProfile(BaseModel):
+    """The retrieval server as a shared resource: searches queue at it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_s: Curve = Field(
+        description="Requests/s the server answers against concurrent clients (one query each), "
+        "`bench_retrieval.py --curve`. With it a search's round trip is `workload.search_latency_s` plus the "
+        "delay the server's load adds: its time in the server under processor sharing of this curve, less its "
+        "time there alone."
+    )
+
+
+class SearchR1Profile(BaseModel):
+    """Search-R1 as it runs (veRL's synchronous multi-turn loop, colocated on every GPU): the figures its loop
+    needs beside the shared ones (sr1/plan/search_r1.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decode_step_floor_s: Figure = Field(
+        description="Least seconds per decode step of Search-R1's vLLM engine (enforce_eager: no CUDA graphs, "
+        "so a step costs at least its kernel launches); 0: the engine curve alone."
+    )
+    run_on_tokens: Figure = Field(
+        description="Mean tokens a searching turn samples past its `</search>` (Search-R1's engine has no stop "
+        "strings: a turn runs to EOS or the per-turn cap); cut off before the next turn."
+    )
+    generate_call_s: Figure = Field(
+        description="Seconds per `generate_sequences` call (one per turn) beside the generation: the actor's "
+        "parameters loaded from CPU and copied into vLLM, the KV cache built and freed."
+    )
+    trainer_mfu: Figure = Field(
+        description="Model FLOPs utilisation of veRL's FSDP passes (6 x params per token for the update, 2 x "
+        "params for a forward: the log-prob recomputes and the reference) against the GPU's dense bf16 peak."
+    )
+    step_overhead_s: Figure = Field(
+        description="Seconds per step beside the passes above (rewards, advantages, balancing, optimizer "
+        "state to and from CPU, logging)."
+    )
+    retrieval_queries_per_s: Figure = Field(
+        description="Queries/s of Search-R1's retrieval server answering the one request that carries a whole "
+        "turn's queries."
+    )
+
+
 class Profile(BaseModel):
     """Every figure `sr1 plan` simulates with, each with its source."""
 
@@ -151,16 +203,22 @@ class Profile(BaseModel):
         description="Seconds from a prompt's release until its group runs in an engine, "
         "plus a finished group's way to the learner (claim, put, take), lumped together."
     )
+    retrieval: RetrievalProfile | None = Field(
+        None, description="The retrieval server's throughput curve; None: searches never queue."
+    )
+    search_r1: SearchR1Profile | None = Field(
+        None, description="Figures of the 'Search-R1 as it runs' baseline; None: the plan leaves it out."
+    )
     notes: list[str] = Field(
         default_factory=list, description="Assumptions and caveats, printed with the plan."
     )
 
     @model_validator(mode="after")
     def _in_range(self) -> Profile:
-        for key, text, _ in profile_sources(self):
-            if key == "generator.tokens_per_s":
-                continue  # the curve checks itself
-            value = float(text)
+        for key, figure in _walk(self, ""):
+            if isinstance(figure, Curve):
+                continue  # a curve checks itself
+            value = figure.value
             if key in POSITIVE and value <= 0:
                 raise ValueError(f"{key} must be > 0, got {value:g}")
             if value < 0:
@@ -170,6 +228,8 @@ class Profile(BaseModel):
                 f"workload.dropped_group_fraction must be < 1 (every group dropped never fills a batch), got "
                 f"{self.workload.dropped_group_fraction.value:g}"
             )
+        if self.search_r1 is not None and self.search_r1.trainer_mfu.value > 1:
+            raise ValueError(f"search_r1.trainer_mfu must be <= 1, got {self.search_r1.trainer_mfu.value:g}")
         return self
 
 
@@ -180,21 +240,31 @@ POSITIVE = {
     "learner.scaling_efficiency",
     "workload.tokens_per_turn",
     "learner.bytes_per_param",
+    "generator.worker_tokens_per_s",
+    "search_r1.trainer_mfu",
+    "search_r1.retrieval_queries_per_s",
 }
 
 
 class GpuKind(BaseModel):
     memory_gib: float | None = Field(description="Memory per device; None: not checked (CPU cores).")
+    peak_tflops: float | None = Field(
+        description="Dense bf16 peak TFLOP/s (the vendor's datasheet); None: unknown (CPU cores)."
+    )
     description: str = Field(description="What it is.")
 
 
 GPU_KINDS: dict[str, GpuKind] = {
-    "h100": GpuKind(memory_gib=80.0, description="NVIDIA H100 80GB"),
-    "h200": GpuKind(memory_gib=141.0, description="NVIDIA H200 141GB"),
-    "a100-80gb": GpuKind(memory_gib=80.0, description="NVIDIA A100 80GB"),
-    "a100-40gb": GpuKind(memory_gib=40.0, description="NVIDIA A100 40GB"),
-    "l40s": GpuKind(memory_gib=48.0, description="NVIDIA L40S 48GB"),
-    "cpu": GpuKind(memory_gib=None, description="CPU cores pinned one per pool member (memory not checked)"),
+    "h100": GpuKind(memory_gib=80.0, peak_tflops=989.0, description="NVIDIA H100 80GB (SXM)"),
+    "h200": GpuKind(memory_gib=141.0, peak_tflops=989.0, description="NVIDIA H200 141GB"),
+    "a100-80gb": GpuKind(memory_gib=80.0, peak_tflops=312.0, description="NVIDIA A100 80GB"),
+    "a100-40gb": GpuKind(memory_gib=40.0, peak_tflops=312.0, description="NVIDIA A100 40GB"),
+    "l40s": GpuKind(memory_gib=48.0, peak_tflops=362.0, description="NVIDIA L40S 48GB"),
+    "cpu": GpuKind(
+        memory_gib=None,
+        peak_tflops=None,
+        description="CPU cores pinned one per pool member (memory not checked)",
+    ),
 }
 
 
@@ -254,7 +324,7 @@ def with_figures(
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or not isinstance(node.get(last), dict) or "value" not in node[last]:
-            known = ", ".join(k for k, _, _ in profile_sources(profile) if k != "generator.tokens_per_s")
+            known = ", ".join(k for k, f in _walk(profile, "") if isinstance(f, Figure))
             raise ProfileError(f"no figure {key!r} in the profile; figures: {known}")
         node[last] = {"value": float(value), "source": source}
     return validate_profile(data, f"{profile.name} with {', '.join(figures)}")
@@ -273,31 +343,37 @@ def with_engine_curve(
     return validate_profile(data, f"{profile.name} with generator.tokens_per_s")
 
 
-def profile_sources(profile: Profile) -> list[tuple[str, str, str]]:
-    """(dotted field, value as text, source) for every figure and curve of the profile."""
-    out: list[tuple[str, str, str]] = []
-
-    def walk(model: BaseModel, prefix: str) -> None:
-        for name in type(model).model_fields:
-            value, key = getattr(model, name), prefix + name
-            if isinstance(value, Figure):
-                out.append((key, f"{value.value:g}", value.source))
-            elif isinstance(value, Curve):
-                out.append((key, ", ".join(f"{x:g}:{y:,.0f}" for x, y in value.points), value.source))
-            elif isinstance(value, BaseModel):
-                walk(value, key + ".")
-
-    walk(profile, "")
+def _walk(model: BaseModel, prefix: str) -> list[tuple[str, Figure | Curve]]:
+    """(dotted field, figure or curve) for every figure and curve under `model` (sections left out are skipped)."""
+    out: list[tuple[str, Figure | Curve]] = []
+    for name in type(model).model_fields:
+        value, key = getattr(model, name), prefix + name
+        if isinstance(value, Figure | Curve):
+            out.append((key, value))
+        elif isinstance(value, BaseModel):
+            out += _walk(value, key + ".")
     return out
 
 
+def profile_sources(profile: Profile) -> list[tuple[str, str, str]]:
+    """(dotted field, value as text, source) for every figure and curve of the profile."""
+    return [
+        (key, f"{f.value:g}", f.source)
+        if isinstance(f, Figure)
+        else (key, ", ".join(f"{x:g}:{y:,.0f}" for x, y in f.points), f.source)
+        for key, f in _walk(profile, "")
+    ]
+
+
 def learner_memory_gib(profile: Profile, ranks: int, *, reference: bool, critic: bool) -> float:
-    """Peak GiB per learner rank: the sharded training state (and a bf16 reference, a critic's state) plus
-    activations."""
+    """Peak GiB per learner rank: the sharded training state (and the frozen reference's fp32 shards, a critic's
+    state) plus activations, as the learner's own check counts them (learner/memory.py)."""
     params = profile.params_billion.value * 1e9
     state = params * profile.learner.bytes_per_param.value * (2 if critic else 1)
     if reference:
-        state += params * 2  # bf16 frozen reference, sharded
+        state += (
+            params * 4
+        )  # the reference is loaded as the policy is (fp32 shards), without gradients or moments
     return state / ranks / GIB + profile.learner.activation_gib.value
 
 

@@ -43,6 +43,10 @@ def to_json(plan: Plan) -> dict[str, Any]:
                 "staleness_mean": res.staleness_mean,
                 "speedup_vs_sync_split": r.speedup_vs_sync_split,
                 "speedup_vs_colocated": r.speedup_vs_colocated,
+                "speedup_vs_search_r1": r.speedup_vs_search_r1,
+                "worker_bound": res.worker_bound,
+                "retrieval_busy": res.retrieval_busy,
+                "search_wait_s": res.search_wait_s,
             }
         return out
 
@@ -57,8 +61,33 @@ def to_json(plan: Plan) -> dict[str, Any]:
         if plan.colocated is None
         else {"steps_per_hour": plan.colocated.steps_per_hour, "step_s": plan.colocated.step_s},
         "colocated_excluded": plan.colocated_excluded,
+        "search_r1": None
+        if plan.search_r1 is None
+        else {
+            "steps_per_hour": plan.search_r1.steps_per_hour,
+            "step_s": plan.search_r1.step_s,
+            "phases_s": plan.search_r1.phases,
+            "generate_calls": plan.search_r1.generate_calls,
+            "fitted": fitted_figures(plan),
+        },
+        "search_r1_excluded": plan.search_r1_excluded,
         "recommended": None if rec is None else row(rec),
     }
+
+
+def fitted_figures(plan: Plan) -> list[str]:
+    """The profile's figures that were fitted (their source says so), as `name = value`."""
+    return [
+        f"{key} = {value}"
+        for key, value, source in profile_sources(plan.profile)
+        if source.startswith("fitted")
+    ]
+
+
+# a row is search-bound when its retrieval server is this busy, or a search waits this long for it on average
+SEARCH_BOUND_BUSY = 0.9
+# a split is called worker-bound when its engines could outrun their workers this share of the time
+WORKER_BOUND_SHARE = 0.05
 
 
 def print_plan(plan: Plan, console=None) -> None:
@@ -66,7 +95,7 @@ def print_plan(plan: Plan, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(width=160)
+    console = console or Console(width=200)
     table = Table(title=f"sr1 plan: {plan.preset} on {plan.gpus} x {plan.gpu_kind} ({plan.profile.name})")
     for name in (
         "split",
@@ -78,15 +107,17 @@ def print_plan(plan: Plan, console=None) -> None:
         "staleness (tokens)",
         "vs sync split",
         "vs colocated sync",
+        "vs Search-R1 as it runs",
+        *(["search wait s"] if plan.profile.retrieval else []),
+        *(["worker-bound"] if plan.profile.generator.worker_tokens_per_s else []),
     ):
-        table.add_column(name, justify="left" if name in ("split", "staleness (tokens)") else "right")
-    shown_excluded: set[str] = set()
+        left = name in ("split", "staleness (tokens)")
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+    excluded: dict[str, str] = {}  # one line per excluded split, whatever the bound, under the table
     for r in plan.rows:
         mark = " *" if r is plan.recommended else ""
         if r.result is None:
-            if r.label not in shown_excluded:  # one line per excluded split, whatever the bound
-                shown_excluded.add(r.label)
-                table.add_row(r.label, "all", f"excluded: {r.excluded}", *[""] * 6)
+            excluded.setdefault(r.label, r.excluded)
             continue
         res = r.result
         table.add_row(
@@ -99,15 +130,21 @@ def print_plan(plan: Plan, console=None) -> None:
             _histogram(res.staleness_histogram),
             _ratio(r.speedup_vs_sync_split),
             _ratio(r.speedup_vs_colocated),
+            _ratio(r.speedup_vs_search_r1),
+            *([f"{res.search_wait_s:.2f}"] if plan.profile.retrieval else []),
+            *([f"{res.worker_bound:.2f}"] if plan.profile.generator.worker_tokens_per_s else []),
         )
     console.print(table)
+    for label, why in excluded.items():
+        console.print(f"{label}: excluded: {why}")
     if plan.colocated is not None:
         console.print(
-            f"colocated synchronous baseline (Search-R1's layout: all {plan.gpus} GPUs generate, then all train): "
+            f"colocated synchronous baseline (sr1's engines and learner on all {plan.gpus} GPUs: generate, then train): "
             f"{plan.colocated.steps_per_hour:,.1f} steps/h ({plan.colocated.step_s:.2f} s/step)"
         )
     else:
         console.print(f"colocated synchronous baseline: excluded ({plan.colocated_excluded})")
+    _print_search_r1(plan, console)
     rec = plan.recommended
     if rec is None:
         console.print("[red]no split can run this config on this hardware (see the reasons above)[/red]")
@@ -116,7 +153,8 @@ def print_plan(plan: Plan, console=None) -> None:
             f"[bold]recommended: {rec.generator_gpus} generator GPU(s), {rec.learner_gpus} learner GPU(s), "
             f"max_staleness {rec.max_staleness}: {rec.result.steps_per_hour:,.1f} steps/h[/bold] "
             f"({_ratio(rec.speedup_vs_sync_split)} its synchronous run, {_ratio(rec.speedup_vs_colocated)} the "
-            "colocated synchronous baseline)"
+            "colocated synchronous baseline"
+            + (f", {_ratio(rec.speedup_vs_search_r1)} Search-R1 as it runs)" if plan.search_r1 else ")")
         )
     if (
         rec is not None
@@ -127,11 +165,61 @@ def print_plan(plan: Plan, console=None) -> None:
             "[yellow]the colocated synchronous layout is faster than every split here: the pools are too unequal "
             "for dedicated GPUs to pay (see each pool's busy fraction)[/yellow]"
         )
+    _print_bounds(plan, console)
     console.print("\nprofile figures and their sources:")
     for key, value, source in profile_sources(plan.profile):
         console.print(f"  {key} = {value}  [dim]({source})[/dim]")
     for note in plan.profile.notes:
         console.print(f"  note: {note}")
+
+
+def _print_search_r1(plan: Plan, console) -> None:
+    base = plan.search_r1
+    if base is None:
+        console.print(f"Search-R1 as it runs: left out ({plan.search_r1_excluded})")
+        return
+    parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in base.phases.items() if seconds > 0)
+    console.print(
+        f"Search-R1 as it runs (veRL's synchronous multi-turn loop on all {plan.gpus} GPUs, sr1/plan/search_r1.py): "
+        f"{base.steps_per_hour:,.1f} steps/h ({base.step_s:.1f} s/step: {parts} s; "
+        f"{base.generate_calls:.1f} generate calls per step)"
+    )
+    fitted = fitted_figures(plan)
+    console.print(
+        "  calibrated: "
+        + ("; ".join(fitted) if fitted else "no figure of this profile was fitted")
+        + " (every other figure is an assumption or a measurement: see the sources below)"
+    )
+
+
+def _print_bounds(plan: Plan, console) -> None:
+    """A line for the splits that search, or their workers, bound."""
+    ran = [r for r in plan.rows if r.result is not None]
+    searching = [
+        r
+        for r in ran
+        if r.result.retrieval_busy is not None
+        and (
+            r.result.retrieval_busy >= SEARCH_BOUND_BUSY
+            or r.result.search_wait_s > plan.profile.workload.search_latency_s.value
+        )
+    ]
+    if searching:
+        worst = max(searching, key=lambda r: r.result.search_wait_s)
+        console.print(
+            f"[yellow]search-bound: in {len(searching)} row(s) the retrieval server, not the engines, bounds the "
+            f"generator pool (at {worst.label}, bound {worst.max_staleness}: busy {worst.result.retrieval_busy:.0%} "
+            f"of the time, a search waits {worst.result.search_wait_s:.2f} s for it on average)[/yellow]"
+        )
+    bound = [r for r in ran if r.result.worker_bound >= WORKER_BOUND_SHARE]
+    if bound:
+        ceiling = plan.profile.generator.worker_tokens_per_s.value
+        labels = sorted({r.label for r in bound})
+        console.print(
+            f"[yellow]worker-bound: with {', '.join(labels)} the engines could outrun their worker processes "
+            f"({ceiling:,.0f} tokens/s each, generator.worker_tokens_per_s) for part of the time; the figures "
+            "above are capped at it[/yellow]"
+        )
 
 
 def save_png(plan: Plan, path: Path) -> None:
@@ -154,6 +242,10 @@ def save_png(plan: Plan, path: Path) -> None:
             )
     if plan.colocated is not None:
         ax.axhline(plan.colocated.steps_per_hour, color="tab:gray", linestyle="--", label="colocated sync")
+    if plan.search_r1 is not None:
+        ax.axhline(
+            plan.search_r1.steps_per_hour, color="tab:brown", linestyle=":", label="Search-R1 as it runs"
+        )
     if plan.recommended is not None:
         rec = plan.recommended
         ax.scatter(

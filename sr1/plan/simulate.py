@@ -17,57 +17,40 @@ What is modelled:
   the number of searches is binomial over `max_turns` with the profile's mean, tokens per turn lognormal (capped by
   `max_tokens_per_turn`, and the whole response by `max_response_tokens`).
 - Admission and batch assembly are sr1's own code, not a copy: the real `buffer.admission.PromptFeeder.pump` runs
-  against an in-memory stand-in for the four buffer counters it reads (`_CountingBuffer`), and batches are chosen by
-  `BatchAssembler._select` (see `_choose_batch`, the one thin adapter). Dynamic sampling drops a finished group with
+  against an in-memory stand-in for the four buffer counters it reads, and batches are chosen by
+  `BatchAssembler._select` (`admission.py`: `CountingBuffer`, `choose_batch`, the one thin adapter). Dynamic sampling drops a finished group with
   the profile's probability; the feeder then releases one more, as the real buffer's `dropped` counter makes it.
 - Hand-offs: a released prompt reaches a worker's engine `handoff_s` later (the claim, the worker's wait for the
   published weights, and on the way back the group's put and the learner's take, lumped together).
-- The learner's step: model tokens x PPO epochs over (ranks x per-rank tokens/s x scaling efficiency), plus a fixed
+- The retrieval server, when the profile has its curve (`retrieval.requests_per_s`, `bench_retrieval.py --curve`):
+  searches in flight share its requests/s as sequences share an engine, and a search's round trip is its latency
+  draw plus the delay the load adds (its time in the server less its time there alone). Without the curve searches
+  never queue. A worker process's ceiling (`generator.worker_tokens_per_s`), when given, caps its engine's rate.
+- The learner's step: whole groups dealt to the ranks by tokens (largest first, to the least loaded rank); the rank
+  with the most model tokens x PPO epochs over (per-rank tokens/s x scaling efficiency) bounds it, plus a fixed
   overhead; then the publish, during which every engine is paused (its sequences frozen) and after which their new
   tokens carry the new version; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
   the version trained at minus the version of the weights that sampled it.
 
-Not modelled: evaluations, engine or learner failures, retrieval-server saturation (latency does not grow with
-load), prefix-cache misses, KV-cache preemption, and the learner's batch forwarding between ranks.
+Not modelled: evaluations, engine or learner failures, prefix-cache misses, KV-cache preemption, and the learner's
+batch forwarding between ranks.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import numpy as np
 
-from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule
-from buffer.records import PromptRecord
+from buffer.admission import PromptFeeder
+from sr1.plan.admission import CountingBuffer, EndlessPrompts, choose_batch
+from sr1.plan.pipeline import Pipeline
 from sr1.plan.profile import Profile
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """One configuration to simulate: the split, the step's shape and the bound."""
-
-    engines: int
-    ranks: int
-    groups_per_step: int
-    group_size: int
-    max_staleness: int
-    max_turns: int = 4
-    max_tokens_per_turn: int = 500
-    max_obs_tokens: int = 500
-    max_response_tokens: int = 4096
-    max_inflight_groups: int = 128
-    # most groups one claim reads; 1 deals a batch evenly over the engines, as veRL's rollout workers share it
-    claim_batch_groups: int = 16
-    max_num_seqs: int = 512
-    ppo_epochs: int = 1
-    checkpoint_every: int = 10**9
-    dynamic_sampling: bool = False
+from sr1.plan.servers import Engine, RetrievalServer
+from sr1.plan.trajectories import Group, Trajectory, Turn, draw_turns, lognormal, obs_tokens
 
 
 @dataclass
@@ -83,206 +66,16 @@ class SimResult:
     staleness_histogram: dict[int, int]  # sampled tokens trained, by staleness
     wait_s: float  # mean seconds per step the learner waited for its batch
     train_s: float  # mean seconds per step of training (publish and checkpoint included)
+    worker_bound: float = 0.0  # mean over engines of the share of time they could outrun their worker
+    retrieval_busy: float | None = (
+        None  # share of time the retrieval server had a request (None: not modelled)
+    )
+    search_wait_s: float = 0.0  # mean seconds a search waited for the loaded retrieval server
 
     @property
     def staleness_mean(self) -> float:
         total = sum(self.staleness_histogram.values())
         return sum(k * v for k, v in self.staleness_histogram.items()) / total if total else 0.0
-
-
-# -- trajectories ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Group:
-    group_id: str
-    release_version: int
-    left: int  # trajectories not finished
-    engine: int = -1
-    model_tokens: int = 0  # prompt + response tokens of its trajectories
-    tokens_by_version: dict[int, int] = field(
-        default_factory=dict
-    )  # sampled tokens by the version that sampled them
-
-
-@dataclass
-class _Trajectory:
-    group: _Group
-    turns: list[int]  # sampled tokens of each turn; a search follows every turn but the last
-    obs_tokens: int
-    turn: int = 0
-
-
-@dataclass
-class _Turn:
-    trajectory: _Trajectory
-    decode: int
-    prefill_work: float
-    start_v: float = 0.0
-    attributed: int = 0  # sampled tokens already credited to a version
-
-
-def _lognormal(rng: np.random.Generator, mean: float, cv: float) -> float:
-    if cv <= 0 or mean <= 0:
-        return mean
-    sigma2 = math.log1p(cv * cv)
-    return float(rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2)))
-
-
-def _draw_turns(rng: np.random.Generator, pipe: Pipeline, profile: Profile) -> list[int]:
-    w = profile.workload
-    searches = 0
-    if w.searches_per_trajectory.value > 0:
-        p = min(w.searches_per_trajectory.value / pipe.max_turns, 1.0)
-        searches = int(rng.binomial(pipe.max_turns, p))
-    turns, budget = [], pipe.max_response_tokens
-    for i in range(searches + 1):
-        tokens = round(_lognormal(rng, w.tokens_per_turn.value, w.tokens_per_turn_cv.value))
-        tokens = max(1, min(tokens, pipe.max_tokens_per_turn, budget))
-        turns.append(tokens)
-        budget -= tokens + (_obs_tokens(pipe, profile) if i < searches else 0)
-        if budget <= 0:
-            break  # the token budget ends the trajectory
-    return turns
-
-
-def _obs_tokens(pipe: Pipeline, profile: Profile) -> int:
-    return round(min(profile.workload.obs_tokens_per_search.value, pipe.max_obs_tokens))
-
-
-# -- admission and batch assembly: sr1's own code ------------------------------------------------------------------
-
-
-class _Prompts(Sequence):
-    """An endless prompt dataset for the real PromptFeeder."""
-
-    def __len__(self) -> int:
-        return 10**12
-
-    def __getitem__(self, i):
-        return PromptRecord(f"plan/train/{i}/e0", "", [], [], "plan", i)
-
-
-class _CountingBuffer:
-    """The buffer operations `PromptFeeder.pump` calls, kept in memory (no Redis in a simulation)."""
-
-    def __init__(self) -> None:
-        self.current_version = 0
-        self.dropped = 0
-        self.released: list[PromptRecord] = []
-
-    def version(self) -> int:
-        return self.current_version
-
-    def replaced_count(self) -> int:
-        """Groups that left without being trained (here: dropped by dynamic sampling; nothing is dead-lettered in a
-        simulation), each leaving room for one more release."""
-        return self.dropped
-
-    def released_count(self) -> int:
-        return len(self.released)
-
-    def release_prompts(self, prompts: list[PromptRecord]) -> list[PromptRecord]:
-        self.released += prompts
-        return prompts
-
-    def release_pause_reason(self) -> None:
-        """No Redis memory to run out of in a simulation: releases never pause for it."""
-        return None
-
-
-@dataclass
-class _Taken:
-    entry_id: str
-    group: _Group
-
-
-def _choose_batch(
-    version: int, held: list[_Group], unconsumed: dict[str, int], pipe: Pipeline
-) -> list | None:
-    """The batch for `version`, chosen by `BatchAssembler._select` itself (thin adapter: `_select` reads only
-    `_held`, `schedule` and `groups_per_step` of its assembler, none of the Redis state)."""
-    assembler = SimpleNamespace(
-        _held={g.group_id: _Taken(g.group_id, g) for g in held},
-        schedule=StalenessSchedule(pipe.max_staleness),
-        groups_per_step=pipe.groups_per_step,
-    )
-    chosen = BatchAssembler._select(assembler, version, unconsumed)
-    return None if chosen is None else [t.group for t in chosen]
-
-
-# -- the engines -----------------------------------------------------------------------------------------------------
-
-
-class _Engine:
-    """One engine under processor sharing: `v` is the work each running sequence has received so far."""
-
-    def __init__(self, index: int, pipe: Pipeline, profile: Profile):
-        self.index, self.pipe, self.profile = index, pipe, profile
-        self.running: dict[int, _Turn] = {}
-        self.finish_heap: list[tuple[float, int]] = []
-        self.queue: deque[_Turn] = deque()
-        self.v = 0.0
-        self.t = 0.0
-        self.paused = False
-        self.epoch = 0  # bumps whenever the next completion time may change
-        self.version = 0
-        self.groups_held = 0
-        self.inflight = 0  # trajectories of this worker in flight (engine or search)
-        self.busy_s = 0.0
-        self.ids = itertools.count()
-
-    def rate(self) -> float:
-        n = len(self.running)
-        if n == 0 or self.paused:
-            return 0.0
-        return self.profile.generator.tokens_per_s.tokens_per_s(n) / n
-
-    def advance(self, now: float) -> None:
-        self.v += (now - self.t) * self.rate()
-        if self.inflight > 0:
-            self.busy_s += now - self.t
-        self.t = now
-
-    def next_completion(self) -> float | None:
-        rate = self.rate()
-        if rate <= 0 or not self.finish_heap:
-            return None
-        return self.t + max(self.finish_heap[0][0] - self.v, 0.0) / rate
-
-    def submit(self, turn: _Turn) -> None:
-        if len(self.running) < self.pipe.max_num_seqs:
-            self._start(turn)
-        else:
-            self.queue.append(turn)
-
-    def _start(self, turn: _Turn) -> None:
-        key = next(self.ids)
-        turn.start_v = self.v
-        self.running[key] = turn
-        heapq.heappush(self.finish_heap, (self.v + turn.prefill_work + turn.decode, key))
-
-    def pop_finished(self) -> _Turn:
-        _, key = heapq.heappop(self.finish_heap)
-        turn = self.running.pop(key)
-        if self.queue:
-            self._start(self.queue.popleft())
-        return turn
-
-    def credit(self, turn: _Turn, upto: int) -> None:
-        """Credit the turn's sampled tokens up to `upto` to the engine's current version."""
-        tokens = upto - turn.attributed
-        if tokens > 0:
-            by_version = turn.trajectory.group.tokens_by_version
-            by_version[self.version] = by_version.get(self.version, 0) + tokens
-            turn.attributed = upto
-
-    def change_version(self, version: int) -> None:
-        """New weights: the tokens sampled so far by running turns belong to the old version."""
-        for turn in self.running.values():
-            done = int(min(max(self.v - turn.start_v - turn.prefill_work, 0.0), turn.decode))
-            self.credit(turn, done)
-        self.version = version
 
 
 # -- the simulation --------------------------------------------------------------------------------------------------
@@ -292,20 +85,25 @@ class _Simulation:
     def __init__(self, pipe: Pipeline, profile: Profile, seed: int):
         self.pipe, self.profile = pipe, profile
         self.rng = np.random.default_rng(seed)
-        self.engines = [_Engine(i, pipe, profile) for i in range(pipe.engines)]
+        self.engines = [Engine(i, profile.generator, pipe.max_num_seqs) for i in range(pipe.engines)]
+        self.retrieval = RetrievalServer(profile.retrieval.requests_per_s) if profile.retrieval else None
+        self.search_waits: list[float] = []  # seconds each search waited for the loaded retrieval server
         self.events: list[tuple[float, int, str, object]] = []
         self.counter = itertools.count()
         self.now = 0.0
-        self.buffer = _CountingBuffer()
+        self.buffer = CountingBuffer()
         self.feeder = PromptFeeder(
-            self.buffer, _Prompts(), groups_per_step=pipe.groups_per_step, max_staleness=pipe.max_staleness
+            self.buffer,
+            EndlessPrompts(),
+            groups_per_step=pipe.groups_per_step,
+            max_staleness=pipe.max_staleness,
         )
-        self.pending: deque[_Group] = deque()  # released, not claimed by a worker
+        self.pending: deque[Group] = deque()  # released, not claimed by a worker
         # workers waiting in their claim, first come first served: Redis hands a release (one script, every prompt at
         # once) to the client blocked longest, which reads up to claim_batch_groups and queues again behind the others
-        self.claim_order: deque[_Engine] = deque(self.engines)
+        self.claim_order: deque[Engine] = deque(self.engines)
         self.unconsumed: dict[str, int] = {}  # released, not trained or dropped: group id -> release version
-        self.finished: dict[str, _Group] = {}  # finished, not trained, in finishing (stream) order
+        self.finished: dict[str, Group] = {}  # finished, not trained, in finishing (stream) order
         self.learner_idle_since: float | None = 0.0
         self.version = 0
         self.step_log: list[tuple[float, float, float]] = []  # (end time, wait s, busy s) per step
@@ -315,7 +113,7 @@ class _Simulation:
     def at(self, time: float, kind: str, payload: object = None) -> None:
         heapq.heappush(self.events, (time, next(self.counter), kind, payload))
 
-    def reschedule(self, engine: _Engine) -> None:
+    def reschedule(self, engine: Engine) -> None:
         engine.epoch += 1
         when = engine.next_completion()
         if when is not None:
@@ -328,7 +126,7 @@ class _Simulation:
         self.feeder.pump()
         released = []
         for prompt in self.buffer.released[before:]:
-            group = _Group(prompt.group_id, prompt.release_version, self.pipe.group_size)
+            group = Group(prompt.group_id, prompt.release_version, self.pipe.group_size)
             self.unconsumed[group.group_id] = group.release_version
             released.append(group)
         handoff = self.profile.handoff_s.value
@@ -337,7 +135,7 @@ class _Simulation:
         else:
             self.on_claimable(released)
 
-    def on_claimable(self, groups: list[_Group]) -> None:
+    def on_claimable(self, groups: list[Group]) -> None:
         self.pending.extend(groups)
         self.claim()
 
@@ -345,7 +143,7 @@ class _Simulation:
         """Released groups go round the workers, the one that has waited longest first, each read taking at most
         `claim_batch_groups` and never more than the worker's free slots (as `ReplayBuffer.claim_prompts` serves
         the generators' blocking reads), until none is left or every worker is full."""
-        touched: dict[int, _Engine] = {}
+        touched: dict[int, Engine] = {}
         while self.pending:
             took = False
             for _ in range(len(self.claim_order)):
@@ -367,20 +165,21 @@ class _Simulation:
         for engine in touched.values():
             self.reschedule(engine)
 
-    def start_group(self, engine: _Engine, group: _Group) -> None:
+    def start_group(self, engine: Engine, group: Group) -> None:
         group.engine = engine.index
         engine.groups_held += 1
         for _ in range(self.pipe.group_size):
-            turns = _draw_turns(self.rng, self.pipe, self.profile)
-            trajectory = _Trajectory(group, turns, _obs_tokens(self.pipe, self.profile))
+            turns = draw_turns(self.rng, self.pipe, self.profile)
+            trajectory = Trajectory(group, turns, obs_tokens(self.pipe, self.profile))
             prompt = round(self.profile.workload.prompt_tokens.value)
             group.model_tokens += prompt + sum(turns) + trajectory.obs_tokens * (len(turns) - 1)
             engine.inflight += 1
             self.submit_turn(engine, trajectory, prefill=prompt)
 
-    def submit_turn(self, engine: _Engine, trajectory: _Trajectory, prefill: int) -> None:
+    def submit_turn(self, engine: Engine, trajectory: Trajectory, prefill: int) -> None:
         decode = trajectory.turns[trajectory.turn]
-        engine.submit(_Turn(trajectory, decode, prefill * self.profile.generator.prefill_cost.value))
+        turn = Turn(trajectory, decode, prefill * self.profile.generator.prefill_cost.value)
+        engine.submit(turn, turn.prefill_work + turn.decode)
 
     # generators
     def on_turn_done(self, engine_index: int, epoch: int) -> None:
@@ -393,12 +192,18 @@ class _Simulation:
         trajectory = turn.trajectory
         trajectory.turn += 1
         if trajectory.turn < len(trajectory.turns):
-            latency = _lognormal(
+            latency = lognormal(
                 self.rng,
                 self.profile.workload.search_latency_s.value,
                 self.profile.workload.search_latency_cv.value,
             )
-            self.at(self.now + latency, "search_done", trajectory)
+            if self.retrieval is None:
+                self.at(self.now + latency, "search_done", trajectory)
+            else:
+                trajectory.search_started, trajectory.search_latency = self.now, latency
+                self.retrieval.advance(self.now)
+                self.retrieval.submit(trajectory, 1.0)
+                self.reschedule_retrieval()
         else:
             engine.inflight -= 1
             group = trajectory.group
@@ -407,13 +212,33 @@ class _Simulation:
                 self.group_done(engine, group)
         self.reschedule(engine)
 
-    def on_search_done(self, trajectory: _Trajectory) -> None:
+    def reschedule_retrieval(self) -> None:
+        self.retrieval.epoch += 1
+        when = self.retrieval.next_completion()
+        if when is not None:
+            self.at(when, "search_served", self.retrieval.epoch)
+
+    def on_search_served(self, epoch: int) -> None:
+        """A search leaves the retrieval server: its round trip is its latency plus the wait the load added (at
+        least its time in the server)."""
+        if epoch != self.retrieval.epoch:
+            return  # superseded: a search arrived or left since
+        self.retrieval.advance(self.now)
+        trajectory = self.retrieval.pop_finished()
+        in_server = self.now - trajectory.search_started
+        wait = max(in_server - self.retrieval.alone_s, 0.0)
+        self.search_waits.append(wait)
+        done = max(trajectory.search_started + trajectory.search_latency + wait, self.now)
+        self.at(done, "search_done", trajectory)
+        self.reschedule_retrieval()
+
+    def on_search_done(self, trajectory: Trajectory) -> None:
         engine = self.engines[trajectory.group.engine]
         engine.advance(self.now)
         self.submit_turn(engine, trajectory, prefill=trajectory.obs_tokens)
         self.reschedule(engine)
 
-    def group_done(self, engine: _Engine, group: _Group) -> None:
+    def group_done(self, engine: Engine, group: Group) -> None:
         engine.groups_held -= 1
         dropped = self.pipe.dynamic_sampling and self.rng.random() < (
             self.profile.workload.dropped_group_fraction.value
@@ -433,7 +258,7 @@ class _Simulation:
             return
         if not self.stragglers_done():
             return  # the hard bound needs a group still generating: _select would say so, at a higher cost
-        batch = _choose_batch(self.version, list(self.finished.values()), self.unconsumed, self.pipe)
+        batch = choose_batch(self.version, list(self.finished.values()), self.unconsumed, self.pipe)
         if batch is None:
             return
         for group in batch:
@@ -446,8 +271,8 @@ class _Simulation:
         self.learner_idle_since = None
         learner = self.profile.learner
         efficiency = learner.scaling_efficiency.value if self.pipe.ranks > 1 else 1.0
-        tokens = sum(g.model_tokens for g in batch) * self.pipe.ppo_epochs
-        train = tokens / (learner.tokens_per_s_per_rank.value * self.pipe.ranks * efficiency)
+        slowest = max(deal_by_tokens([g.model_tokens for g in batch], self.pipe.ranks))
+        train = slowest * self.pipe.ppo_epochs / (learner.tokens_per_s_per_rank.value * efficiency)
         train += learner.step_overhead_s.value
         publish = self.profile.weight_sync_s.value
         checkpoint = (
@@ -488,12 +313,15 @@ class _Simulation:
         handlers = {
             "turn_done": lambda p: self.on_turn_done(*p),
             "search_done": self.on_search_done,
+            "search_served": self.on_search_served,
             "claimable": self.on_claimable,
             "publish": lambda p: self.on_publish(),
             "published": lambda p: self.on_published(),
             "step_done": lambda p: self.on_step_done(*p),
         }
         busy_at_warm: list[float] = []
+        bound_at_warm: list[float] = []
+        retrieval_at_warm = 0.0
         warm_time = 0.0
         while self.version < steps:
             if not self.events:
@@ -507,9 +335,16 @@ class _Simulation:
                 for engine in self.engines:
                     engine.advance(self.now)
                 busy_at_warm = [e.busy_s for e in self.engines]
+                bound_at_warm = [e.worker_bound_s for e in self.engines]
+                if self.retrieval is not None:
+                    self.retrieval.advance(self.now)
+                    retrieval_at_warm = self.retrieval.busy_s
                 self.histogram = {}  # count the steps after the warm-up only
+                self.search_waits = []
         for engine in self.engines:
             engine.advance(self.now)
+        if self.retrieval is not None:
+            self.retrieval.advance(self.now)
         measured = self.step_log[warmup:]
         seconds = self.now - warm_time
         return SimResult(
@@ -524,7 +359,28 @@ class _Simulation:
             staleness_histogram=dict(sorted(self.histogram.items())),
             wait_s=float(np.mean([w for _, w, _ in measured])),
             train_s=float(np.mean([b for _, _, b in measured])),
+            worker_bound=float(
+                np.mean(
+                    [
+                        (e.worker_bound_s - b) / seconds
+                        for e, b in zip(self.engines, bound_at_warm, strict=True)
+                    ]
+                )
+            ),
+            retrieval_busy=None
+            if self.retrieval is None
+            else (self.retrieval.busy_s - retrieval_at_warm) / seconds,
+            search_wait_s=float(np.mean(self.search_waits)) if self.search_waits else 0.0,
         )
+
+
+def deal_by_tokens(group_tokens: list[int], ranks: int) -> list[int]:
+    """Each rank's model tokens when whole groups are dealt to `ranks` ranks by tokens: the largest group first,
+    each to the rank with the fewest tokens so far (a rank's time is its tokens)."""
+    loads = [0] * ranks
+    for tokens in sorted(group_tokens, reverse=True):
+        loads[loads.index(min(loads))] += tokens
+    return loads
 
 
 def simulate(

@@ -4,10 +4,11 @@ simulated; and the recommendation.
     plan = make_plan(cfg, profile, gpus=8, kind="h100", bounds=[0, 1, 2, 4])
     plan.recommended   # the fastest split and bound (the smaller bound among near-ties)
 
-A split gives `g` GPUs to engines (`g / tensor_parallel_size` engines) and the other `N - g` to learner ranks. A
-split is excluded, with its reason, when the config could not run it (`groups_per_step` not divisible by the ranks)
-or a pool's memory would not hold the model. The baseline is Search-R1's synchronous layout: every GPU generates,
-then every GPU trains (colocated), on-policy.
+A split gives `g` GPUs to engines (`g / tensor_parallel_size` engines) and the other `N - g` to learner ranks (any
+number: whole groups are dealt to the ranks by tokens). A split is excluded, with its reason, when a pool's memory
+would not hold the model. Two baselines: the colocated synchronous layout (sr1's own engines and learner on every
+GPU, generating then training, on-policy), and Search-R1 as it runs (veRL's synchronous multi-turn loop,
+`search_r1.py`), when the profile has its figures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sr1.plan.profile import Profile, check_memory, engine_memory_gib, gpu_kind, learner_memory_gib
+from sr1.plan.search_r1 import SearchR1Result, fit_trainer_mfu, search_r1_step
 from sr1.plan.simulate import Pipeline, SimResult, simulate
 
 # Rows within this share of the best steps/hour count as ties; the smaller bound (fresher data) is recommended.
@@ -31,7 +33,8 @@ class PlanRow:
     result: SimResult | None = None
     excluded: str | None = None
     speedup_vs_sync_split: float | None = None  # over the same split at max_staleness 0
-    speedup_vs_colocated: float | None = None  # over Search-R1's synchronous layout on all GPUs
+    speedup_vs_colocated: float | None = None  # over the colocated synchronous layout on all GPUs
+    speedup_vs_search_r1: float | None = None  # over Search-R1's own loop on all GPUs
 
     @property
     def label(self) -> str:
@@ -49,6 +52,8 @@ class Plan:
     rows: list[PlanRow] = field(default_factory=list)
     colocated: SimResult | None = None
     colocated_excluded: str | None = None
+    search_r1: SearchR1Result | None = None
+    search_r1_excluded: str | None = None
     recommended: PlanRow | None = None
 
 
@@ -79,6 +84,25 @@ def _memory_flags(cfg) -> dict[str, bool]:
     return {"reference": algorithm.kl_coef > 0, "critic": algorithm.type == "ppo"}
 
 
+def fit_search_r1(
+    cfg, profile: Profile, *, gpus: int, kind: str, target_s: float, steps: int, seed: int
+) -> Profile:
+    """`profile` with Search-R1's trainer MFU fitted so that its loop runs `cfg`'s step in `target_s` seconds on
+    `gpus` GPUs of `kind` (`search_r1.fit_trainer_mfu`)."""
+    tp = cfg.generators.engine.tensor_parallel_size
+    pipe = pipeline(cfg, engines=gpus // tp, ranks=gpus, max_staleness=0)
+    return fit_trainer_mfu(
+        pipe,
+        profile,
+        gpu_kind(kind),
+        gpus=gpus,
+        target_s=target_s,
+        steps=steps,
+        seed=seed,
+        **_memory_flags(cfg),
+    )
+
+
 def make_plan(
     cfg,
     profile: Profile,
@@ -104,10 +128,7 @@ def make_plan(
     plan = Plan(gpus=gpus, gpu_kind=kind, profile=profile, preset=preset)
     for generator_gpus in range(tp, gpus, tp):
         ranks = gpus - generator_gpus
-        why = None
-        if cfg.learner.groups_per_step % ranks:
-            why = f"groups_per_step ({cfg.learner.groups_per_step}) must be divisible by learner ranks ({ranks})"
-        why = why or check_memory(
+        why = check_memory(
             profile, hardware, ranks=ranks, tensor_parallel=tp, gpu_memory_utilization=utilization, **flags
         )
         sync_result = None
@@ -120,21 +141,19 @@ def make_plan(
                 row.speedup_vs_sync_split = row.result.steps_per_hour / sync_result.steps_per_hour
             plan.rows.append(row)
     _colocated(plan, cfg, hardware, tp, flags, steps, warmup, seed)
+    _search_r1(plan, cfg, hardware, tp, flags, steps, seed)
     _recommend(plan)
     return plan
 
 
 def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warmup: int, seed: int) -> None:
-    """Search-R1's layout: all GPUs generate, then all train; both models must fit on every GPU."""
+    """The colocated synchronous layout, with sr1's engines and learner: all GPUs generate, then all train; both
+    models must fit on every GPU."""
     profile, gpus = plan.profile, plan.gpus
     if hardware.memory_gib is not None:
         need = learner_memory_gib(profile, gpus, **flags) + engine_memory_gib(profile, tp)
         if need > hardware.memory_gib:
             plan.colocated_excluded = f"learner and engine together need {need:.1f} GiB per GPU, more than {hardware.memory_gib:.0f} GiB"
-    if cfg.learner.groups_per_step % gpus:
-        plan.colocated_excluded = (
-            f"groups_per_step ({cfg.learner.groups_per_step}) must be divisible by learner ranks ({gpus})"
-        )
     if plan.colocated_excluded is None:
         # veRL deals the batch evenly over its rollout workers: one group per read, round the engines
         pipe = replace(pipeline(cfg, engines=gpus // tp, ranks=gpus, max_staleness=0), claim_batch_groups=1)
@@ -142,6 +161,24 @@ def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warm
         for row in plan.rows:
             if row.result is not None:
                 row.speedup_vs_colocated = row.result.steps_per_hour / plan.colocated.steps_per_hour
+
+
+def _search_r1(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, seed: int) -> None:
+    """Search-R1's own loop on every GPU (its actor, reference and critic offloaded to CPU, so memory is not
+    checked); left out, with the reason, when the profile has no figures for it or the kind no peak FLOP/s."""
+    if plan.profile.search_r1 is None:
+        plan.search_r1_excluded = "the profile has no search_r1 figures"
+        return
+    if hardware.peak_tflops is None:
+        plan.search_r1_excluded = f"no peak FLOP/s for {plan.gpu_kind}"
+        return
+    pipe = pipeline(cfg, engines=plan.gpus // tp, ranks=plan.gpus, max_staleness=0)
+    plan.search_r1 = search_r1_step(
+        pipe, plan.profile, hardware, gpus=plan.gpus, steps=steps, seed=seed, **flags
+    )
+    for row in plan.rows:
+        if row.result is not None:
+            row.speedup_vs_search_r1 = row.result.steps_per_hour / plan.search_r1.steps_per_hour
 
 
 def _recommend(plan: Plan) -> None:

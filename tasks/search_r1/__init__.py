@@ -51,7 +51,7 @@ class SearchR1Task(Task):
 
     @classmethod
     def from_config(cls, cfg: SearchR1Config, retrieval: Any = None) -> SearchR1Task:
-        """With `retrieval` (a RetrievalConfig) the task searches the server at `retrieval.url`."""
+        """With `retrieval` (a RetrievalConfig) the task searches the server at `retrieval.client.url`."""
         if retrieval is None:
             return cls(cfg)
         from retrieval.client import RetrievalClient

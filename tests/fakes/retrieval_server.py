@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the server runs this checkout's code
 
 
 def start_server(

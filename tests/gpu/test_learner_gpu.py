@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from learner.attention import FLASH_VARLEN, FLEX_DOCUMENT, VARLEN_SDPA, flash_attn_installed, register
+from learner.attention import (
+    FLASH_VARLEN,
+    FLEX_DOCUMENT,
+    VARLEN_SDPA,
+    VARLEN_TORCH,
+    flash_attn_installed,
+    register,
+    torch_varlen_available,
+)
 from learner.packing import pack, token_logprobs
 from learner.settings import LearnerConfig
 from tests.fakes.groups import random_groups
@@ -19,7 +27,12 @@ from tests.unit.learner.test_attention import packed_sequences
 
 pytestmark = pytest.mark.gpu
 
-GPU_PATHS = [FLEX_DOCUMENT] + ([FLASH_VARLEN] if flash_attn_installed() else [])
+GPU_PATHS = (
+    [FLEX_DOCUMENT]
+    + ([FLASH_VARLEN] if flash_attn_installed() else [])
+    + ([VARLEN_TORCH] if torch_varlen_available() else [])
+)
+HALF_ONLY = (FLASH_VARLEN, VARLEN_TORCH)  # flash-attention kernels: bf16/fp16 only
 
 
 def _hf_model(model_dir, attn: str, dtype=torch.float32):
@@ -39,11 +52,11 @@ def _logprobs_and_grads(model, mb, weights):
 @pytest.mark.parametrize("attn", GPU_PATHS)
 def test_gpu_attention_matches_the_loop_in_logprobs_and_gradients(tiny_model_dir, attn):
     """fp32 (tight) and bf16 (loose: rounding differs between kernels) on a row with sequences across 128-token
-    blocks; flash-attention runs in bf16 only."""
+    blocks; the flash-attention kernels (flash-attn's, torch's varlen) run in bf16 only."""
     mb = pack(packed_sequences(1, [(7, 150), (3, 20), (40, 90), (5, 300)])).to(torch.device("cuda"))
     weights = torch.linspace(-1, 1, int(mb.keep.numel()), device="cuda")
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
-        if attn == FLASH_VARLEN and dtype == torch.float32:
+        if attn in HALF_ONLY and dtype == torch.float32:
             continue
         loop_lp, loop_grads = _logprobs_and_grads(_hf_model(tiny_model_dir, VARLEN_SDPA, dtype), mb, weights)
         lp, grads = _logprobs_and_grads(_hf_model(tiny_model_dir, attn, dtype), mb, weights)
@@ -53,13 +66,23 @@ def test_gpu_attention_matches_the_loop_in_logprobs_and_gradients(tiny_model_dir
             assert (grad - loop_grads[name]).abs().max() / scale < tolerance * 10, f"{dtype} {name}"
 
 
-def test_the_learner_picks_a_varlen_path_on_cuda(cuda_world, tiny_model_dir):
+def test_the_learner_picks_the_fastest_measured_kernel_on_cuda(
+    cuda_world, tiny_model_dir, tmp_path, monkeypatch
+):
+    """auto times every kernel present on a probe row and takes the fastest; the choice is cached (on disk too)."""
+    from learner.attention_choice import _cache, cuda_candidates
     from learner.trainer import Learner
 
-    learner = Learner(LearnerConfig(groups_per_step=2, micro_batch_tokens=256), tiny_model_dir, cuda_world)
-    expected = FLASH_VARLEN if flash_attn_installed() else FLEX_DOCUMENT
-    assert learner.model.config._attn_implementation == expected
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _cache.clear()
+    cfg = LearnerConfig(groups_per_step=2, micro_batch_tokens=256)
+    learner = Learner(cfg, tiny_model_dir, cuda_world, model_dtype="bfloat16")
+    seconds = learner.execution.attention_seconds
+    assert set(seconds) == set(cuda_candidates(torch.bfloat16)) and all(s > 0 for s in seconds.values())
+    assert learner.model.config._attn_implementation == min(seconds, key=seconds.get)
+    assert (tmp_path / "sr1" / "attention.json").is_file()
     assert learner.optimizer.defaults["fused"] is True
+    assert learner.execution.compile and learner.execution.logprob_head == "fused"
 
 
 def test_a_micro_batch_budget_that_cannot_fit_fails_before_the_first_step(cuda_world, tiny_model_dir):
@@ -127,18 +150,19 @@ def test_fused_adamw_on_cuda_shards_matches_the_loop(cuda_world, tiny_model_dir)
         torch.testing.assert_close(tensor, results[1][name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_chunked_logprobs_in_bf16_match_full_logits(tiny_model_dir):
-    """The chunked head with bf16 hidden states and weight (as under FSDP2 mixed precision) against fp32 logits of
-    the same bf16 products."""
+@pytest.mark.parametrize("head", ["chunked", "fused"])
+def test_chunked_logprobs_in_bf16_match_full_logits(tiny_model_dir, head):
+    """The chunked and the fused head (its kernels compiled: Triton) with bf16 hidden states and weight (as under
+    FSDP2 mixed precision) against fp32 logits of the same bf16 products."""
     from learner.chunked_logprobs import chunked_logprobs
+    from learner.fused_head import fused_logprobs
 
+    run = fused_logprobs if head == "fused" else chunked_logprobs
     torch.manual_seed(0)
     hidden = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(5000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     targets = torch.randint(0, 5000, (300,), device="cuda")
-    logprobs, entropy = chunked_logprobs(
-        hidden, weight, targets, temperature=0.7, chunk_tokens=64, with_entropy=True
-    )
+    logprobs, entropy = run(hidden, weight, targets, temperature=0.7, chunk_tokens=64, with_entropy=True)
     (logprobs.sum() + entropy.sum()).backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None

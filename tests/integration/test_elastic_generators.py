@@ -137,7 +137,7 @@ def run_overrides(tmp_path: Path, model_dir: Path, port: int, run_dir: Path, *ex
     return small_world_overrides(tmp_path / "world", model_dir) + [
         f"run_dir={run_dir}",
         f"buffer.namespace={NAMESPACE}",
-        f"retrieval.url=http://127.0.0.1:{port}/retrieve",
+        f"retrieval.client.url=http://127.0.0.1:{port}/retrieve",
         *extra,
     ]
 
@@ -147,7 +147,7 @@ def serve_retrieval(stack: Stack, watch: Watch, overrides: list[str], port: int)
     from config import load_config
     from sr1.launch.supervisor import http_ok
 
-    corpus = str(load_config("tiny", overrides).retrieval.corpus_path)
+    corpus = str(load_config("tiny", overrides).retrieval.retriever.corpus_path)
     stack.start(
         "retrieval", "retrieval", "serve", "--method", "bm25", "--corpus", corpus, "--port", str(port)
     )

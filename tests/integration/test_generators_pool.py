@@ -38,8 +38,8 @@ def test_pool_delivers_groups_and_stops_cleanly_on_sigterm(tiny_model_dir, redis
         f"run_dir={tmp_path / 'run'}",
         "buffer.namespace=pooltest",
         # nothing listens there: searches fail fast and the model is told so (the loop keeps going)
-        f"retrieval.url=http://127.0.0.1:{free_port}/retrieve",
-        "retrieval.max_retries=0",
+        f"retrieval.client.url=http://127.0.0.1:{free_port}/retrieve",
+        "retrieval.client.max_retries=0",
         "generators.group_size=2",
         "generators.heartbeat_s=0.5",
         "generators.engine.max_num_seqs=16",

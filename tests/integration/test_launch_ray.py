@@ -84,6 +84,8 @@ def ray_cluster(tmp_path_factory):
     try:
         head = _ray_start(
             "--head",
+            "--node-ip-address",
+            "127.0.0.1",  # both nodes on loopback: nothing of the test listens beyond this machine
             "--port",
             str(_free_port()),
             "--num-cpus",
@@ -100,7 +102,17 @@ def ray_cluster(tmp_path_factory):
         groups.append(head.pid)
         address = re.findall(r"ray start --address='([^']+)'", log.read_text())[-1]
         groups.append(
-            _ray_start("--address", address, "--num-cpus", "3", "--resources", '{"node2": 1}', log=log).pid
+            _ray_start(
+                "--address",
+                address,
+                "--node-ip-address",
+                "127.0.0.1",
+                "--num-cpus",
+                "3",
+                "--resources",
+                '{"node2": 1}',
+                log=log,
+            ).pid
         )
         yield address
     finally:

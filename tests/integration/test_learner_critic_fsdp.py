@@ -4,7 +4,6 @@ advantages whitened across ranks) gives the same trajectory as 1 rank with a fix
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -22,57 +21,39 @@ KEYS = (
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
-    if world_size > 1:
-        os.environ.update(
-            {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
-        )
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    from learner.distributed import init_distributed, shutdown_distributed
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
+    from tests.fakes.gloo import gloo_rank
     from tests.fakes.groups import random_groups
 
-    world = init_distributed("cpu")
-    algorithm = {"type": "ppo", "kl_coef": 0.01, "kl_placement": "reward", "critic": {"lr": 1e-3}}
-    cfg = LearnerConfig(
-        groups_per_step=4,
-        lr=1e-3,
-        micro_batch_tokens=80,
-        max_staleness=1,
-        ppo_mini_batch_size=6,
-        algorithm=algorithm,
-    )
-    learner = Learner(cfg, model_dir, world, seed=0)
-    rng = np.random.default_rng(0)  # the same batches on every rank and in both runs
-    history = []
-    for step in range(STEPS):
-        groups = random_groups(rng, n_groups=4, group_size=3, version=max(0, step - 1))
-        metrics = learner.train_step(groups)
-        history.append({k: metrics[k] for k in KEYS})
-    value_weight = learner.critic.model.state_dict()["model.layers.1.mlp.up_proj.weight"].full_tensor()
-    if rank == 0:
-        Path(out).write_text(
-            json.dumps({"history": history, "critic_sum": float(value_weight.double().abs().sum())})
+    with gloo_rank(rank, world_size, port) as world:
+        algorithm = {"type": "ppo", "kl_coef": 0.01, "kl_placement": "reward", "critic": {"lr": 1e-3}}
+        cfg = LearnerConfig(
+            groups_per_step=4,
+            lr=1e-3,
+            micro_batch_tokens=80,
+            max_staleness=1,
+            ppo_mini_batch_size=6,
+            algorithm=algorithm,
         )
-    shutdown_distributed()
-    torch.set_num_threads(threads)
+        learner = Learner(cfg, model_dir, world, seed=0)
+        rng = np.random.default_rng(0)  # the same batches on every rank and in both runs
+        history = []
+        for step in range(STEPS):
+            groups = random_groups(rng, n_groups=4, group_size=3, version=max(0, step - 1))
+            metrics = learner.train_step(groups)
+            history.append({k: metrics[k] for k in KEYS})
+        value_weight = learner.critic.model.state_dict()["model.layers.1.mlp.up_proj.weight"].full_tensor()
+        if rank == 0:
+            Path(out).write_text(
+                json.dumps({"history": history, "critic_sum": float(value_weight.double().abs().sum())})
+            )
 
 
 def _run(world_size: int, port: int, model_dir: Path, out: Path) -> dict:
-    import torch.multiprocessing as mp
+    from tests.fakes.gloo import run_ranks
 
-    if world_size == 1:
-        _rank_main(0, 1, port, str(model_dir), str(out))
-    else:
-        mp.spawn(_rank_main, args=(world_size, port, str(model_dir), str(out)), nprocs=world_size, join=True)
+    run_ranks(_rank_main, world_size, port, str(model_dir), str(out))
     return json.loads(out.read_text())
 
 

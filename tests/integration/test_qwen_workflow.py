@@ -36,7 +36,7 @@ def test_prepare_run_and_evaluate_on_qwen_shapes(tmp_path):
         "qwen2.5-cpu",
         f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]",
         f"data.test_files=[{tmp_path / 'data' / 'test.parquet'}]",
-        f"retrieval.corpus_path={tmp_path / 'corpus.jsonl'}",
+        f"retrieval.retriever.corpus_path={tmp_path / 'corpus.jsonl'}",
         f"learner.total_steps={STEPS}",
         "learner.checkpoint_every=1",
         "eval.max_per_source=2",

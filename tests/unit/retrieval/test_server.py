@@ -36,8 +36,8 @@ class CountingRetriever(LocalRetriever):
         ]
 
 
-async def _client(retriever, **overrides):
-    cfg = RetrievalConfig(**overrides)
+async def _client(retriever, token=None, **server):
+    cfg = RetrievalConfig(token=token, server=server)
     client = TestClient(TestServer(create_app(retriever, cfg)))
     await client.start_server()
     return client
@@ -299,7 +299,7 @@ def test_pool_metrics_sum_counts_and_report_the_worst_latency():
     from retrieval.server import ServerState
 
     peers = SharedCounters(2, mp.get_context("spawn"))
-    cfg = RetrievalConfig(cache_size=0)
+    cfg = RetrievalConfig(server={"cache_size": 0})
     first, second = (ServerState(CountingRetriever(), cfg, peers, slot) for slot in (0, 1))
     first.requests, first.queries, first.errors = 3, 5, {400: 1, 418: 2}
     first.latencies.extend([0.001, 0.002, 0.003])
@@ -338,7 +338,10 @@ def test_worker_count_defaults_to_cores_only_for_a_prebuilt_bm25_index(tmp_path,
     from retrieval.pool import resolve_workers
 
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert resolve_workers(RetrievalConfig(method="bm25", index_path=tmp_path)) == 8
-    assert resolve_workers(RetrievalConfig(method="bm25")) == 1  # the index is built at start: once is enough
-    assert resolve_workers(RetrievalConfig(method="dense", index_path=tmp_path)) == 1
-    assert resolve_workers(RetrievalConfig(method="dense", index_path=tmp_path, workers=3)) == 3
+    assert resolve_workers(RetrievalConfig(retriever={"method": "bm25", "index_path": tmp_path})) == 8
+    assert (
+        resolve_workers(RetrievalConfig(retriever="bm25")) == 1
+    )  # the index is built at start: once is enough
+    dense = {"method": "dense", "index_path": tmp_path}
+    assert resolve_workers(RetrievalConfig(retriever=dense)) == 1
+    assert resolve_workers(RetrievalConfig(retriever=dense, server={"workers": 3})) == 3

@@ -43,3 +43,19 @@ def test_the_live_view_shows_redis_memory_used_and_max():
     )
     full = {"buffer/redis_used_mb": 930.0, "buffer/redis_maxmemory_mb": 1000.0, "buffer/memory_paused": 1}
     assert memory_text(full) == "930 / 1,000 MiB (93%, releases paused)"
+
+
+def test_the_live_view_estimates_the_training_left_from_the_steps_it_saw():
+    view = LiveView(SimpleNamespace(run_dir=None, started=0.0), enabled=False)
+    assert view.training_left_s(None, 40, now=10.0) is None  # no step yet
+    assert view.training_left_s(2, 40, now=10.0) is None  # the first step seen: no rate yet
+    assert view.training_left_s(2, 40, now=12.0) is None  # still the same step
+    assert view.training_left_s(12, 40, now=30.0) == 28 * 2.0  # 10 steps in 20 s: 2 s a step, 28 steps left
+
+
+def test_a_phase_of_the_run_logs_through_the_view_without_a_terminal(capsys):
+    view = LiveView(SimpleNamespace(run_dir=None, started=0.0), enabled=False)
+    with view.phase("starting the vLLM engine", expected_s=30) as phase:
+        phase.interval_s = 60
+    out = capsys.readouterr().out
+    assert "[starting the vLLM engine] done: in 0 s" in out and out.startswith("[")

@@ -20,6 +20,7 @@ SMALL_QWEN = [
     "learner.ppo_mini_batch_size=40",
     "generators.max_inflight_groups=8",
 ]
+H100_3B = ["--gpus", "8", "--gpu-kind", "h100", "--profile", "qwen2.5-3b-h100"]
 
 
 def plan_json(capsys, *argv: str) -> dict:
@@ -42,7 +43,9 @@ def test_plan_on_the_tiny_preset(capsys, tmp_path):
     assert png.stat().st_size > 0
 
 
-def test_plan_on_the_8xh100_preset_excludes_splits_with_their_reasons(capsys):
+def test_plan_on_the_8xh100_preset_runs_every_split_that_fits(capsys):
+    """16 groups per step run on 3, 5 or 6 learner ranks too (whole groups dealt by tokens); only the splits whose
+    learner cannot hold a 7B model are excluded, with the reason."""
     out = plan_json(
         capsys,
         "qwen2.5-3b-8xh100",
@@ -60,7 +63,9 @@ def test_plan_on_the_8xh100_preset_excludes_splits_with_their_reasons(capsys):
     )
     by_split = {(r["generator_gpus"], r["max_staleness"]): r for r in out["rows"]}
     assert len(by_split) == 7 * 2
-    assert by_split[(5, 0)]["excluded"] == "groups_per_step (16) must be divisible by learner ranks (3)"
+    assert (
+        by_split[(5, 0)]["excluded"] is None and by_split[(5, 0)]["steps_per_hour"] > 0
+    )  # 16 groups, 3 ranks
     assert by_split[(7, 2)]["excluded"].startswith("learner needs")  # 7B on one rank
     assert by_split[(4, 2)]["excluded"] is None and by_split[(4, 2)]["steps_per_hour"] > 0
     assert out["colocated_sync"]["steps_per_hour"] > 0
@@ -259,3 +264,52 @@ def test_overrides_may_follow_the_options(capsys):
     eight = plan_json(capsys, *common)
     four = plan_json(capsys, *common, "learner.groups_per_step=4")
     assert four["rows"][0]["step_s"] < eight["rows"][0]["step_s"]  # half the groups per step: shorter steps
+
+
+def test_the_table_compares_every_split_with_search_r1_as_it_runs(capsys):
+    assert sr1_main(["plan", "qwen2.5-3b-8xh100", *SMALL_QWEN, *H100_3B, "--bounds", "0", *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "vs Search-R1 as it runs" in out and "vs colocated sync" in out
+    assert "Search-R1 as it runs (veRL's synchronous multi-turn loop on all 8 GPUs" in out
+    assert "calibrated: search_r1.trainer_mfu = " in out
+    slow_worker = ["--figure", "generator.worker_tokens_per_s=2000"]
+    assert (
+        sr1_main(["plan", "qwen2.5-3b-8xh100", *SMALL_QWEN, *H100_3B, "--bounds", "0", *slow_worker, *QUICK])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "worker-bound: with 1 gen / 7 learn" in out and "(2,000 tokens/s" in out
+
+
+def test_a_retrieval_curve_from_a_bench_or_inline_makes_searches_queue(capsys, tmp_path):
+    bench = tmp_path / "retrieval.json"
+    curves = {"dense_flat/naive": [[1, 2.0], [16, 2.0]], "dense_flat/batched": [[1, 40.0], [64, 1450.0]]}
+    bench.write_text(json.dumps({"retrieval_curves": curves, "date": "2026-11-26T15:00", "machine": "test"}))
+    common = ["qwen2.5-3b-8xh100", *SMALL_QWEN, *H100_3B, "--bounds", "1"]
+    naive = plan_json(
+        capsys, *common, "--retrieval-bench", str(bench), "--retrieval-server", "dense_flat/naive"
+    )
+    assert naive["profile"]["retrieval"]["requests_per_s"]["points"] == [[1.0, 2.0], [16.0, 2.0]]
+    assert "dense_flat/naive" in naive["profile"]["retrieval"]["requests_per_s"]["source"]
+    inline = plan_json(capsys, *common, "--retrieval-curve", "1:2,16:2")
+    batched = plan_json(
+        capsys, *common, "--retrieval-bench", str(bench), "--retrieval-server", "dense_flat/batched"
+    )
+    for slow, fast in zip(naive["rows"], batched["rows"], strict=True):
+        assert slow["search_wait_s"] > fast["search_wait_s"] and slow["step_s"] > fast["step_s"]
+    assert [r["step_s"] for r in inline["rows"]] == [r["step_s"] for r in naive["rows"]]
+    assert sr1_main(["plan", *common, "--retrieval-bench", str(bench), *QUICK]) == 2
+    assert "several curves; give --retrieval-server with one of: dense_flat/naive" in capsys.readouterr().err
+    assert sr1_main(["plan", *common, "--retrieval-curve", "1-2", *QUICK]) == 2
+    assert "expected N:RATE pairs" in capsys.readouterr().err
+
+
+def test_the_search_r1_fit_replaces_the_figure_and_says_so(capsys):
+    argv = ["search-r1-grpo-8xh100", *SMALL_QWEN, *H100_3B, "--bounds", "0"]
+    out = plan_json(capsys, *argv, "--fit-search-r1", "90")
+    mfu = out["profile"]["search_r1"]["trainer_mfu"]
+    assert mfu["source"].startswith("fitted") and "--fit-search-r1 90" in mfu["source"]
+    assert out["search_r1"]["step_s"] == pytest.approx(90, rel=0.01)
+    assert out["search_r1"]["fitted"] == [f"search_r1.trainer_mfu = {mfu['value']:g}"]
+    assert sr1_main(["plan", *argv, "--fit-search-r1", "-1", *QUICK]) == 2
+    assert "--fit-search-r1 must be a number of seconds > 0" in capsys.readouterr().err

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import buffer.admission
-from sr1.plan.profile import Profile, load_profile, with_figures
-from sr1.plan.simulate import Pipeline, simulate
+from sr1.plan.profile import Figure, Profile, load_profile, with_figures
+from sr1.plan.simulate import Pipeline, deal_by_tokens, simulate
 
 # one engine producing T tokens/s whatever its batch (linear below 1 sequence only), no prefill, fixed lengths
 T = 1000.0
@@ -178,3 +178,56 @@ def test_staleness_never_exceeds_the_bound(
     assert result.staleness_histogram, "no token was trained"
     assert max(result.staleness_histogram) <= max_staleness
     assert min(result.staleness_histogram) >= 0
+
+
+def test_groups_that_do_not_divide_the_ranks_wait_for_the_slowest_rank():
+    """3 equal groups on 2 ranks: one rank trains two of them, and the step waits for it."""
+    assert deal_by_tokens([5, 4, 3, 3, 3], 2) == [8, 10]  # largest first, each to the least loaded rank
+    result = simulate(pipe(ranks=2, groups_per_step=3), fixed_profile(), steps=6, warmup=1)
+    group = 4 * (PROMPT + TURN)
+    assert result.step_s == pytest.approx(12 * TURN / T + 2 * group / LEARNER + OVERHEAD_S + SYNC_S, rel=1e-9)
+
+
+def _searching(**figures: float) -> Profile:
+    """Every trajectory searches once (max_turns 1), each search 0.1 s alone."""
+    return fixed_profile(
+        **{
+            "workload.searches_per_trajectory": 1.0,
+            "workload.search_latency_s": 0.1,
+            "workload.search_latency_cv": 0.0,
+        }
+        | figures
+    )
+
+
+def _with_retrieval(profile: Profile, points: list[tuple[float, float]]) -> Profile:
+    return Profile.model_validate(
+        profile.model_dump() | {"retrieval": {"requests_per_s": {"points": points, "source": "test"}}}
+    )
+
+
+def test_searches_queue_at_a_saturated_retrieval_server():
+    """16 searches at once: a server that answers 10 requests/s whatever the load takes 1.6 s for all of them, 1.5 s
+    more than one search alone; a server whose rate grows with its clients (it batches them) adds nothing."""
+    shape = pipe(max_turns=1)
+    free = simulate(shape, _searching(), steps=6, warmup=1)
+    assert free.retrieval_busy is None and free.search_wait_s == 0.0
+    naive = simulate(shape, _with_retrieval(_searching(), [(1.0, 10.0)]), steps=6, warmup=1)
+    assert naive.step_s == pytest.approx(free.step_s + 1.5, rel=1e-9)
+    assert naive.search_wait_s == pytest.approx(1.5, rel=1e-9)  # shared equally, the 16 leave together
+    batching = simulate(shape, _with_retrieval(_searching(), [(1.0, 10.0), (64.0, 640.0)]), steps=6, warmup=1)
+    assert batching.step_s == pytest.approx(free.step_s, rel=1e-9)
+    assert batching.search_wait_s == pytest.approx(0.0, abs=1e-12)
+    assert 0 < batching.retrieval_busy < naive.retrieval_busy <= 1.0
+
+
+def test_an_engine_never_outruns_its_worker():
+    """A worker that drives half the engine's tokens/s doubles the generation, and the plan is told."""
+    capped = fixed_profile()
+    capped.generator.worker_tokens_per_s = Figure(value=T / 2, source="test")
+    result = simulate(pipe(), capped, steps=8, warmup=2)
+    n = 16
+    step = n * TURN / (T / 2) + n * (PROMPT + TURN) / LEARNER + OVERHEAD_S + SYNC_S
+    assert result.step_s == pytest.approx(step, rel=1e-9)
+    assert result.worker_bound == pytest.approx((n * TURN / (T / 2)) / step, rel=1e-9)
+    assert simulate(pipe(), fixed_profile(), steps=8, warmup=2).worker_bound == 0.0

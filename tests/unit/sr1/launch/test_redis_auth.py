@@ -113,13 +113,42 @@ def test_urls_are_masked_where_shown():
     assert mask_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
-def _non_loopback_ipv4() -> str | None:
-    """An IPv4 address of this machine other than loopback (`hostname -I`), or None."""
+@pytest.fixture
+def netns_host():
+    """A test host of our own: a network namespace joined to this one by a veth pair, with addresses on both ends.
+    Yields (namespace, the host's address, this side's address); a server started in the namespace is reached at
+    the host's address, beyond this namespace's loopback, and traffic never leaves the machine. Skipped where
+    namespaces cannot be made (not root, no iproute2)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+    suffix = os.getpid() % 10000
+    ns, outside, inside = f"sr1-redis-{suffix}", f"sr1o{suffix}", f"sr1i{suffix}"
+    host_ip, our_ip = f"10.213.{suffix % 250}.2", f"10.213.{suffix % 250}.1"
+
+    def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=check)
+
     try:
-        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return next((a for a in out if "." in a and not a.startswith("127.")), None)
+        ip("netns", "add", ns)
+        ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        ip("link", "set", inside, "netns", ns)
+        ip("addr", "add", f"{our_ip}/30", "dev", outside)
+        ip("link", "set", outside, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", f"{host_ip}/30", "dev", inside)
+        ip("netns", "exec", ns, "ip", "link", "set", inside, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as e:
+        ip("link", "del", outside, check=False)
+        ip("netns", "del", ns, check=False)
+        pytest.skip(f"could not make a network namespace: {e.stderr.strip()}")
+    try:
+        yield ns, host_ip, our_ip
+    finally:
+        ip("link", "del", outside, check=False)
+        ip("netns", "del", ns, check=False)
 
 
 def _answers_ping(url: str, child: Child, timeout_s: float = 10.0) -> bool:
@@ -133,16 +162,15 @@ def _answers_ping(url: str, child: Child, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def test_a_redis_reachable_from_other_nodes_needs_the_password(tmp_path):
-    ip = _non_loopback_ipv4()
-    if ip is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
+def test_a_redis_reachable_from_other_nodes_needs_the_password(tmp_path, netns_host):
+    ns, ip, _ = netns_host
     with pytest.raises(ValueError, match="needs a password"):
         reachable_redis_command(LocalRedis(tmp_path / "open").command(), ip)
     server = LocalRedis(tmp_path / "redis", password=PASSWORD, namespace="run1")
     cmd = reachable_redis_command(server.command(), ip)
     assert cmd[cmd.index("--protected-mode") + 1] == "yes"
-    child = Child("redis", cmd, tmp_path / "redis.stdout.log").start()
+    # the server runs on the test host (its own network namespace) and is reached from here over the veth pair
+    child = Child("redis", ["ip", "netns", "exec", ns, *cmd], tmp_path / "redis.stdout.log").start()
     try:
         url = server.url_on(ip)
         assert _answers_ping(url, child), (tmp_path / "redis.stdout.log").read_text()[-300:]
@@ -255,7 +283,8 @@ def test_launch_turns_the_retrieval_token_on():
         supervisor=SimpleNamespace(slots=lambda pool: [slot], free_port=lambda s: 8123)
     )
     cfg = ClusterOrchestrator._place_retrieval(launcher, load_config("tiny"))
-    assert cfg.retrieval.url == "http://10.0.0.7:8123/retrieve" and len(cfg.retrieval.token) >= 32
+    assert cfg.retrieval.client.url == "http://10.0.0.7:8123/retrieve" and len(cfg.retrieval.token) >= 32
+    assert (cfg.retrieval.server.host, cfg.retrieval.server.port) == ("10.0.0.7", 8123)
     assert cfg.generator_job().retrieval.token == cfg.retrieval.token  # the generators' client sends it
     given = ClusterOrchestrator._place_retrieval(launcher, load_config("tiny", ["retrieval.token=mine"]))
     assert given.retrieval.token == "mine"
