@@ -28,13 +28,13 @@ with SIGSTOP for `--retriever-down-s`: tool errors counted, sampling paused, res
 dead-lettered prompts accounted for (not lost), and each event counted where the run reports it (report.json,
 metrics.jsonl, Redis).
 
-    python scripts/chaos.py --network                      # network cuts and a full Redis, in one run
+    python scripts/chaos.py --network                      # network cuts (5, 20, 60 s) and a full Redis, in one run
     python scripts/chaos.py --network cut-learner-redis,redis-maxmemory --cut-s 60
 
 Network faults (`--network`, scripts/chaos_network.py): the generator or the learner cut from Redis, the generator cut
-from the retrieval server (through fault proxies, for `--cut-s`; `--cut-mode blackhole` keeps the connections open
-and answers nothing, `drop` resets them), and Redis's maxmemory lowered under the run (`--memory-s` at its high water,
-then as long full). Checked as above, and each fault must be seen where the run reports it.
+from the retrieval server (through fault proxies, once for each duration of `--cut-s`; `--cut-mode blackhole` keeps the
+connections open and answers nothing, `drop` resets them), and Redis's maxmemory lowered under the run (`--memory-s`
+at its high water, then as long full). Checked as above, and each fault must be seen where the run reports it.
 """
 
 from __future__ import annotations
@@ -506,21 +506,28 @@ def table(rows: list[tuple[Recovery, Verdict]]) -> str:
 
 
 def _network_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from scripts.chaos_network import NETWORK_FAULTS, run_network_faults
+    from scripts.chaos_network import NETWORK_FAULTS, injections, run_network_faults
 
     faults = [f.strip() for f in args.network.split(",") if f.strip()]
     if unknown := sorted(set(faults) - set(NETWORK_FAULTS)):
         parser.error(f"unknown network fault(s) {unknown}; choose from {', '.join(NETWORK_FAULTS)}")
+    try:
+        cuts_s = [float(s) for s in args.cut_s.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--cut-s takes seconds separated by commas (like 5,20,60), got {args.cut_s!r}")
+    if not cuts_s or min(cuts_s) <= 0:
+        parser.error(f"--cut-s needs at least one duration, each above 0 s, got {args.cut_s!r}")
+    injected = injections(faults, cuts_s)
     verdict, counts = run_network_faults(
         args.out / f"network-{time.strftime('%Y%m%d-%H%M%S')}",
         faults,
         steps=args.steps,
         seed=args.seed,
-        cut_s=args.cut_s,
+        cuts_s=cuts_s,
         memory_s=args.memory_s,
         cut_mode=args.cut_mode,
     )
-    return print_verdict(verdict, counts, faults)
+    return print_verdict(verdict, counts, injected)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -552,7 +559,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"inject network and memory faults (comma-separated; default all: {', '.join(NETWORK_FAULTS)}) in one run",
     )
-    parser.add_argument("--cut-s", type=float, default=60.0, help="how long each network cut lasts")
+    parser.add_argument(
+        "--cut-s",
+        default="5,20,60",
+        help="how long the network cuts last, in seconds, comma-separated: each cut is made once per duration "
+        "(5 s is under every lease and the socket timeout; 20 s outlives the run's 10 s leases; 60 s also "
+        "buffer.reconnect_s)",
+    )
     parser.add_argument(
         "--cut-mode", choices=("blackhole", "drop"), default="blackhole", help="what a cut does"
     )

@@ -9,9 +9,9 @@ the gloo learner), only its clients' addresses point at the proxies. The Redis p
 process behind each connection, so one of them can be cut and the others not.
 
 Faults:
-- cut-generator-redis: the generator's connections to Redis black-holed for `--cut-s` (accepted, nothing forwarded
-  either way, what was sent delivered when the cut ends, as after a partition: a command may run after the client gave
-  up on it);
+- cut-generator-redis: the generator's connections to Redis black-holed for each of `--cut-s` in turn (accepted,
+  nothing forwarded either way, what was sent delivered when the cut ends, as after a partition: a command may run
+  after the client gave up on it);
 - cut-learner-redis: the same for the learner;
 - cut-generator-retrieval: the generator's searches black-holed for `--cut-s`;
 - redis-maxmemory: Redis's maxmemory lowered under the run: first just above the high water (releases pause, puts go
@@ -19,7 +19,8 @@ Faults:
   then restored.
 
 The run uses short leases (`buffer.lease_s`, `buffer.learner_lease_s` 10 s, `buffer.heartbeat_ttl_s` 5 s), so a cut
-of 20 s outlives every lease and heartbeat. Checked at the end as for the kills: the run completed, nothing lost,
+of 20 s outlives every lease and heartbeat; one of 5 s outlives none of them and is shorter than the socket timeout
+(replies only come late); one of 60 s also outlives `buffer.reconnect_s` (60 s): the calls give up. Checked at the end as for the kills: the run completed, nothing lost,
 nothing trained twice, versions only went up, the staleness bound held, no orphans; and each fault was seen where the
 run reports it (the clients' "redis unreachable" and "out of memory" lines, releases paused, the generator's tool
 errors).
@@ -52,6 +53,11 @@ from tests.fakes.fault_proxy import FaultProxy, process_role  # noqa: E402
 
 SOCKET_TIMEOUT_S = 10.0  # buffer.socket_timeout_s of the run (the default): a longer cut makes calls fail
 NETWORK_FAULTS = ("cut-generator-redis", "cut-learner-redis", "cut-generator-retrieval", "redis-maxmemory")
+CUTS = {  # a cut fault -> (the proxy it goes through: "redis" or "retrieval", the client cut: None for all)
+    "cut-generator-redis": ("redis", "generator"),
+    "cut-learner-redis": ("redis", "learner"),
+    "cut-generator-retrieval": ("retrieval", None),
+}
 _BEHIND_PROXIES = "--behind-proxies"  # the sr1 run this script starts (see `serve_behind_proxies`)
 
 
@@ -65,8 +71,10 @@ def serve_behind_proxies(argv: list[str]) -> int:
 
     class BehindProxies(Orchestrator):
         def _place_retrieval(self, cfg):
-            url = f"http://127.0.0.1:{retrieval_proxy}/retrieve"
-            return _update(cfg, "retrieval", port=retrieval_port, url=url)
+            proxied = cfg.retrieval.served_at(retrieval_port).sending_to(
+                f"http://127.0.0.1:{retrieval_proxy}/retrieve"
+            )
+            return cfg.model_copy(update={"retrieval": proxied})
 
         def _start_redis(self, cfg):
             cfg = super()._start_redis(cfg)  # the run's own Redis, supervised, on its AOF
@@ -103,55 +111,85 @@ class ProxiedRun(ChaosRun):
         self.retrieval_proxy.stop()
 
 
+def injections(faults: list[str], cuts_s: list[float]) -> list[str]:
+    """What is injected, in order: each cut fault once per duration of `cuts_s` (the shorter first), as
+    "<fault> <seconds>s"; the other faults once, after them."""
+    cuts = [f"{fault} {seconds:g}s" for seconds in sorted(cuts_s) for fault in faults if fault in CUTS]
+    return cuts + [fault for fault in faults if fault not in CUTS]
+
+
+def parse_injection(injection: str) -> tuple[str, float | None]:
+    """("cut-learner-redis", 5.0) from "cut-learner-redis 5s"; (fault, None) for a fault without a duration."""
+    fault, _, seconds = injection.partition(" ")
+    return fault, float(seconds.removesuffix("s")) if seconds else None
+
+
+@dataclass
+class Cut:
+    """One cut as injected: how long it lasted and how many connections it held back or closed."""
+
+    fault: str
+    seconds: float
+    connections: int
+
+
 @dataclass
 class NetworkCounts:
     """What the run reported of each fault: log lines of the clients, and the buffer's own counts."""
 
-    cut_s: float
-    held: dict[
-        str, int
-    ]  # "redis:<role>" or "retrieval" -> connections whose traffic a cut held back or closed
+    cuts: list[Cut]
     redis_unreachable_lines: dict[str, int]  # log file -> lines saying Redis was unreachable
     out_of_memory_lines: int  # lines saying a write waited for Redis memory
     releases_paused_seen: bool  # the feeder paused for memory (read from Redis during the fault)
     tool_errors: int  # the generator's failed searches (report)
-    recoveries: list[tuple[str, int, float]]  # (fault, version when it ended, s until the next version)
+    recoveries: list[tuple[str, int, float]]  # (injection, version when it ended, s until the next version)
     duplicates: int  # groups put twice (a put delivered again after a cut): counted, never delivered
     # Redis memory of a queued group (its stream entry), and what every group of the run keeps for good (its id in
     # released_ids and put_ids), measured on the run's AOF
     bytes_per_group: float | None
     id_bytes_per_group: float | None
 
-    def missing(self, faults: list[str]) -> list[str]:
-        """The faults that met no traffic, or that the run did not report. A cut shorter than the socket timeout is
-        reported by no one (the replies only come late): it must have held traffic back, that is all."""
+    def missing(self, injected: list[str]) -> list[str]:
+        """The injections that met no traffic, or that the run did not report. Every cut must have held back or
+        closed a connection; a cut of Redis longer than the socket timeout must also show in the cut client's log
+        ("redis unreachable"), and a retrieval cut as tool errors. A shorter Redis cut is reported by no one (the
+        replies only come late): it must have held traffic back, that is all."""
 
-        def said(role: str) -> bool:
-            long_cut = self.cut_s > SOCKET_TIMEOUT_S
-            return not long_cut or any(n for log, n in self.redis_unreachable_lines.items() if role in log)
+        def said(fault: str) -> bool:
+            role = CUTS[fault][1]
+            if role is None:
+                return self.tool_errors >= 1
+            return any(n for log, n in self.redis_unreachable_lines.items() if role in log)
 
-        expected = {
-            "cut-generator-redis": self.held.get("redis:generator", 0) >= 1 and said("generator"),
-            "cut-learner-redis": self.held.get("redis:learner", 0) >= 1 and said("learner"),
-            "cut-generator-retrieval": self.held.get("retrieval", 0) >= 1 and self.tool_errors >= 1,
-            "redis-maxmemory": self.releases_paused_seen and self.out_of_memory_lines >= 1,
+        seen = {
+            f"{cut.fault} {cut.seconds:g}s"
+            for cut in self.cuts
+            if cut.connections >= 1 and (cut.seconds <= SOCKET_TIMEOUT_S or said(cut.fault))
         }
-        return [f for f in faults if not expected[f]]
+        if self.releases_paused_seen and self.out_of_memory_lines >= 1:
+            seen.add("redis-maxmemory")
+        return [i for i in injected if i not in seen]
 
 
 class NetworkInjector:
     """Injects the faults of this module into a `ProxiedRun`."""
 
-    def __init__(self, run: ProxiedRun, steps: int, cut_s: float, cut_mode: str, memory_s: float):
-        self.run, self.steps, self.cut_s, self.cut_mode, self.memory_s = run, steps, cut_s, cut_mode, memory_s
+    def __init__(self, run: ProxiedRun, steps: int, cut_mode: str, memory_s: float):
+        self.run, self.steps, self.cut_mode, self.memory_s = run, steps, cut_mode, memory_s
         self.releases_paused_seen = False
+        self.cuts: list[Cut] = []
         self.recoveries: list[
             tuple[str, int, float]
-        ] = []  # (fault, version when it ended, s to the next version)
+        ] = []  # (injection, version when it ended, s to the next)
 
-    def inject(self, fault: str) -> None:
-        """Inject `fault`, end it, and time how long the learner takes to publish its next version after."""
-        self._inject(fault)
+    def inject(self, injection: str) -> None:
+        """Inject one of `injections()`, end it, and time how long the learner takes to publish its next version
+        after."""
+        fault, seconds = parse_injection(injection)
+        if fault in CUTS:
+            self.cut(fault, seconds)
+        else:
+            self.fill_redis()
         ended, at = time.monotonic(), self.run.version() or 0
         if at >= self.steps:
             return
@@ -162,22 +200,25 @@ class NetworkInjector:
 
         self.run.wait(next_version, 600, f"training to go on after the {fault}")
         if on.poll() is None:
-            self.recoveries.append((fault, at, time.monotonic() - ended))
+            self.recoveries.append((injection, at, time.monotonic() - ended))
 
-    def _inject(self, fault: str) -> None:
-        if fault == "redis-maxmemory":
-            self.fill_redis()
-            return
-        proxy, who = {
-            "cut-generator-redis": (self.run.redis_proxy, "generator"),
-            "cut-learner-redis": (self.run.redis_proxy, "learner"),
-            "cut-generator-retrieval": (self.run.retrieval_proxy, None),
-        }[fault]
+    def cut(self, fault: str, seconds: float) -> None:
+        """Cut the client `fault` names for `seconds`, counting the connections the cut met."""
+        where, who = CUTS[fault]
+        proxy = self.run.redis_proxy if where == "redis" else self.run.retrieval_proxy
+
+        def met() -> (
+            int
+        ):  # connections held back or closed so far, of the client cut (of all with `who` None)
+            return sum(n for label, n in (proxy.held + proxy.dropped).items() if who in (None, label))
+
+        before = met()
         getattr(proxy, self.cut_mode)(who=who)
         try:
-            self._hold(self.cut_s, f"the {fault}")
+            self._hold(seconds, f"the {fault} ({seconds:g} s)")
         finally:
             proxy.restore(who=who)
+        self.cuts.append(Cut(fault, seconds, met() - before))
 
     def _hold(self, seconds: float, what: str) -> None:
         """Keep a fault for `seconds` (watching the run's processes meanwhile); it ends early if the run does."""
@@ -235,16 +276,8 @@ def count_network_events(run_dir: Path, injector: NetworkInjector) -> NetworkCou
         text = log.read_text(errors="replace")
         unreachable[log.name] = text.count("redis unreachable")
         oom += text.count("out of memory") + text.count("the put waits")
-    held = {
-        f"redis:{role}": n
-        for role, n in (injector.run.redis_proxy.held + injector.run.redis_proxy.dropped).items()
-    }
-    held["retrieval"] = sum(
-        (injector.run.retrieval_proxy.held + injector.run.retrieval_proxy.dropped).values()
-    )
     return NetworkCounts(
-        cut_s=injector.cut_s,
-        held=held,
+        cuts=injector.cuts,
         redis_unreachable_lines=unreachable,
         out_of_memory_lines=oom,
         releases_paused_seen=injector.releases_paused_seen,
@@ -262,14 +295,16 @@ def run_network_faults(
     *,
     steps: int,
     seed: int,
-    cut_s: float,
+    cuts_s: list[float],
     memory_s: float,
     cut_mode: str = "blackhole",
     first_step: int = 2,
     spacing: int = 2,
 ) -> tuple[Verdict, NetworkCounts]:
-    """One run (max_staleness 1, short leases) with `faults` injected in turn, one every `spacing` steps or so."""
-    at_steps = fault_steps(len(faults), steps, seed, first_step, spacing)
+    """One run (max_staleness 1, short leases) with `injections(faults, cuts_s)` injected in turn, one every
+    `spacing` steps or so. The counts' `missing(...)` of those injections must be empty."""
+    injected = injections(faults, cuts_s)
+    at_steps = fault_steps(len(injected), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"learner.total_steps={steps}",
@@ -284,9 +319,9 @@ def run_network_faults(
         *FAST_TOOL_FAILURES,
     ]
     run = ProxiedRun(run_dir, overrides)
-    injector = NetworkInjector(run, steps, cut_s, cut_mode, memory_s)
+    injector = NetworkInjector(run, steps, cut_mode, memory_s)
     try:
-        returncode = inject_in_turn(run, faults, at_steps, injector.inject)
+        returncode = inject_in_turn(run, injected, at_steps, injector.inject)
     finally:
         run.close()
     return verify(run, returncode, steps, 1, []), count_network_events(run_dir, injector)
