@@ -134,8 +134,11 @@ class ChaosRun:
             needle, scope = _MODULE_OF.get(part, ""), str(self.run_dir)
         found = []
         for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if needle in cmdline and scope in cmdline:
+            argv = proc.info["cmdline"] or []
+            # a module is matched as a whole argument (`-m retrieval.cli`), never as a prefix of another one
+            # (`retrieval.client.timeout_s=1` on sr1 run's own command line)
+            named = any(needle in arg for arg in argv) if part == "redis" else needle in argv
+            if named and scope in " ".join(argv):
                 found.append(proc)
         return found
 
@@ -355,10 +358,7 @@ class FaultInjector:
     def retriever_down(self) -> None:
         """Freeze the retrieval server and its worker processes (SIGSTOP) for `retriever_down_s`, then let them go
         on (SIGCONT): connections are accepted and never answered, as from a hung host."""
-        matched = self.chaos.processes(
-            "retrieval"
-        )  # the server and its workers, which share its command line
-        (server,) = [p for p in matched if p.ppid() not in {m.pid for m in matched}]
+        (server,) = self.chaos.processes("retrieval")
         frozen = [server, *server.children(recursive=True)]
         for proc in frozen:
             proc.send_signal(signal.SIGSTOP)

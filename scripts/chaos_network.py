@@ -29,6 +29,7 @@ errors).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.chaos import (  # noqa: E402
+    _MODULE_OF,
     FAST_TOOL_FAILURES,
     ChaosRun,
     Verdict,
@@ -93,7 +95,8 @@ class ProxiedRun(ChaosRun):
             return "127.0.0.1", int(url_file.read_text().strip().rsplit(":", 1)[1].split("/")[0])
 
         self.retrieval_port = free_port()
-        self.redis_proxy = FaultProxy(redis_address, label=process_role).start()
+        role = functools.partial(process_role, modules=_MODULE_OF)  # the run's processes, by their modules
+        self.redis_proxy = FaultProxy(redis_address, label=role).start()
         self.retrieval_proxy = FaultProxy(("127.0.0.1", self.retrieval_port)).start()
         super().__init__(run_dir, overrides)
 

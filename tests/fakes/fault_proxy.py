@@ -234,23 +234,18 @@ def _close(sock: socket.socket, reset: bool) -> None:
         sock.close()
 
 
-def process_role(peer: tuple[str, int]) -> str:
-    """Which sr1 process holds the loopback socket `peer` (the client end of a connection the proxy accepted):
-    "generator", "learner", "retrieval" by its module, else "other"."""
+def process_role(peer: tuple[str, int], modules: dict[str, str]) -> str:
+    """Which process holds the loopback socket `peer` (the client end of a connection the proxy accepted): the role
+    of `modules` (role -> the module its command line runs, as `{"learner": "learner.main"}`) it runs, else
+    "other"."""
     import psutil
 
     for conn in psutil.net_connections(kind="tcp"):
         if conn.laddr and (conn.laddr.ip, conn.laddr.port) == peer and conn.pid is not None:
             try:
-                cmdline = " ".join(psutil.Process(conn.pid).cmdline())
+                argv = psutil.Process(conn.pid).cmdline()
             except psutil.Error:
                 return "other"
-            for module, role in (
-                ("generators.main", "generator"),
-                ("learner.main", "learner"),
-                ("retrieval.cli", "retrieval"),
-            ):
-                if module in cmdline:
-                    return role
-            return "other"
+            # the module as a whole argument (`-m learner.main`), not inside an override of another command line
+            return next((role for role, module in modules.items() if module in argv), "other")
     return "other"
