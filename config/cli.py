@@ -4,7 +4,7 @@ sr1 config show [PRESET] [section.field=value ...]
 sr1 config presets
 sr1 config reference            # every field with its default and description (markdown)
 sr1 config from-search-r1 train_grpo.sh [-o preset.yaml] [--base PRESET] [--env VAR=value ...]
-sr1 config search-r1-keys       # docs/search-r1.md: Search-R1's keys and what sr1 does with each
+sr1 config search-r1-keys       # docs/search-r1-keys.md: Search-R1's keys and what sr1 does with each
 """
 
 from __future__ import annotations
@@ -121,16 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         help="a variable the script uses but does not set",
     )
     sub.add_parser(
-        "search-r1-keys", help="print docs/search-r1.md (Search-R1's keys, rendered from the table)"
+        "search-r1-keys", help="print docs/search-r1-keys.md (Search-R1's keys, rendered from the table)"
     )
     args = parser.parse_args(argv)
 
     if args.command == "from-search-r1":
         return _from_search_r1(args)
     if args.command == "search-r1-keys":
-        from config.search_r1_script import search_r1_doc
+        from config.search_r1_script import search_r1_keys_doc
 
-        print(search_r1_doc(), end="")
+        print(search_r1_keys_doc(), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))
     elif args.command == "reference":

@@ -6,7 +6,7 @@
 `KEYS` is the one table: a key either sets sr1 fields (`Rule.sets`, its value converted where the units differ:
 warmup ratio -> steps, `adv_estimator` -> algorithm) or is accepted because sr1 does the same thing another way
 (`Rule.sets` empty; the note says what sr1 does instead). A key whose value sr1 cannot honour lists the values it
-can (`Rule.only`); any other value is an error. `docs/search-r1.md` is rendered from this table
+can (`Rule.only`); any other value is an error. `docs/search-r1-keys.md` is rendered from this table
 (`config/search_r1_script.py`), and `sr1 config from-search-r1 SCRIPT` uses it on a whole training script.
 
 Overrides in this vocabulary go through `translate`; a key it does not know is left to sr1's own keys, whose error

@@ -1,7 +1,7 @@
 """A Search-R1 training script (`train_ppo.sh`, `train_grpo.sh`) as an sr1 preset, and the key table as a document.
 
     sr1 config from-search-r1 train_grpo.sh -o my-grpo.yaml     # then: sr1 launch my-grpo.yaml
-    sr1 config search-r1-keys > docs/search-r1.md
+    sr1 config search-r1-keys > docs/search-r1-keys.md
 
 The script's `python -m verl.trainer.main_ppo ...` command is read with its line continuations; `$VAR` / `${VAR}`
 come from the script's own assignments (`export X=...`, `X=...`), then `--env`, then the environment. Its overrides
@@ -248,8 +248,8 @@ def preset_yaml(translation: ScriptTranslation, source: str) -> str:
     return "\n".join([*header, *_emit(translation.preset, translation.comments)]) + "\n"
 
 
-def search_r1_doc() -> str:
-    """`docs/search-r1.md`: how to bring a Search-R1 setup over, and the key table rendered from `KEYS`."""
+def search_r1_keys_doc() -> str:
+    """`docs/search-r1-keys.md`: the key table rendered from `KEYS`, and what a whole script's translation sets."""
     rows = ["| Search-R1 / verl key | verl default | sr1 | note |", "|---|---|---|---|"]
     for key, rule in search_r1.KEYS.items():
         default = "" if rule.default is search_r1.NO_DEFAULT else f"`{rule.default!r}`"
@@ -259,97 +259,24 @@ def search_r1_doc() -> str:
     implied = [
         f"| `{k}` | `{v!r}` | {why} |" for k, (v, why) in (search_r1.IMPLIED | search_r1.IMPLIED_PPO).items()
     ]
-    return _DOC.format(table="\n".join(rows), implied="\n".join(implied))
+    return _KEYS_DOC.format(table="\n".join(rows), implied="\n".join(implied))
 
 
-_DOC = """# Coming from Search-R1
+_KEYS_DOC = """# Search-R1's keys in sr1
 
-sr1 speaks Search-R1's (verl's) config vocabulary: its Hydra overrides, its metric names and its checkpoints carry
-over unchanged. This page is generated from `config/search_r1.py` (`sr1 config search-r1-keys > docs/search-r1.md`;
-a test checks that it is current).
-
-## Overrides
-
-Any command that takes overrides (`sr1 run`, `sr1 launch`, `sr1 learner`, `sr1 generators`, `sr1 config show`)
-takes Search-R1's keys as they are, beside sr1's own (`+key=value`, Hydra's append, too):
-
-    sr1 config show tiny actor_rollout_ref.actor.optim.lr=1e-6
-    sr1 run search-r1-grpo-8xh100 actor_rollout_ref.rollout.n_agent=8 retriever.topk=5 max_turns=2
-
-A key either sets sr1 fields (its value converted where the units differ) or is accepted because sr1 does the same
-thing another way (the note says how). A value sr1 cannot honour is an error that says why; a key that is in neither
-vocabulary is an error naming the closest sr1 and Search-R1 keys; a value of the wrong type names both spellings.
-Where an sr1 key and a Search-R1 key set the same field, the sr1 key wins. Rules that depend on another setting
-(the KL coefficient on `use_kl_loss`, the critic's keys on the algorithm, warmup ratios on the total steps) read it
-from the same overrides, else from the preset.
-
-## A whole training script
-
-    sr1 config from-search-r1 train_grpo.sh -o my-grpo.yaml [--base PRESET] [--env DATA_DIR=...]
-    sr1 launch my-grpo.yaml
-
-reads the script's `python -m verl.trainer.main_ppo` command (line continuations, `$VAR` / `${{VAR}}` from its
-assignments, then `--env`, then the environment), layers its overrides over verl's defaults (the column below) and
-writes a preset: the base preset (default: `search-r1-ppo-8xh100` for `gae`, `search-r1-grpo-8xh100` for `grpo`,
-which hold sr1's pools, GPU placement and weight sync for 8 GPUs) with every translated value set and commented with
-the key and line it came from. A key the table does not know, or a line that cannot be read, is an error naming the
-line. Search-R1's published `train_ppo.sh` / `train_grpo.sh` (nq_hotpotqa v0.2) translate to exactly those two
-presets but for the run name and the model the script picks. Every published script's overrides, as they are, are
-also accepted by `sr1 config show` / `sr1 run` on those presets (tested), the version of `train_ppo.sh` that reranks
-included.
-
-A whole script's translation also sets what verl fixes in code and Search-R1's schedule:
-
-| sr1 key | value | why |
-|---|---|---|
-{implied}
-
-## Checkpoints
-
-`model.path`, `sr1 eval --checkpoint` and `sr1 ask` take a verl FSDP checkpoint directory as it is (`.../actor`
-holding `model_world_size_<W>_rank_<R>.pt` and `huggingface/`, or the `global_step_<N>` directory above it): the
-shards are merged once into safetensors in `$XDG_CACHE_HOME/sr1/verl/` (default `~/.cache/sr1/verl/`) with the
-config and tokenizer of `huggingface/`.
-Search-R1's own checkpoints (`actor/global_step_<N>`, saved with `save_pretrained`) and sr1's (`checkpoints/step_<N>`)
-are HF directories that `transformers.AutoModelForCausalLM.from_pretrained` loads as Search-R1's `infer.py` does.
-
-## Metrics
-
-Beside sr1's keys, the learner logs each metric that has a verl / Search-R1 name under that name too
-(`critic/score/mean`, `actor/pg_loss`, `timing_s/step`, ...), in wandb and `metrics.jsonl`; `docs/metrics.md` lists
-the pairs.
-
-## Retrieval server
-
-`sr1 retrieval serve` takes `retrieval_server.py`'s flags as aliases: `--index_path`, `--corpus_path`, `--topk`,
-`--retriever_name` (e5 / bge / bm25), `--retriever_model`, `--faiss_gpu`; and `retrieval_rerank_server.py`'s:
-`--reranker_model` (a cross-encoder reranks each search), `--retrieval_topk` (its candidates), `--reranking_topk`
-(the documents kept), `--reranker_batch_size`.
-
-## Reranker
-
-One version of Search-R1's `train_ppo.sh` reranks: `retriever.topk=10 reranker.do_rerank=true
-reranker.url=http://HOST:6980/rerank reranker.topk=3`. Its generation asks `/retrieve` for 10 documents per search,
-posts them to the rerank server (`rerank_server.py`, a cross-encoder, `cross-encoder/ms-marco-MiniLM-L12-v2` by
-default) and shows the model the best 3. sr1 does the same: those keys set `retrieval.reranker.enabled`,
-`retrieval.reranker.url`, `retrieval.reranker.candidates` (10) and `retrieval.topk` (3), and the generators' search
-client asks `/retrieve` for the candidates, then the `/rerank` endpoint at that URL, with the retrieval client's
-timeout and retries; a reranker that fails or answers in another shape fails the search (the model reads `Search
-unavailable: ...`, `tools/errors` counts it). Overrides without `retriever.topk` keep the preset's
-`retrieval.reranker.candidates` (20) where Search-R1 would retrieve its default 3; a whole script's translation takes
-that default. The request and answer are Search-R1's
-(`{{"queries", "documents", "rerank_topk", "return_scores"}}` → `{{"result": [[{{"document": "(Title: ...) ...",
-"score"}}]]}}`), so the model sees the same bytes as under Search-R1. Differences: sr1 sends one query per request
-(Search-R1's server scores every query of a request against every document of the request, so a batch could mix
-queries' documents), and skips the call when a search found nothing.
-
-Without a rerank server of its own, sr1's retrieval server serves that endpoint: give it a cross-encoder
-(`retrieval.reranker.enabled=true retrieval.reranker.model=DIR`) and it answers `POST /rerank` beside `/retrieve`
-(each query against its own documents), so a script's `reranker.url` may point at it (`http://HOST:8000/rerank`, or
-start one on port 6980). Without `reranker.url`, a server with a cross-encoder reranks its own searches
-(`retrieval.reranker.candidates` first-stage documents per query) and the generators see only the result.
+Every key of Search-R1's (verl's) config that sr1 reads, its verl default, the sr1 key it sets and how. Generated from
+`config/search_r1.py` (`sr1 config search-r1-keys > docs/search-r1-keys.md`; a test checks that it is current); how to
+use them: [coming from Search-R1](search-r1.md).
 
 ## The key table
 
 {table}
+
+## What a whole script also sets
+
+`sr1 config from-search-r1 SCRIPT` also sets what verl fixes in code and Search-R1's schedule:
+
+| sr1 key | value | why |
+|---|---|---|
+{implied}
 """

@@ -96,8 +96,8 @@ def _describe(f: str) -> str:
 
 def files_block() -> str:
     """The file tree: one line per file, then one per grouped folder, in a code block."""
-    lines = [f"{f:<{WIDTH}}{_describe(f)}".rstrip() for f in listed_files()]
-    lines += [f"{g:<{WIDTH}}{text}" for g, text in GROUPED.items()]
+    lines = [f"{f:<{WIDTH - 1}} {_describe(f)}".rstrip() for f in listed_files()]
+    lines += [f"{g:<{WIDTH - 1}} {text}" for g, text in GROUPED.items()]
     return "```\n" + "\n".join(lines) + "\n```"
 
 

@@ -105,10 +105,6 @@ class WeightSyncExtension:
             self._ws_joiner.close()
             self._ws_joiner = None
 
-    def ws_epoch(self) -> int | None:
-        """The epoch this worker joined (connected or still connecting), or None when it is in no group."""
-        return None if self._ws_joiner is None else self._ws_joiner.epoch
-
 
 class _Joiner(threading.Thread):
     """Connects one member to the group in the background; `result()` waits for it (bounded by the timeout)."""

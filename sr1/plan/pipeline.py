@@ -24,5 +24,6 @@ class Pipeline:
     claim_batch_groups: int = 16
     max_num_seqs: int = 512
     ppo_epochs: int = 1
+    ppo_mini_batch_size: int | None = None  # trajectories per optimizer update (None: the whole batch)
     checkpoint_every: int = 10**9
     dynamic_sampling: bool = False

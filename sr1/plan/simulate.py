@@ -26,9 +26,9 @@ What is modelled:
   searches in flight share its requests/s as sequences share an engine, and a search's round trip is its latency
   draw plus the delay the load adds (its time in the server less its time there alone). Without the curve searches
   never queue. A worker process's ceiling (`generator.worker_tokens_per_s`), when given, caps its engine's rate.
-- The learner's step: whole groups dealt to the ranks by tokens (largest first, to the least loaded rank); the rank
-  with the most model tokens x PPO epochs over (per-rank tokens/s x scaling efficiency) bounds it, plus a fixed
-  overhead; then the publish, during which every engine is paused (its sequences frozen) and after which their new
+- The learner's step: the batch's trajectories cut into PPO mini-batches and each dealt to the ranks by tokens with
+  the learner's own split; each update's most loaded rank, its model tokens x PPO epochs over (per-rank tokens/s x
+  scaling efficiency), bounds the step, plus a fixed overhead; then the publish, during which every engine is paused (its sequences frozen) and after which their new
   tokens carry the new version; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
   the version trained at minus the version of the weights that sampled it.
 
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from buffer.admission import PromptFeeder
+from learner.packing import split_across_ranks
 from sr1.plan.admission import CountingBuffer, EndlessPrompts, choose_batch
 from sr1.plan.pipeline import Pipeline
 from sr1.plan.profile import Profile
@@ -172,7 +173,7 @@ class _Simulation:
             turns = draw_turns(self.rng, self.pipe, self.profile)
             trajectory = Trajectory(group, turns, obs_tokens(self.pipe, self.profile))
             prompt = round(self.profile.workload.prompt_tokens.value)
-            group.model_tokens += prompt + sum(turns) + trajectory.obs_tokens * (len(turns) - 1)
+            group.trajectory_tokens.append(prompt + sum(turns) + trajectory.obs_tokens * (len(turns) - 1))
             engine.inflight += 1
             self.submit_turn(engine, trajectory, prefill=prompt)
 
@@ -271,7 +272,8 @@ class _Simulation:
         self.learner_idle_since = None
         learner = self.profile.learner
         efficiency = learner.scaling_efficiency.value if self.pipe.ranks > 1 else 1.0
-        slowest = max(deal_by_tokens([g.model_tokens for g in batch], self.pipe.ranks))
+        tokens = [t for group in batch for t in group.trajectory_tokens]
+        slowest = slowest_rank_tokens(tokens, self.pipe.ranks, self.pipe.ppo_mini_batch_size)
         train = slowest * self.pipe.ppo_epochs / (learner.tokens_per_s_per_rank.value * efficiency)
         train += learner.step_overhead_s.value
         publish = self.profile.weight_sync_s.value
@@ -374,13 +376,16 @@ class _Simulation:
         )
 
 
-def deal_by_tokens(group_tokens: list[int], ranks: int) -> list[int]:
-    """Each rank's model tokens when whole groups are dealt to `ranks` ranks by tokens: the largest group first,
-    each to the rank with the fewest tokens so far (a rank's time is its tokens)."""
-    loads = [0] * ranks
-    for tokens in sorted(group_tokens, reverse=True):
-        loads[loads.index(min(loads))] += tokens
-    return loads
+def slowest_rank_tokens(trajectory_tokens: list[int], ranks: int, mini_batch_size: int | None) -> int:
+    """The model tokens the learner's step waits for: the batch's trajectories (in group order) cut into PPO
+    mini-batches of `mini_batch_size` (None: one), each dealt to the ranks by the learner's own split
+    (`learner.packing.split_across_ranks`); every update waits for its most loaded rank."""
+    size = mini_batch_size or len(trajectory_tokens) or 1
+    slowest = 0
+    for start in range(0, len(trajectory_tokens), size):
+        mini = trajectory_tokens[start : start + size]
+        slowest += max(sum(mini[i] for i in share) for share in split_across_ranks(mini, ranks))
+    return slowest
 
 
 def simulate(

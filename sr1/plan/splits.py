@@ -5,7 +5,7 @@ simulated; and the recommendation.
     plan.recommended   # the fastest split and bound (the smaller bound among near-ties)
 
 A split gives `g` GPUs to engines (`g / tensor_parallel_size` engines) and the other `N - g` to learner ranks (any
-number: whole groups are dealt to the ranks by tokens). A split is excluded, with its reason, when a pool's memory
+number: trajectories are dealt to the ranks by tokens). A split is excluded, with its reason, when a pool's memory
 would not hold the model. Two baselines: the colocated synchronous layout (sr1's own engines and learner on every
 GPU, generating then training, on-policy), and Search-R1 as it runs (veRL's synchronous multi-turn loop,
 `search_r1.py`), when the profile has its figures.
@@ -74,6 +74,7 @@ def pipeline(cfg, *, engines: int, ranks: int, max_staleness: int) -> Pipeline:
         claim_batch_groups=gen.claim_batch_groups,
         max_num_seqs=gen.engine.max_num_seqs,
         ppo_epochs=learner.ppo_epochs,
+        ppo_mini_batch_size=learner.ppo_mini_batch_size,
         checkpoint_every=learner.checkpoint_every,
         dynamic_sampling=learner.algorithm.dynamic_sampling,
     )

@@ -25,7 +25,7 @@ class Group:
     release_version: int
     left: int  # trajectories not finished
     engine: int = -1
-    model_tokens: int = 0  # prompt + response tokens of its trajectories
+    trajectory_tokens: list[int] = field(default_factory=list)  # prompt + response tokens of each trajectory
     tokens_by_version: dict[int, int] = field(
         default_factory=dict
     )  # sampled tokens by the version that sampled them

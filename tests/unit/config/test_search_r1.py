@@ -12,7 +12,13 @@ import yaml
 
 from config import ConfigError, load_config, load_job
 from config.search_r1 import IMPLIED, KEYS, resolve_interpolations, translate, verl_defaults
-from config.search_r1_script import ScriptError, parse_script, preset_yaml, search_r1_doc, translate_script
+from config.search_r1_script import (
+    ScriptError,
+    parse_script,
+    preset_yaml,
+    search_r1_keys_doc,
+    translate_script,
+)
 from learner.job import LearnerJob
 
 SCRIPTS = Path(__file__).parent / "search_r1_scripts"
@@ -447,9 +453,9 @@ def test_from_search_r1_writes_a_preset_that_loads(tmp_path):
     assert not (tmp_path / "bad.yaml").exists()
 
 
-def test_the_search_r1_document_is_current():
-    assert (ROOT / "docs" / "search-r1.md").read_text() == search_r1_doc(), (
-        "regenerate it: sr1 config search-r1-keys > docs/search-r1.md"
+def test_the_search_r1_keys_document_is_current():
+    assert (ROOT / "docs" / "search-r1-keys.md").read_text() == search_r1_keys_doc(), (
+        "regenerate it: sr1 config search-r1-keys > docs/search-r1-keys.md"
     )
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import buffer.admission
 from sr1.plan.profile import Figure, Profile, load_profile, with_figures
-from sr1.plan.simulate import Pipeline, deal_by_tokens, simulate
+from sr1.plan.simulate import Pipeline, simulate, slowest_rank_tokens
 
 # one engine producing T tokens/s whatever its batch (linear below 1 sequence only), no prefill, fixed lengths
 T = 1000.0
@@ -180,12 +180,17 @@ def test_staleness_never_exceeds_the_bound(
     assert min(result.staleness_histogram) >= 0
 
 
-def test_groups_that_do_not_divide_the_ranks_wait_for_the_slowest_rank():
-    """3 equal groups on 2 ranks: one rank trains two of them, and the step waits for it."""
-    assert deal_by_tokens([5, 4, 3, 3, 3], 2) == [8, 10]  # largest first, each to the least loaded rank
-    result = simulate(pipe(ranks=2, groups_per_step=3), fixed_profile(), steps=6, warmup=1)
-    group = 4 * (PROMPT + TURN)
-    assert result.step_s == pytest.approx(12 * TURN / T + 2 * group / LEARNER + OVERHEAD_S + SYNC_S, rel=1e-9)
+def test_trajectories_that_do_not_divide_the_ranks_wait_for_the_slowest_rank():
+    """3 groups of 4 equal trajectories on 5 ranks: two ranks train 3 trajectories, and the step waits for them."""
+    assert slowest_rank_tokens([5, 4, 3, 3, 3], 2, None) == 10  # largest first, each to the least loaded rank
+    assert (
+        slowest_rank_tokens([5, 4, 3, 3, 3], 2, 2) == 5 + 3 + 3
+    )  # each mini-batch waits for its own slowest
+    result = simulate(pipe(ranks=5, groups_per_step=3), fixed_profile(), steps=6, warmup=1)
+    trajectory = PROMPT + TURN
+    assert result.step_s == pytest.approx(
+        12 * TURN / T + 3 * trajectory / LEARNER + OVERHEAD_S + SYNC_S, rel=1e-9
+    )
 
 
 def _searching(**figures: float) -> Profile:
