@@ -210,10 +210,18 @@ class NetworkInjector:
         where, who = CUTS[fault]
         proxy = self.run.redis_proxy if where == "redis" else self.run.retrieval_proxy
 
-        def met() -> (
-            int
-        ):  # connections held back or closed so far, of the client cut (of all with `who` None)
-            return sum(n for label, n in (proxy.held + proxy.dropped).items() if who in (None, label))
+        def of_client(counts) -> int:
+            """`counts` of the client cut (of every client when `who` is None)."""
+            return sum(n for label, n in counts.items() if who in (None, label))
+
+        # cut while the client is busy (a generator searches only while it samples, which the staleness bound
+        # pauses): once it sent something new; a cut of a client that sends nothing would test nothing
+        sent = of_client(proxy.forwarded)
+        self.run.wait(lambda: of_client(proxy.forwarded) > sent, 300, f"traffic to cut ({fault})")
+
+        def met() -> int:
+            """Connections of the client that a cut held back or closed so far."""
+            return of_client(proxy.held + proxy.dropped)
 
         before = met()
         getattr(proxy, self.cut_mode)(who=who)

@@ -73,6 +73,8 @@ class _Link:
                         except OSError:
                             self.close(reset=True)
                             return
+                        if src is self.client:
+                            self.proxy.count("forwarded", self.label)
                         held = b""
                         continue
             fault = self.proxy.fault_for(self.label)
@@ -131,6 +133,7 @@ class FaultProxy:
         self.refused = 0  # connections closed at once because their client was cut (DROP)
         self.held: Counter[str] = Counter()  # label -> connections whose traffic a black hole held back
         self.dropped: Counter[str] = Counter()  # label -> connections a drop closed
+        self.forwarded: Counter[str] = Counter()  # label -> chunks its clients sent that were passed on
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
 
     def url(self, scheme: str = "redis", path: str = "/0") -> str:
