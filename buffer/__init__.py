@@ -1,1 +1,2 @@
-"""The replay buffer: records, their codec, the Redis buffer of a run, admission, stats and the `sr1 buffer` views."""
+"""The replay buffer: records, their codec, the Redis buffer of a run, the staleness bound and admission under it, stats
+and the `sr1 buffer` views."""

@@ -8,75 +8,22 @@
         ...train, publish version u + 1, checkpoint (with feeder.cursor)...
         buf.ack([t.entry_id for t in batch])
 
-The rule (AReaL, Fu et al. 2025, section 5.1): release a prompt only while
-`released < (max_staleness + version + 1) * groups_per_step`. A group's tokens are sampled at versions >= its
-`release_version`, so a step at version u that contains every unfinished group released at u - max_staleness or
-earlier never consumes a token older than max_staleness versions. Nothing is dropped for being late; the learner
-waits only for those required stragglers.
+The feeder releases prompts only while `buffer/staleness.py`'s admission limit allows, under the bound its
+`StalenessSchedule` gives the version; the assembler takes, for the step at u, every group whose deadline (release
+version + its bound) has come, earliest deadline first, waits only for those required stragglers, and fills the rest
+of the batch with the oldest finished groups (stream order). So no trained token is older than its bound and every
+batch can be completed (docs/staleness.md proves both). Nothing is dropped for being late.
 
-Choosing the batch. Let N(t) be the groups released at version <= t and not yet consumed (finished or not). Every
-step consumes groups_per_step (G) groups, so after the step at u the next j steps can absorb only j*G of them:
-the step at u must therefore take at least N(u + j - max_staleness) - j*G groups released at version
-<= u + j - max_staleness, for every j in 0..max_staleness-1 (j = 0 is the hard bound itself). If every earlier
-step respected these quotas, each is at most G (admission caps N(u + j - s) at (j + 1) * G). Filling the batch
-with whatever finished first would otherwise leave more than G required groups for some later step (for example
-s=2, G=1: a quick group released at version 1 taken at step 1 leaves two groups of version 0 for step 2).
-The assembler meets the quotas with finished groups, oldest release first, waits when it cannot, and fills the
-rest of the batch with the oldest finished groups (stream order). With max_staleness = 0 every released group is
-required at the next step: synchronous on-policy training.
-
-Dynamic sampling (DAPO; `keep_group`). A finished group the filter rejects (all rewards equal) is dropped as soon as
-the assembler takes it: acked at once, out of the in-flight set, counted in the buffer's `dropped` counter. The
-feeder over-releases by exactly that count: `released < (max_staleness + version + 1) * groups_per_step + dropped`.
-A dropped group is then as if never released (it is neither trained nor waited for), so the rule above holds for
-the groups that remain: the ones released at version <= t and not yet consumed or dropped number at most
-(max_staleness + t + 1) * G minus those already trained, as without drops, and every quota is still at most G. A
-group that will be dropped still counts while it runs (required stragglers are waited for), so nothing trained is
-ever older than the bound, and every batch holds groups_per_step kept groups. Dropping is immediate, not deferred to
-a checkpoint like a trained group's ack: a dropped group is in no step's weights, so a crash cannot make it count
-twice; its prompt is not released again (its group id was released).
-
-Lost work (dead letters). A released group can also leave the pipeline for good without being trained: its prompt is
-dead-lettered as poison (every lease expired) or as failed (`buffer.max_prompt_deliveries` failed tries), its payload
-is malformed or oversized, or the learner cannot train it (`untrainable`, e.g. a trajectory over its token budget).
-Each leaves the in-flight set and is counted as `abandoned` in the same transaction, and the feeder over-releases by
-that count too: `released < (max_staleness + version + 1) * groups_per_step + dropped + abandoned`. The argument is the
-one for dropped groups, word for word: an abandoned group is as if never released, so the quotas and the bound hold
-for the groups that remain, and every batch can still be completed. Without the replacement a synchronous run
-(max_staleness 0) would wait forever for a batch one group short; the assembler therefore asks for replacements
-(`replenish`, the feeder's pump) while it waits, not only between steps.
-
-A bound that changes (`learner.max_staleness: auto`; a resume with another bound). Write s(v) for the bound that
-prompts released at version v are given (`StalenessSchedule`: it changes only at step boundaries, before the version
-it applies to is published, and never for a version that has released anything, so every release knows its own
-bound for good). A group released at r has the deadline d = r + s(r): it must be trained at a step <= d, so its
-tokens (sampled at versions >= r) are never more than s(r) versions old when trained. The feeder releases at version v
-only while `released < (s(v) + v + 1) * G` (+ replaced groups, as above). Then, for every D, at most (D + 1) * G groups
-ever released have a deadline <= D: take the last of them to be released, at version v with v + s(v) <= D; when it was
-released fewer than (s(v) + v + 1) * G <= (D + 1) * G groups had been, and every other group with a deadline <= D came
-before it. Steps u, u + 1, ..., u + j consume (j + 1) * G groups, and the steps before u consumed u * G, so at most
-(j + 1) * G unconsumed groups have a deadline <= u + j: exactly the condition under which the quotas below can be met.
-The assembler's quotas are the ones above with "released at version <= u + j - max_staleness" read as "deadline <=
-u + j" (for a constant bound they are the same sets): the step at u takes at least M(u + j) - j * G of the groups with
-a deadline <= u + j, M counting the unconsumed ones, for every j from 0 to the latest deadline - u - 1 (a full batch
-meets the quotas beyond). Earliest deadline first meets all of them at once, and each is at most G by the count above.
-
-Raising the bound at version v is therefore immediate: releases at v get the larger deadline and the window opens by
-(new - old) * G. Lowering it from s to s' < s takes effect over the next s steps and never breaks a promise: the
-feeder releases nothing until the version has caught up with what is already out (the limit (s' + v + 1) * G is below
-what was released at v - 1), groups released earlier keep their deadline r + s, and new releases get v + s'. The
-bound in force for the step at u (`in_force`, the learner's `staleness/bound`) is the largest s(r) of a release
-version r <= u whose deadline r + s(r) >= u: no token a step at u may legally train is older. It falls to s' at step
-v + s, once the last group released under s has met its deadline. The learner asserts, per group, that no loss token
-is older than the bound its prompt was released under, and that none is older than the bound in force for the step
-(learner/staleness.py, `check_staleness`). The schedule lives in Redis beside the version (`ReplayBuffer.
-staleness_bounds`) and in every checkpoint; a resumed learner reads it back and changes the bound from the version
-after the one it resumes at, so the deadlines of the groups still in flight never change.
+Groups that leave without being trained are replaced: a group the dynamic-sampling filter rejects (DAPO,
+`keep_group`) is dropped as soon as it is taken (acked, counted in the buffer's `dropped` counter), and a group
+dead-lettered as poison, failed, malformed, oversized or untrainable is counted as `abandoned`; the feeder releases
+one more prompt for each (`ReplayBuffer.replaced_count`), and the assembler asks for replacements (`replenish`, the
+feeder's pump) while it waits, so a synchronous run (max_staleness 0) never waits forever for a batch one group short.
 
 Redis's memory (buffer/memory.py). The feeder also releases nothing while Redis's used_memory is above
 `buffer.memory_high_water` of its maxmemory: the admission rule already bounds what is released, and holding back
-releases only delays steps, so the bound holds as above. What was released still finishes and is trained, which
-frees its memory (a trained group's payload leaves Redis), and releases resume.
+releases only delays steps, so the bound holds (docs/staleness.md). What was released still finishes and is trained,
+which frees its memory (a trained group's payload leaves Redis), and releases resume.
 """
 
 from __future__ import annotations
@@ -91,6 +38,7 @@ import numpy as np
 
 from buffer.records import Group, PromptRecord
 from buffer.redis_buffer import ReplayBuffer, TakenGroup
+from buffer.staleness import StalenessSchedule, admission_limit, as_schedule, check_step_shape
 
 log = logging.getLogger(__name__)
 
@@ -98,104 +46,6 @@ _EPOCH = re.compile(r"(?P<base>.*)/e(?P<epoch>\d+)(?P<suffix>(/dup\d+)?)")  # ma
 
 
 _PAUSE_LOG_S = 30.0  # while releases are paused for memory, a warning this often
-
-
-def admission_limit(version: int, *, groups_per_step: int, max_staleness: int) -> int:
-    """How many groups may have been released in total while the learner is at `version`."""
-    return (max_staleness + version + 1) * groups_per_step
-
-
-def _check_step_shape(groups_per_step: int, max_staleness: int) -> None:
-    if groups_per_step < 1:
-        raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-
-
-class StalenessSchedule:
-    """The staleness bound s(v) that prompts released at version v are given, a step function of v (see "A bound that
-    changes" above). `set(v, b)` makes b the bound from version v on; v may not be below a version already set, so a
-    version's bound never changes once something may have been released under it (set it before publishing v).
-
-        schedule = StalenessSchedule(2)             # a constant bound: 2 for every version
-        schedule.set(10, 4); schedule.at(12)        # 4
-        schedule.deadline(9), schedule.in_force(11) # 11 (= 9 + 2), 4
-    """
-
-    def __init__(self, bound: int | dict[int, int]):
-        changes = {0: bound} if isinstance(bound, int) else dict(bound)
-        if not changes:
-            raise ValueError("a staleness schedule needs at least one bound")
-        self._changes: dict[int, int] = {}
-        for version in sorted(changes):
-            self.set(int(version), int(changes[version]))
-
-    @property
-    def changes(self) -> dict[int, int]:
-        """version -> the bound from that version on (what is persisted)."""
-        return dict(self._changes)
-
-    @property
-    def last_version(self) -> int:
-        """The latest version the schedule was set at."""
-        return max(self._changes)
-
-    def set(self, version: int, bound: int) -> None:
-        if bound < 0:
-            raise ValueError(f"a staleness bound must be >= 0, got {bound} (version {version})")
-        if version < 0:
-            raise ValueError(f"a staleness bound needs a version >= 0, got {version}")
-        if self._changes and version < self.last_version:
-            raise ValueError(
-                f"the staleness bound of version {version} cannot change: the schedule is already set from version "
-                f"{self.last_version} (a bound only changes for versions nothing was released at yet)"
-            )
-        if self._changes and self.at(version) == bound:
-            return  # no change: keep the schedule short
-        self._changes[version] = bound
-
-    def at(self, version: int) -> int:
-        """The bound of prompts released at `version` (before the first change: the first bound)."""
-        keys = [v for v in self._changes if v <= version]
-        return self._changes[max(keys)] if keys else self._changes[min(self._changes)]
-
-    def deadline(self, release_version: int) -> int:
-        """The last step that may train a group released at `release_version`."""
-        return release_version + self.at(release_version)
-
-    def in_force(self, version: int) -> int:
-        """The bound in force for the step at `version`: the largest bound of a release version r <= version whose
-        deadline is not past (r + s(r) >= version). No token this step may legally train is older."""
-        versions = sorted(self._changes)
-        best = self.at(version)
-        for i, start in enumerate(versions):
-            if start > version:
-                break
-            end = min(
-                versions[i + 1] - 1 if i + 1 < len(versions) else version, version
-            )  # last r of this piece
-            bound = self._changes[start]
-            if end + bound >= version:
-                best = max(best, bound)
-        return best
-
-    def maximum(self) -> int:
-        """The largest bound ever set (what the assembler reads ahead for)."""
-        return max(self._changes.values())
-
-
-def resumed_schedule(recorded: dict[int, int], version: int, bound: int) -> StalenessSchedule:
-    """The schedule a learner resuming at `version` goes on with: the bounds `recorded` (Redis, the checkpoint) for
-    every version up to `version`, which may have released prompts under them, and `bound` from `version + 1` on."""
-    if not recorded:
-        return StalenessSchedule({version: bound})
-    schedule = StalenessSchedule({v: b for v, b in recorded.items() if v <= version} or recorded)
-    schedule.set(max(version + 1, schedule.last_version), bound)
-    return schedule
-
-
-def _schedule(max_staleness: int | StalenessSchedule) -> StalenessSchedule:
-    return max_staleness if isinstance(max_staleness, StalenessSchedule) else StalenessSchedule(max_staleness)
 
 
 class PromptFeeder:
@@ -222,8 +72,8 @@ class PromptFeeder:
         cursor: int = 0,
         shuffle_seed: int | None = None,
     ):
-        self.schedule = _schedule(max_staleness)
-        _check_step_shape(groups_per_step, self.schedule.at(0))
+        self.schedule = as_schedule(max_staleness)
+        check_step_shape(groups_per_step, self.schedule.at(0))
         self.buffer = buffer
         self.shuffle_seed = shuffle_seed
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
@@ -324,7 +174,7 @@ class PromptFeeder:
 
 
 class BatchAssembler:
-    """Builds the learner's batch for the step at version u (see the module docstring for the rule).
+    """Builds the learner's batch for the step at version u (the rule: docs/staleness.md, "Choosing the batch").
 
     Groups taken from Redis but not used yet stay here, unacked, for later steps; after a restart with the same
     `consumer` they come back from the buffer's pending entries. The caller acks a batch once its step is durable.
@@ -347,8 +197,8 @@ class BatchAssembler:
         untrainable: Callable[[Group], str | None] | None = None,
         replenish: Callable[[], object] | None = None,
     ):
-        self.schedule = _schedule(max_staleness)
-        _check_step_shape(groups_per_step, self.schedule.at(0))
+        self.schedule = as_schedule(max_staleness)
+        check_step_shape(groups_per_step, self.schedule.at(0))
         self.buffer = buffer
         self.groups_per_step = groups_per_step
         self.consumer = consumer
@@ -412,7 +262,7 @@ class BatchAssembler:
         held = list(self._held.values())  # stream order: oldest finished first
         due = {t.entry_id: deadline[t.group.group_id] for t in held}
         by_deadline = sorted(held, key=lambda t: due[t.entry_id])  # stable: stream order within a deadline
-        # for a constant bound s the latest deadline is version + s: the quotas j = 0..s-1 of the module docstring
+        # for a constant bound s the latest deadline is version + s: the quotas j = 0..s-1 (docs/staleness.md)
         horizon = max(max(deadline.values(), default=version), version + self.schedule.at(version)) - version
         chosen: dict[str, TakenGroup] = {}
         for j in range(max(horizon, 1)):

@@ -10,8 +10,8 @@ The vocabulary (request, shard, answer, report) is `evaluation/`'s; this module 
 An evaluation is split into `shards` requests (one per generator worker, so they answer it together); shard i of k
 answers every k-th selected prompt. Requests are a Redis list under `<namespace>:eval:requests`; a worker that pops
 one holds it in `<namespace>:eval:taken:<worker>` until it posts its answer, so a worker that dies mid-evaluation
-gives its requests back when it restarts (`requeue_evaluations`). Answers live 7 days under
-`<namespace>:eval:result:<request id>`. A request that is not a JSON object with a string `id` is counted
+gives its requests back when it restarts (`requeue_evaluations`). Answers live under
+`<namespace>:eval:result:<request id>` until whoever asked has recorded them (`forget_evaluation`), 7 days at most. A request that is not a JSON object with a string `id` is counted
 (`<namespace>:eval:malformed`) and reported; an answer that is not a JSON object is a `MalformedJSON` naming its
 shard. Both are decoded by buffer/guarded_json.py.
 
@@ -109,6 +109,14 @@ class EvaluationRequests:
         return [
             decode_json(r, f"the answer to evaluation shard {key}") for key, r in zip(keys, raw, strict=True)
         ]
+
+    def forget_evaluation(self, eval_id: str) -> None:
+        """Delete an evaluation's answers and its shard count, once whoever asked has recorded them. Left to their
+        TTL, a long run kept every evaluation's answers in Redis for a week (tens of KB each)."""
+        shards_key = self.key("eval", "shards", eval_id)
+        shards = int(self._redis.get(shards_key) or 0)
+        results = [self.key("eval", "result", f"{eval_id}#{i}") for i in range(shards)]
+        self._redis.delete(shards_key, *results)
 
     def wait_evaluation(self, eval_id: str, timeout_s: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s

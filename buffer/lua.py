@@ -209,3 +209,31 @@ DROP_MALFORMED_EVALUATION = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then redis.call('INCR', KEYS[2]) end
 return 1
 """
+
+# KEYS: durable, released_ids, put_ids, counters, prompts, inflight. ARGV: triples (group_id, release version, prompt
+# payload).
+# Takes back groups acked by a checkpoint a resume could not use (buffer/durable.py) and releases their prompts anew at
+# the given version: they leave the durable record and the put set, so the prompts are generated again under their own
+# group ids. `released` stays as it is (one release replaced by another; the id stays in released_ids); `produced`
+# and `consumed` go down, `recalled` up. Returns how many.
+# Run twice: only groups still in the durable record are recalled (ZREM returns 0 the second time), so nothing is
+# released twice.
+RECALL_DURABLE = """
+local n = 0
+for i = 1, #ARGV, 3 do
+  local gid = ARGV[i]
+  if redis.call('ZREM', KEYS[1], gid) == 1 then
+    redis.call('SREM', KEYS[3], gid)
+    redis.call('SADD', KEYS[2], gid)
+    redis.call('XADD', KEYS[5], '*', 'gid', gid, 'd', ARGV[i + 2])
+    redis.call('ZADD', KEYS[6], ARGV[i + 1], gid)
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[4], 'produced', -n)
+  redis.call('HINCRBY', KEYS[4], 'consumed', -n)
+  redis.call('HINCRBY', KEYS[4], 'recalled', n)
+end
+return n
+"""

@@ -20,6 +20,8 @@ Keys, all under `<namespace>:`
     inflight       sorted set group_id -> release_version: released and not yet acked (admission + assembly)
     trained        hash: group entry id -> group_id of each group a step trained on, waiting for the checkpoint that
                    lets it be acked; its payload has left the stream already (only the pending entry remains)
+    durable        sorted set group_id -> the version of the checkpoint that acked it, until older checkpoints are
+                   pruned (a resume that finds a checkpoint torn releases its groups again: buffer/durable.py)
     released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
     put_ids        set of every group_id put (a second put of a group is a counted duplicate, never delivered)
     counters       hash: released, produced, consumed, dropped (dynamic sampling), abandoned (dead-lettered while in
@@ -51,6 +53,7 @@ import redis
 from buffer import lua
 from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, encode_prompt
 from buffer.connection import connect
+from buffer.durable import DurableGroups
 from buffer.evaluations import EvaluationRequests
 from buffer.memory import RedisMemory
 from buffer.records import Group, PromptRecord
@@ -92,7 +95,7 @@ def open_buffer(cfg: BufferConfig, url: str | None = None) -> ReplayBuffer:
     return ReplayBuffer.from_config(cfg, url)
 
 
-class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory):
+class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
     """One run's buffer in Redis (sync redis-py; async callers use `asyncio.to_thread`)."""
 
     def __init__(
@@ -445,10 +448,11 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory):
         if entry_ids:
             self._redis.xclaim(self.key("groups"), LEARNER, consumer, 0, entry_ids, justid=True)
 
-    def ack(self, entry_ids: list[str], counter: str = "") -> None:
+    def ack(self, entry_ids: list[str], counter: str = "", client: Any = None) -> None:
         """Finish taken groups: XACK + XDEL them and remove them from the in-flight set and the trained hash, in one
-        script (`counter`, if given, also counts the groups acked: `dropped`). Sent again after a lost reply it
-        acks nothing and counts nothing (every count is of what XACK acked). It works in a Redis at maxmemory."""
+        script (`counter`, if given, also counts the groups acked: `dropped`; `client`, a pipeline to run it in).
+        Sent again after a lost reply it acks nothing and counts nothing (every count is of what XACK acked). It
+        works in a Redis at maxmemory."""
         if not entry_ids:
             return
         args: list[Any] = [self._rate_ttl, counter]
@@ -461,7 +465,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory):
             self._rate_key("consumed"),
             self.key("trained"),
         ]
-        self._script(lua.ACK, keys, args)
+        self._script(lua.ACK, keys, args, client=client)
 
     def drop(self, entry_ids: list[str]) -> None:
         """Finish taken groups that no step will train on (dynamic sampling), counting them as `dropped` in the same
@@ -544,7 +548,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory):
         return int(value) if value is not None else 0
 
     def set_staleness_bound(self, version: int, bound: int) -> None:
-        """Record that prompts released from `version` on get staleness bound `bound` (buffer/admission.py,
+        """Record that prompts released from `version` on get staleness bound `bound` (buffer/staleness.py,
         `StalenessSchedule`); kept beside the version so that a restarted learner knows the deadlines of the groups
         still in flight. Sent again: the same field is set again."""
         self._redis.hset(self.key("staleness_bounds"), str(int(version)), int(bound))

@@ -2,7 +2,8 @@
 
 Each role defines its own job next to its settings (`learner/job.py`, `generators/job.py`, `retrieval/job.py`): the
 sections that process uses and nothing else. `config/` composes them from the root config (`Config.learner_job()`),
-and launchers write one job file per process into `<run_dir>/jobs/` (`config.save_job`, `config.load_job`).
+launchers write one job file per process into `<run_dir>/jobs/` (`config.save_job`), and each process's entry point
+(`sr1/entrypoints/`) loads its job (`config.load_job`) and hands it to its pool's code, which never imports `config/`.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from config.loader import (
     EXIT_BAD_INPUT,
+    EXIT_CHECKPOINT_FAILED,
     ConfigError,
     config_to_yaml,
     list_presets,
@@ -23,6 +24,7 @@ __all__ = [
     "RetrievalJob",
     "ConfigError",
     "EXIT_BAD_INPUT",
+    "EXIT_CHECKPOINT_FAILED",
     "config_to_yaml",
     "list_presets",
     "load_config",

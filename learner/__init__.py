@@ -1,11 +1,9 @@
 """The learner pool: staleness-corrected GRPO on FSDP2 ranks, fed by the Redis buffer, pushing weights to engines.
 
-main.py              one rank's process entry point
-job.py               the sections a learner process uses
+job.py               the sections a learner process uses (its entry point: sr1/entrypoints/learner.py)
 loop.py              take -> train -> publish -> checkpoint -> ack, on every rank
 rank0.py             rank 0's side: prompt feeding, batches, heartbeats, the bound in force, publishing, evaluations
 trainer.py           one optimisation step on all ranks
-staleness.py         the adaptive staleness bound (`auto`)
 algorithms/          GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, the off-policy corrections, KL, shaping
 model.py             the HF model under fully_shard, AdamW
 packing.py           token-budget packed micro-batches

@@ -7,22 +7,28 @@
                            AdamW state (no gather; reloads under another world size too), and PPO's critic's
         resume/rng_rank<r>.pt   each rank's torch RNG state and learning-rate schedules
         resume/state.json  version, data cursor, groups used since the previous checkpoint (acked at resume)
-    <run_dir>/checkpoints/latest      name of the newest complete checkpoint (written last, atomically)
+        sr1-manifest.json  every file's size and CRC-32 (learner/checkpoint_files.py)
+    <run_dir>/checkpoints/.step_<N>.partial/   the same while it is written; renamed to step_<N> once complete
+    <run_dir>/checkpoints/latest               name of the newest complete checkpoint (written last)
 
-The safetensors files are streamed: their header is computed from the global shapes (a DTensor knows them
-without gathering), then one parameter at a time is gathered (`full_tensor()`, a collective on every rank) and
-rank 0 appends its bytes. At most one full parameter is alive at a time, never the whole model on one device:
-the save-time OOM Search-R1 users hit with FSDP1's full state dict.
+Saving (every rank): rank 0 streams the HF weights (learner/hf_weights.py) and copies the model's files, every
+rank writes its DCP shards and RNG state and checksums the files it wrote, then rank 0 writes the manifest, fsyncs
+the directory tree, renames the directory to `step_<N>` and points `latest` at it; only then are older checkpoints
+pruned (`keep`). The ranks agree after each phase (one all-gather): when any rank failed to write (no space, an I/O
+error), every rank raises `CheckpointWriteError`, the partial directory is removed, and the previous checkpoints are
+as they were.
+
+Resuming (`resume`): the newest `step_<N>` whose files match their manifest (each rank checksums a share) and load
+is used; each one skipped is named with why. None left: `CheckpointLoadError` (deterministic: not worth a restart).
 """
 
 from __future__ import annotations
 
-import contextlib
+import io
 import json
 import logging
-import os
+import re
 import shutil
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,15 +36,36 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.distributed import World
-from learner.model import DTYPES, full_tensor, named_weights
+from learner.checkpoint_files import (
+    MANIFEST,
+    ManifestError,
+    WriteBudget,
+    atomic_write_text,
+    check_sizes,
+    checksum_files,
+    files_under,
+    fsync_dir,
+    fsync_tree,
+    is_no_space,
+    read_manifest,
+    storage_error,
+    verify_files,
+    write_durably,
+    write_manifest,
+)
+from learner.distributed import World, all_gather_objects
+from learner.hf_weights import copy_hf_files, hf_weight_bytes, save_hf_weights
+from learner.model import DTYPES
 
 log = logging.getLogger(__name__)
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-MAX_SHARD_BYTES = 5 * 2**30
 LATEST = "latest"
-_HF_FILES_SKIP = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"}
+_STEP_DIR = re.compile(r"step_(\d+)")
+_RANK_FILE = re.compile(r"resume/(?:dcp/__(\d+)_\d+\.distcp|rng_rank(\d+)\.pt)$")
+# a write that fails with less than this left on the filesystem failed for lack of space, whatever it raised
+LOW_SPACE_BYTES = 64 << 20
+# bytes per parameter of the resume state: fp32 weights and AdamW's two fp32 moments
+_RESUME_BYTES_PER_PARAM = 12
 
 
 @dataclass
@@ -50,104 +77,74 @@ class ResumeState:
     )  # groups in steps since the previous checkpoint
     consumed_groups: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    used_group_ids: list[str] = field(default_factory=list)  # the same groups' ids (empty before manifests)
 
 
-def _barrier(world: World) -> None:
-    if world.world_size > 1:
-        dist.barrier()
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (no space, an I/O error) on some rank: its partial files were removed and
+    the checkpoints before it are untouched. `no_space` when a disk (or quota) was full."""
+
+    def __init__(self, message: str, no_space: bool):
+        super().__init__(message)
+        self.no_space = no_space
 
 
-def _plan_shards(entries: list[tuple[str, torch.Size, torch.dtype]], max_bytes: int) -> list[list[int]]:
-    shards: list[list[int]] = [[]]
-    size = 0
-    for i, (_, shape, dtype) in enumerate(entries):
-        nbytes = shape.numel() * dtype.itemsize
-        if shards[-1] and size + nbytes > max_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(i)
-        size += nbytes
-    return shards
+class CheckpointLoadError(RuntimeError):
+    """No checkpoint of the run could be loaded: each one failed its verification or its load. The same files fail
+    the same way again, so a restart cannot help."""
 
 
-def _header(entries: list[tuple[str, torch.Size, torch.dtype]]) -> bytes:
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape, dtype in entries:
-        nbytes = shape.numel() * dtype.itemsize
-        header[name] = {
-            "dtype": SAFETENSORS_DTYPES[dtype],
-            "shape": list(shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
-    return struct.pack("<Q", len(raw)) + raw
+@dataclass
+class Resumed:
+    """What `Checkpointer.resume` found: the checkpoint loaded (None: there was none) and those it skipped."""
+
+    path: Path | None
+    state: ResumeState | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why)
 
 
-def save_hf_weights(
-    model: torch.nn.Module,
-    out_dir: Path,
-    world: World,
-    dtype: torch.dtype,
-    max_shard_bytes: int = MAX_SHARD_BYTES,
-) -> None:
-    """Stream the model's full weights into safetensors files (collective: call on every rank)."""
-    named = list(named_weights(model, skip_tied=True))  # sharded tensors: no memory beyond the shards
-    entries = [(name, tensor.shape, dtype) for name, tensor in named]
-    shards = _plan_shards(entries, max_shard_bytes)
-    names = (
-        ["model.safetensors"]
-        if len(shards) == 1
-        else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    )
-    for shard, filename in zip(shards, names, strict=True):
-        with open(out_dir / filename, "wb") if world.is_main else contextlib.nullcontext() as handle:
-            if handle is not None:
-                handle.write(_header([entries[i] for i in shard]))
-            for i in shard:
-                tensor = full_tensor(named[i][1].detach())  # every rank joins the gather
-                if handle is not None:
-                    data = tensor.to(device="cpu", dtype=dtype).contiguous()
-                    handle.write(data.view(torch.uint8).numpy().tobytes())
-                del tensor
-            if handle is not None:
-                handle.flush()
-                os.fsync(handle.fileno())
-    if world.is_main and len(shards) > 1:
-        weight_map = {entries[i][0]: names[k] for k, shard in enumerate(shards) for i in shard}
-        total = sum(shape.numel() * dt.itemsize for _, shape, dt in entries)
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+def step_of(path: Path) -> int | None:
+    match = _STEP_DIR.fullmatch(path.name)
+    return int(match.group(1)) if match else None
 
 
-def _copy_hf_files(
-    model_dir: Path, out_dir: Path, dtype_name: str, tokenizer_dir: Path | None = None
-) -> None:
-    """config.json (dtype set to the saved one), generation config and tokenizer files from the model dir (the
-    tokenizer's from `tokenizer_dir` when the model has its tokenizer elsewhere), so a checkpoint loads alone."""
-    for source in (model_dir, tokenizer_dir) if tokenizer_dir is not None else (model_dir,):
-        for path in source.iterdir():
-            if path.is_file() and path.name not in _HF_FILES_SKIP and not path.name.endswith(".safetensors"):
-                if source == tokenizer_dir and path.name in ("config.json", "generation_config.json"):
-                    continue  # the model's own
-                shutil.copy2(path, out_dir / path.name)
-    config_path = out_dir / "config.json"
-    config = json.loads(config_path.read_text())
-    config["torch_dtype"] = dtype_name
-    config.pop("dtype", None)
-    config["dtype"] = dtype_name
-    config_path.write_text(json.dumps(config, indent=2))
+def checkpoint_dirs(root: Path) -> list[Path]:
+    """Every `step_<N>` directory under `root`, newest first (complete or not: see `looks_complete`)."""
+    found = [p for p in Path(root).glob("step_*") if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=step_of, reverse=True)
+
+
+def looks_complete(path: Path) -> bool:
+    """A cheap check, no file read: a manifest whose files all have their sizes, or a checkpoint written before
+    manifests existed that has its resume state."""
+    try:
+        entries, _ = read_manifest(path)
+    except ManifestError:
+        return not (path / MANIFEST).exists() and (path / "resume" / "state.json").is_file()
+    return not check_sizes(path, entries.values())
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under `root` (what its `latest` pointer names), or None."""
-    pointer = Path(root) / LATEST
-    if not pointer.is_file():
+    """The newest checkpoint under `root` that looks complete (sizes as in its manifest), or None."""
+    return next((p for p in checkpoint_dirs(root) if looks_complete(p)), None)
+
+
+def checkpoint_bytes(path: Path) -> int | None:
+    """The size of a checkpoint as its manifest records it (None without one)."""
+    try:
+        return int(read_manifest(path)[1].get("total_bytes", 0)) or None
+    except ManifestError:
         return None
-    path = Path(root) / pointer.read_text().strip()
-    return path if (path / "resume" / "state.json").is_file() else None
+
+
+def _describe(err: BaseException) -> str:
+    # torch.distributed.checkpoint's CheckpointException carries each failing rank's own exception
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        err = first[0] if isinstance(first, tuple) else first
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:400]
 
 
 class Checkpointer:
@@ -166,45 +163,233 @@ class Checkpointer:
         self.tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
         self.save_dtype = save_dtype
         self.keep = keep
+        if world.is_main and self.root.is_dir():
+            for partial in self.root.glob(".step_*.partial"):  # a save a crash interrupted
+                log.warning("removing %s: a checkpoint that was never completed", partial)
+                shutil.rmtree(partial, ignore_errors=True)
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.root)
 
+    # -- saving ---------------------------------------------------------------------------------------------------
+
     def save(self, model, optimizer, scheduler, state: ResumeState, critic=None) -> Path:
-        """Every rank calls this. Returns the checkpoint directory (complete once `latest` names it). `critic`
-        (learner/critic.py) is saved with the policy's resume state."""
+        """Every rank calls this. Returns the checkpoint directory, complete and renamed into place; raises
+        CheckpointWriteError (on every rank) when a rank could not write its part. `critic` (learner/critic.py) is
+        saved with the policy's resume state."""
         from torch.distributed.checkpoint import save as dcp_save
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         world = self.world
-        out = self.root / f"step_{state.version}"
+        final = self.root / f"step_{state.version}"
+        partial = self.root / f".step_{state.version}.partial"
+        budget = WriteBudget.from_env()
+        # each phase's error (a bug included) reaches every rank in _agree, which removes the partial directory
+        error: BaseException | None = None
         if world.is_main:
-            if out.exists():
-                shutil.rmtree(out)  # a half-written directory from a crash during a save
-            (out / "resume").mkdir(parents=True)
-        _barrier(world)
-        # 1. HF weights, streamed parameter by parameter
-        save_hf_weights(model, out, world, DTYPES[self.save_dtype])
-        if world.is_main:
-            _copy_hf_files(self.model_dir, out, self.save_dtype, self.tokenizer_dir)
-        # 2. sharded fp32 parameters + optimizer state, each rank its own shards
+            try:
+                if partial.exists():
+                    shutil.rmtree(partial)
+                (partial / "resume").mkdir(parents=True)
+            except Exception as err:
+                error = err
+        self._agree(error, partial, state.version)
+        # 1. HF weights, streamed parameter by parameter (collective), and the model's files
+        error = save_hf_weights(model, partial, world, DTYPES[self.save_dtype], budget=budget)
+        if world.is_main and error is None:
+            try:
+                copy_hf_files(self.model_dir, partial, self.save_dtype, self.tokenizer_dir, budget)
+            except Exception as err:
+                error = err
+        self._agree(error, partial, state.version)
+        # 2. sharded fp32 parameters + optimizer state, each rank its own shards; RNG and schedules per rank
         model_sd, optim_sd = get_state_dict(model, optimizer)
         sharded = {"model": model_sd, "optim": optim_sd}
         local = {"torch": torch.get_rng_state(), "scheduler": scheduler.state_dict()}
         if critic is not None:
             sharded["critic_model"], sharded["critic_optim"] = get_state_dict(critic.model, critic.optimizer)
             local["critic_scheduler"] = critic.scheduler.state_dict()
-        dcp_save(sharded, checkpoint_id=str(out / "resume" / "dcp"))
-        torch.save(local, out / "resume" / f"rng_rank{world.rank}.pt")
-        _barrier(world)
-        # 3. the resume state and the `latest` pointer, written last (a crash before this leaves the old latest)
+        own: dict = {}
+        try:
+            dcp_save(sharded, checkpoint_id=str(partial / "resume" / "dcp"))
+            buffer = io.BytesIO()
+            torch.save(local, buffer)
+            write_durably(partial / "resume" / f"rng_rank{world.rank}.pt", buffer.getvalue(), budget)
+            own = checksum_files(partial, self._own_files(partial))
+        except (Exception, CheckpointException) as err:
+            error = err
+        self._agree(error, partial, state.version)
+        # 3. rank 0: resume state, manifest, fsync, rename into place, `latest`; then prune
+        entries = {path: entry for part in all_gather_objects(own, world) for path, entry in part.items()}
         if world.is_main:
-            body = json.dumps(state.__dict__, indent=2)
-            _atomic_write(out / "resume" / "state.json", body)
-            _atomic_write(self.root / LATEST, out.name)
-            self._prune(out)
-        _barrier(world)
-        return out
+            try:
+                self._complete(partial, final, entries, state, budget)
+            except Exception as err:
+                error = err
+        self._agree(error, partial, state.version)
+        if world.is_main:
+            self._prune(final)
+        if world.world_size > 1:
+            dist.barrier()
+        return final
+
+    def _own_files(self, partial: Path) -> list[str]:
+        """The files this rank checksums: its DCP shards and RNG state; rank 0 also every file no rank owns."""
+        own = []
+        for rel in files_under(partial):
+            match = _RANK_FILE.search(rel)
+            owner = int(next(g for g in match.groups() if g is not None)) if match else 0
+            if owner == self.world.rank:
+                own.append(rel)
+        return own
+
+    def _complete(self, partial: Path, final: Path, entries: dict, state: ResumeState, budget) -> None:
+        body = json.dumps(state.__dict__, indent=2).encode()
+        write_durably(partial / "resume" / "state.json", body, budget)
+        entries |= checksum_files(partial, ["resume/state.json"])
+        write_manifest(partial, entries, version=state.version, world_size=self.world.world_size)
+        fsync_tree(partial)
+        stale = None
+        # a checkpoint of the same version already there did not verify at resume (the run went on past it)
+        if final.exists():
+            stale = final.with_name(f".{final.name}.stale")
+            shutil.rmtree(stale, ignore_errors=True)
+            final.rename(stale)
+        partial.rename(final)
+        fsync_dir(self.root)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+        atomic_write_text(self.root / LATEST, final.name)
+
+    def _agree(self, error: BaseException | None, partial: Path, version: int) -> None:
+        """Every rank learns whether any rank failed the phase just done. On a failure the partial directory goes
+        and every rank raises: CheckpointWriteError for a storage error, the error itself (a bug) otherwise."""
+        mine = None if error is None else self._classify(error)
+        failures = [(r, f) for r, f in enumerate(all_gather_objects(mine, self.world)) if f is not None]
+        if not failures:
+            return
+        if self.world.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+        if mine is not None and not mine[1]:
+            raise error
+        where = "; ".join(f"rank {r}: {text}" for r, (text, _, _) in failures)
+        if not all(storage for _, (_, storage, _) in failures):
+            raise RuntimeError(f"the checkpoint of step {version} failed on another rank: {where}")
+        raise CheckpointWriteError(
+            f"the checkpoint of step {version} could not be written ({where}); its partial files were removed",
+            no_space=any(full for _, (_, _, full) in failures),
+        )
+
+    def _classify(self, error: BaseException) -> tuple[str, bool, bool]:
+        """(what failed, whether it is a storage failure, whether the disk is full). A full disk does not always
+        say so: torch's zip writer (torch.save, and DCP's shards through it) reports ENOSPC as a RuntimeError
+        ("unexpected pos ..."); so a failure with less than `LOW_SPACE_BYTES` left on the filesystem counts as
+        one too."""
+        cause = storage_error(error)
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:
+            free = None
+        full = is_no_space(cause) or (free is not None and free < LOW_SPACE_BYTES)
+        text = _describe(cause or error)
+        if full and not is_no_space(cause):
+            text += f" (no space left on device: {free} bytes free)"
+        return text, cause is not None or full, full
+
+    def _prune(self, newest: Path) -> None:
+        """Keep the newest `keep` complete checkpoints (the one just written among them); remove older ones."""
+        kept = [newest]
+        for path in checkpoint_dirs(self.root):
+            if len(kept) < self.keep and path != newest and looks_complete(path):
+                kept.append(path)
+        oldest = min(step_of(p) for p in kept)
+        for path in checkpoint_dirs(self.root):
+            if path not in kept and step_of(path) < oldest:
+                log.info("removing checkpoint %s (learner.keep_checkpoints=%d)", path.name, self.keep)
+                shutil.rmtree(path, ignore_errors=True)
+
+    def oldest_kept(self) -> int | None:
+        """The version of the oldest checkpoint kept: groups made durable at or before it are needed no more."""
+        versions = [step_of(p) for p in checkpoint_dirs(self.root)]
+        return min(versions) if versions else None
+
+    def space_needed(self, model) -> tuple[int, str]:
+        """Bytes the next checkpoint needs, and where the figure comes from: the newest complete checkpoint's size,
+        or without one an estimate from the model's parameters."""
+        for path in checkpoint_dirs(self.root):
+            size = checkpoint_bytes(path)
+            if size and looks_complete(path):
+                return size, f"the size of {path.name}"
+        params = sum(t.numel() for t in model.parameters())  # global numel: DTensors report their full shape
+        estimate = hf_weight_bytes(model, DTYPES[self.save_dtype]) + _RESUME_BYTES_PER_PARAM * params
+        return estimate, "estimated from the model's parameters"
+
+    # -- loading --------------------------------------------------------------------------------------------------
+
+    def verify(self, path: Path) -> list[str]:
+        """What is wrong with a checkpoint's files against its manifest ([] when nothing): every rank checksums a
+        share of the files (collective). A checkpoint written before manifests existed is accepted unchecked."""
+        try:
+            entries, _ = read_manifest(path)
+        except ManifestError as err:
+            if not (path / MANIFEST).exists() and (path / "resume" / "state.json").is_file():
+                if self.world.is_main:
+                    log.warning(
+                        "%s has no %s (written by an older sr1): loading it unverified", path, MANIFEST
+                    )
+                return []
+            return [str(err)]
+        # the largest files first, each to the rank with the fewest bytes so far: the same plan on every rank
+        load = [0] * self.world.world_size
+        share = []
+        for entry in sorted(entries.values(), key=lambda e: (-e.size, e.path)):
+            rank = load.index(min(load))
+            load[rank] += entry.size
+            if rank == self.world.rank:
+                share.append(entry)
+        problems = verify_files(path, share)
+        return sorted(p for part in all_gather_objects(problems, self.world) for p in part)
+
+    def resume(self, model, optimizer, scheduler, critic=None) -> Resumed:
+        """Load the newest checkpoint that verifies and loads (every rank); the ones skipped are logged and
+        returned with why. CheckpointLoadError when there are checkpoints but none can be used."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        skipped: list[tuple[str, str]] = []
+        for path in checkpoint_dirs(self.root):
+            problems = self.verify(path)
+            why = None
+            if problems:
+                more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+                why = "; ".join(problems[:3]) + more
+            else:
+                error = None
+                try:
+                    state = self.load(path, model, optimizer, scheduler, critic=critic)
+                except (Exception, CheckpointException) as err:
+                    error = _describe(err)
+                errors = [e for e in all_gather_objects(error, self.world) if e is not None]
+                if errors:
+                    why = f"its files verify but it does not load: {errors[0]}"
+            if why is None:
+                if skipped and self.world.is_main:
+                    log.warning(
+                        "resuming from %s, the newest checkpoint that verifies (skipped: %s)",
+                        path.name,
+                        ", ".join(name for name, _ in skipped),
+                    )
+                return Resumed(path, state, skipped)
+            skipped.append((path.name, why))
+            if self.world.is_main:
+                log.warning("resume: skipping checkpoint %s: %s", path, why)
+        if skipped:
+            raise CheckpointLoadError(
+                f"no checkpoint under {self.root} can be resumed from: "
+                + "; ".join(f"{name}: {why}" for name, why in skipped)
+                + ". Restore a checkpoint from a copy, or start a new run"
+            )
+        return Resumed(None, None, [])
 
     def load(self, path: Path, model, optimizer, scheduler, critic=None) -> ResumeState:
         """Restore model shards, optimizer, scheduler and RNG from `path` (every rank), and the critic's."""
@@ -240,21 +425,3 @@ class Checkpointer:
         if critic is not None:
             critic.scheduler.load_state_dict(extra["critic_scheduler"])
         return ResumeState(**json.loads((path / "resume" / "state.json").read_text()))
-
-    def _prune(self, newest: Path) -> None:
-        steps = sorted(
-            (p for p in self.root.glob("step_*") if p.is_dir() and p.name.split("_")[1].isdigit()),
-            key=lambda p: int(p.name.split("_")[1]),
-        )
-        for old in steps[: -self.keep]:
-            if old != newest:
-                shutil.rmtree(old, ignore_errors=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -139,3 +140,12 @@ def all_reduce(tensor: torch.Tensor, world: World, op: str = "sum") -> torch.Ten
         ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
         dist.all_reduce(tensor, ops[op])
     return tensor
+
+
+def all_gather_objects(value: Any, world: World) -> list[Any]:
+    """Every rank's `value` (picklable), in rank order, on every rank."""
+    if world.world_size == 1:
+        return [value]
+    gathered: list[Any] = [None] * world.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered

@@ -32,13 +32,14 @@ import torch
 
 from buffer.codec import decode_group
 from buffer.records import Group
-from common.model_paths import resolve_model_path
-from learner.checkpoint import Checkpointer, ResumeState
+from buffer.staleness import StepBounds
+from common.model_paths import resolve_model_path, resolve_tokenizer_path
+from learner.checkpoint import Checkpointer, CheckpointWriteError, Resumed, ResumeState
 from learner.distributed import World, all_reduce, broadcast_frames
 from learner.job import LearnerJob
 from learner.model import DTYPES, named_weights
 from learner.rank0 import REGROUP, Rank0, WeightSink
-from learner.staleness import StepBounds
+from learner.safety_net import FINAL_RETRY_S, CheckpointsFailing, SafetyNet
 from learner.stop import StopFlag
 from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
@@ -98,18 +99,18 @@ def run_learner(
 ) -> int:
     """Train until learner.total_steps or a stop signal; returns the final version.
 
-    prompts: PromptRecords for the feeder (default: data.train_files). weight_sink: called on rank 0 with
-    (version, full named tensors) after every step instead of/in addition to the engines (tests, evaluation).
+    prompts: the PromptRecords rank 0 feeds (required there, ignored on the other ranks); the entry point reads
+    them from data.train_files, without the overlong ones (`sr1/entrypoints/learner.py`'s `training_prompts`).
+    weight_sink: called on rank 0 with (version, full named tensors) after every step instead of/in addition to the
+    engines (tests, evaluation).
     """
+    if world.is_main and prompts is None:
+        raise ValueError("run_learner: rank 0 needs the training prompts (prompts=...) to feed the buffer")
     cfg = job.learner
     stop = stop or StopFlag()
     run_dir = Path(job.run_dir)
     model_dir = resolve_model_path(job.model.path)  # a directory, or a hub id in the local HF cache
-    tokenizer_dir = (
-        resolve_model_path(job.model.tokenizer_path, what="model.tokenizer_path")
-        if (job.model.tokenizer_path)
-        else None
-    )
+    tokenizer_dir = resolve_tokenizer_path(job.model)  # model.tokenizer_path, else model_dir
     learner = Learner(
         cfg,
         model_dir,
@@ -125,14 +126,20 @@ def run_learner(
         model_dir,
         save_dtype=job.model.dtype,
         keep=cfg.keep_checkpoints,
-        tokenizer_dir=tokenizer_dir,
+        tokenizer_dir=tokenizer_dir
+        if tokenizer_dir != model_dir
+        else None,  # copied beside the model's files
     )
     state = ResumeState(version=0)
-    latest = checkpointer.latest() if resume else None
-    if latest is not None:
-        state = checkpointer.load(
-            latest, learner.model, learner.optimizer, learner.scheduler, critic=learner.critic
+    resumed = Resumed(None, None)
+    # the newest checkpoint that verifies and loads; those skipped are named (CheckpointLoadError: none)
+    if resume:
+        resumed = checkpointer.resume(
+            learner.model, learner.optimizer, learner.scheduler, critic=learner.critic
         )
+    latest = resumed.path
+    if resumed.state is not None:
+        state = resumed.state
         learner.version = state.version
         learner.restore_extra(state.extra)
         log.info("resumed from %s at version %d (cursor %d)", latest, state.version, state.cursor)
@@ -185,9 +192,11 @@ def run_learner(
 
     # the engines get the learner's weights as the current version (a resume rolls them back to it)
     publish(learner.version)
-    used_since_checkpoint: list[str] = []
+    # (entry id, group id) of the groups trained since the last checkpoint that was written
+    used_since_checkpoint: list[tuple[str, str]] = []
     nonfinite = NonFiniteStreak(cfg.max_nonfinite_steps)
     last_saved = learner.version if latest is not None else -1
+    net = SafetyNet(checkpointer, state.version if latest is not None else None)
     # the groups each step used, one line per step after a line marking where this process started
     groups_file = open(run_dir / "learner_groups.jsonl", "a", buffering=1) if world.is_main else None  # noqa: SIM115
     start = {
@@ -196,7 +205,8 @@ def run_learner(
         "weights": state.version,
     }
     if groups_file is not None:
-        groups_file.write(json.dumps(start | {"recalled": side.recalled}) + "\n")
+        skipped = [{"checkpoint": name, "why": why} for name, why in resumed.skipped]
+        groups_file.write(json.dumps(start | {"recalled": side.recalled, "skipped": skipped}) + "\n")
     tracker.mark_segment(start | {"time": time.time()})
     try:
         while learner.version < cfg.total_steps:
@@ -212,7 +222,9 @@ def run_learner(
                 else:
                     header = {
                         "command": "train",
-                        "bounds": side.step_bounds(learner.version, taken).to_json(),
+                        "bounds": side.staleness.step_bounds(
+                            learner.version, {t.group.release_version for t in taken}
+                        ).to_json(),
                     }
                 frames = [json.dumps(header).encode()] + [t.payload for t in taken or []]
             frames = broadcast_frames(frames, world)
@@ -232,13 +244,13 @@ def run_learner(
             nonfinite.check(train_metrics, step_version, [g.group_id for g in groups])
             # the staleness bound of releases from the next version on, set before that version is published
             if side is not None:
-                side.next_bound(learner.version, train_metrics)
+                side.staleness.after_step(learner.version, train_metrics)
             # 3. publish the weights to every engine, then the version
             publish_metrics = publish(learner.version)
             # 4. bookkeeping on rank 0: staleness histogram, groups awaiting their ack (until the checkpoint)
             if side is not None:
                 side.after_step(taken, learner.version, train_metrics)
-                used_since_checkpoint += [t.entry_id for t in taken]
+                used_since_checkpoint += [(t.entry_id, t.group.group_id) for t in taken]
                 groups_file.write(
                     json.dumps({"version": learner.version, "group_ids": [g.group_id for g in groups]}) + "\n"
                 )
@@ -246,29 +258,40 @@ def run_learner(
             flag = torch.tensor([1.0 if stop.is_set() else 0.0], device=world.device)
             stopping = bool(all_reduce(flag, world, "max").item())
             done = learner.version >= cfg.total_steps
-            checkpoint_s = None
+            checkpoint_s, failed, failing = None, net.failed_in_a_row, None
             if learner.version % cfg.checkpoint_every == 0 or stopping or done:
+                # a failed save leaves its groups unacked for the next one; the second failure in a row mid-run
+                # raises CheckpointsFailing, after this step's metrics row (the run's last checkpoint is retried
+                # below instead)
                 checkpoint_start = time.perf_counter()
-                _checkpoint(checkpointer, learner, side, used_since_checkpoint)
+                try:
+                    if _checkpoint(
+                        checkpointer, learner, side, used_since_checkpoint, net, last=stopping or done
+                    ):
+                        used_since_checkpoint = []
+                        last_saved = learner.version
+                except CheckpointsFailing as err:
+                    failing = err
                 checkpoint_s = time.perf_counter() - checkpoint_start
-                used_since_checkpoint = []
-                last_saved = learner.version
             metrics = merge_metrics(
                 train_metrics,
                 publish_metrics,
                 step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
+                net.metrics(),
                 tool_metrics(groups),
                 side.buffer_metrics() if side is not None else {},
             )
-            if learner.version % job.logging.log_every == 0 or done:
+            if learner.version % job.logging.log_every == 0 or done or net.failed_in_a_row != failed:
                 tracker.log(metrics, step=learner.version)
+            if failing is not None:
+                raise failing
             if side is not None:
                 for result in side.evaluations(learner.version, last=done):
                     tracker.log_eval(result, step=result["step"])
             if stopping:
                 break
         if learner.version != last_saved and learner.version > 0:
-            _checkpoint(checkpointer, learner, side, used_since_checkpoint)
+            _last_checkpoint(checkpointer, learner, side, used_since_checkpoint, net, stop, world)
         if learner.version >= cfg.total_steps:
             _settle(side, world, stop, lambda: publish(learner.version), tracker)
     finally:
@@ -323,13 +346,77 @@ def step_timing(step_s: float, wait_s: float, checkpoint_s: float | None = None)
     return timing
 
 
-def _checkpoint(checkpointer: Checkpointer, learner: Learner, side, used: list[str]) -> None:
-    state = ResumeState(version=learner.version, used_group_entries=list(used), extra=learner.resume_extra())
+def _checkpoint(
+    checkpointer: Checkpointer,
+    learner: Learner,
+    side,
+    used: list[tuple[str, str]],
+    net: SafetyNet,
+    last: bool = False,
+) -> bool:
+    """Save a checkpoint and ack the groups it made durable; False when it could not be written (`net` decides
+    whether the run goes on: see learner/safety_net.py). `used`: (entry id, group id) of the groups trained since the
+    last good checkpoint."""
+    state = ResumeState(
+        version=learner.version,
+        used_group_entries=[entry for entry, _ in used],
+        used_group_ids=[gid for _, gid in used],
+        extra=learner.resume_extra(),
+    )
     if side is not None:
         state.cursor = side.feeder.cursor
         state.consumed_groups = side.consumed_groups
-        state.extra["staleness"] = side.staleness_state()
+        state.extra["staleness"] = side.staleness.state_dict()
     # rank 0's state is the one written; the other ranks only need the collective parts
-    checkpointer.save(learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic)
+    try:
+        checkpointer.save(learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic)
+    except CheckpointWriteError as err:
+        net.failed(err, learner.version, learner.model, last=last)
+        if side is not None:
+            side.heartbeat(learner.version, "checkpoint failed", force=True, checkpoint_error=str(err))
+        return False
+    net.saved(learner.version)
     if side is not None:
-        side.buffer.ack(used)  # durable now: never re-delivered
+        # durable now: never re-delivered; recorded until older checkpoints are pruned (a torn one is given up)
+        side.buffer.ack_durable(state.used_group_entries, state.used_group_ids, learner.version)
+        oldest = checkpointer.oldest_kept()
+        if oldest is not None:
+            side.buffer.forget_durable(up_to=oldest)
+    return True
+
+
+def _last_checkpoint(
+    checkpointer: Checkpointer,
+    learner: Learner,
+    side,
+    used: list[tuple[str, str]],
+    net: SafetyNet,
+    stop: StopFlag,
+    world: World,
+) -> None:
+    """The last checkpoint of this process (the run's end, or a stop): its weights exist nowhere else. At the run's
+    end it is tried until it is written, waiting longer between tries (a full disk someone frees); asked to stop (or
+    asked while waiting), one more try, then CheckpointsFailing."""
+    waits = iter(FINAL_RETRY_S)
+    failed_already = bool(net.failed_steps) and net.failed_steps[-1] == learner.version  # tried in the loop
+    while True:
+        if failed_already:
+            wait_s = next(waits, FINAL_RETRY_S[-1])
+            log.error("the run's last checkpoint (step %d) is tried again in %.0f s", learner.version, wait_s)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not stop.is_set():
+                if side is not None:
+                    side.heartbeat(
+                        learner.version, "waiting", waiting_for=f"space for checkpoint step_{learner.version}"
+                    )
+                time.sleep(0.5)
+        flag = torch.tensor([1.0 if stop.is_set() else 0.0], device=world.device)
+        stopping = bool(all_reduce(flag, world, "max").item())
+        if _checkpoint(checkpointer, learner, side, used, net, last=True):
+            return
+        if stopping:
+            raise CheckpointsFailing(
+                f"the checkpoint of step {learner.version} could not be written and the learner was asked to stop: "
+                f"{net.last_failure}"
+            )
+        failed_already = True

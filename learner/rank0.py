@@ -1,5 +1,5 @@
 """Rank 0's side of the learner loop: prompt feeding under the admission rule, batches, heartbeats, the staleness
-bound in force, weight publishing, evaluations, and settling the run at its end.
+bound (`self.staleness`, buffer/staleness.py), weight publishing, evaluations, and settling the run at its end.
 
     side = Rank0(job, state, prompts, resume, vocab_size)     # learner/loop.py, on rank 0 only
     taken = side.next_batch(version, stop)                      # groups, REGROUP, or None when stopping
@@ -24,11 +24,11 @@ import torch
 
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.records import Group
+from buffer.staleness import StalenessKeeper
 from buffer.stats import STALENESS_HIST, pool_metrics
 from evaluation import Evaluations, Patience
 from learner.checkpoint import ResumeState
 from learner.job import LearnerJob
-from learner.staleness import StepBounds
 from learner.stop import StopFlag
 from weight_sync.group import WeightSyncError
 from weight_sync.publisher import gather_for_wire
@@ -72,22 +72,11 @@ def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | 
     return None
 
 
-def load_prompt_source(job: LearnerJob) -> list:
-    """The training prompts, read by the task (its dataset readers)."""
-    if not job.data.train_files:
-        raise ValueError("data.train_files is empty: the learner's prompt feeder needs training prompts")
-    from tasks import build_task
-
-    return build_task(job.task).load_prompts(job.data.train_files, split="train")
-
-
 class Rank0:
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
 
-    def __init__(
-        self, job: LearnerJob, state: ResumeState, prompts: Iterable | None, resume: bool, vocab_size: int
-    ):
-        from buffer.admission import BatchAssembler, PromptFeeder, StalenessSchedule, resumed_schedule
+    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable, resume: bool, vocab_size: int):
+        from buffer.admission import BatchAssembler, PromptFeeder
         from buffer.redis_buffer import open_buffer
         from learner.algorithms.shaping import informative
         from weight_sync.publisher import WeightPublisher
@@ -97,44 +86,37 @@ class Rank0:
         self.cfg = cfg
         self.buffer = open_buffer(job.buffer)
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
-        self.buffer.ack(state.used_group_entries)
+        self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
         self.consumed_groups = state.consumed_groups
         self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
-        # the staleness bound of every release version (buffer/admission.py, "A bound that changes"): recorded in
-        # Redis and in checkpoints; a resume keeps the bounds of versions already released at and changes the bound
-        # (to the fixed one, or auto's) from the version after the published one
-        from learner.staleness import StalenessController
-
-        self.controller = StalenessController(cfg.staleness_auto) if cfg.auto_staleness else None
-        saved = state.extra.get("staleness", {})
-        if self.controller is not None and resume:
-            self.controller.load_state_dict(saved.get("controller", {}))
-        bound = self.controller.bound if self.controller is not None else int(cfg.max_staleness)
-        if resume:  # Redis's record wins: it has the bounds of versions published after the checkpoint
-            recorded = {int(v): int(b) for v, b in saved.get("schedule", {}).items()}
-            recorded |= self.buffer.staleness_bounds()
-            self.schedule = resumed_schedule(recorded, max(state.version, self.buffer.version()), bound)
-        else:
-            self.schedule = StalenessSchedule(bound)
-        for version, b in self.schedule.changes.items():
-            self.buffer.set_staleness_bound(version, b)
+        # the staleness bound of every release version, kept in Redis and in checkpoints (buffer/staleness.py)
+        self.staleness = StalenessKeeper(
+            cfg.max_staleness,
+            self.buffer,
+            state.extra.get("staleness", {}) if resume else None,
+            max(state.version, self.buffer.version()),
+        )
         self.feeder = PromptFeeder(
             self.buffer,
-            load_prompt_source(job) if prompts is None else prompts,
+            prompts,
             groups_per_step=cfg.groups_per_step,
-            max_staleness=self.schedule,
+            max_staleness=self.staleness.schedule,
             cursor=state.cursor,
             shuffle_seed=job.seed if job.data.shuffle else None,  # the same order again on resume
         )
-        # groups trained in steps the crash lost: released again at the version this learner goes on at
+        # groups trained in steps the crash lost: released again at the version this learner goes on at; and those
+        # acked by checkpoints newer than the one loaded (found torn, skipped): no surviving weights hold them
         self.recalled: list[str] = []
         if resume:
             version = max(state.version, self.buffer.version())
             self.recalled = self.buffer.recall_trained(self.feeder.prompt_of, version)
+            self.recalled += self.buffer.recall_durable(
+                self.feeder.prompt_of, after=state.version, version=version
+            )
         self.assembler = BatchAssembler(
             self.buffer,
             groups_per_step=cfg.groups_per_step,
-            max_staleness=self.schedule,
+            max_staleness=self.staleness.schedule,
             consumer=CONSUMER,
             # DAPO's dynamic sampling: groups with all-equal rewards are dropped and their places released again
             keep_group=informative if cfg.algorithm.dynamic_sampling else None,
@@ -157,10 +139,11 @@ class Rank0:
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
         self._settle_patience: Patience | None = None  # after the last step: how long `settle` waits
 
-    def heartbeat(self, version: int, status: str, **details) -> None:
-        """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`)."""
+    def heartbeat(self, version: int, status: str, force: bool = False, **details) -> None:
+        """The learner's heartbeat: its version, its status and what it waits for (`waiting_for`, `waited_s`); at most
+        one every 2 s unless `force`."""
         now = time.monotonic()
-        if now - self._last_heartbeat > 2.0:
+        if force or now - self._last_heartbeat > 2.0:
             body = {"version": version, "status": status, **self.diagnostics, **details}
             try:
                 self.buffer.heartbeat(CONSUMER, "learner", body)
@@ -245,36 +228,6 @@ class Rank0:
         self.buffer.publish_version(version, reset=self._fresh)
         self._fresh = False
         return stats
-
-    def step_bounds(self, version: int, taken) -> StepBounds:
-        """The staleness bounds the step at `version` must keep, for every rank's trainer to assert."""
-        releases = {t.group.release_version for t in taken}
-        return StepBounds(self.schedule.in_force(version), {r: self.schedule.at(r) for r in releases})
-
-    def next_bound(self, version: int, metrics: dict) -> None:
-        """After a step, before `version` is published: with max_staleness auto, the bound of prompts released from
-        `version` on, from the step's measured mismatch (learner/staleness.py)."""
-        if self.controller is None:
-            return
-        bound = self.controller.observe(metrics)
-        if bound != self.schedule.at(version):
-            log.info(
-                "staleness bound %d -> %d for prompts released from version %d (off-policy KL %.4f, ESS %.3f)",
-                self.schedule.at(version),
-                bound,
-                version,
-                metrics.get("loss/offpolicy_kl", float("nan")),
-                metrics.get("loss/is_ess", float("nan")),
-            )
-            self.schedule.set(version, bound)
-            self.buffer.set_staleness_bound(version, bound)
-
-    def staleness_state(self) -> dict:
-        """What a checkpoint keeps of the staleness bound: the schedule, and auto's controller."""
-        state: dict = {"schedule": {str(v): b for v, b in self.schedule.changes.items()}}
-        if self.controller is not None:
-            state["controller"] = self.controller.state_dict()
-        return state
 
     def after_step(self, taken, version: int, metrics: dict) -> None:
         self.diagnostics = {k: metrics[k] for k in DIAGNOSTICS if k in metrics}

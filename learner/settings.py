@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from buffer.staleness import MaxStaleness
 from learner.algorithms.settings import (
     AlgorithmConfig,
     CorrectionConfig,
@@ -32,56 +33,6 @@ AttentionName = Literal[
 ]
 
 
-class StalenessAutoConfig(BaseModel):
-    """How `learner.max_staleness: auto` moves the bound (learner/staleness.py). After each step the learner reads the
-    step's off-policy mismatch: above target it halves the bound (not below `floor`), at every step over target, and
-    does not raise it again for as many steps as the old bound (the groups released under it are still being
-    trained); within target for `patience` steps in a row it raises the bound by one (not above `ceiling`). New bounds apply to prompts released from the
-    next version on (buffer/admission.py, "A bound that changes")."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    floor: int = Field(0, ge=0, description="The lowest bound auto may set (0: synchronous, on-policy).")
-    ceiling: int = Field(8, ge=0, description="The highest bound auto may set.")
-    initial: int | None = Field(
-        None, ge=0, description="The bound of the first steps (None: floor); must lie in [floor, ceiling]."
-    )
-    target_kl: float = Field(
-        0.05,
-        gt=0,
-        description="The largest `loss/offpolicy_kl` (k3 KL of the behaviour policy to the learner's at the step's "
-        "start, per loss token) a step may show before the bound is lowered.",
-    )
-    min_ess: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Also lower the bound when `loss/is_ess` (effective sample size of the importance weights, "
-        "0 to 1) falls below this (None: the KL alone decides).",
-    )
-    patience: int = Field(
-        2, ge=1, description="Steps in a row within target before the bound is raised by one."
-    )
-
-    @model_validator(mode="after")
-    def _range(self) -> StalenessAutoConfig:
-        if self.floor > self.ceiling:
-            raise ValueError(
-                f"learner.staleness_auto.floor ({self.floor}) must be <= learner.staleness_auto.ceiling "
-                f"({self.ceiling})"
-            )
-        if self.initial is not None and not self.floor <= self.initial <= self.ceiling:
-            raise ValueError(
-                f"learner.staleness_auto.initial ({self.initial}) must lie in [floor, ceiling] = "
-                f"[{self.floor}, {self.ceiling}]"
-            )
-        return self
-
-    @property
-    def start(self) -> int:
-        return self.floor if self.initial is None else self.initial
-
-
 class LearnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -89,15 +40,11 @@ class LearnerConfig(BaseModel):
     groups_per_step: int = Field(
         32, ge=1, description="Prompt groups (of generators.group_size samples) per step."
     )
-    max_staleness: int | Literal["auto"] = Field(
+    max_staleness: MaxStaleness = Field(
         2,
-        description="Most policy versions a trajectory may lag the learner (0 = synchronous, on-policy), or `auto`: "
-        "a bound that follows the measured off-policy mismatch between learner.staleness_auto.floor and ceiling.",
-    )
-    staleness_auto: StalenessAutoConfig = Field(
-        default_factory=StalenessAutoConfig,
-        description="With max_staleness: auto, how the bound moves: {floor, ceiling, initial, target_kl, min_ess, "
-        "patience} (ignored for a fixed bound).",
+        description="Most policy versions a trajectory may lag the learner (0 = synchronous, on-policy), or "
+        "`{auto: {floor, ceiling, initial, target_kl, min_ess, patience}}` (`auto`: its defaults): a bound that "
+        "follows the measured off-policy mismatch (docs/staleness.md).",
     )
     total_steps: int = Field(
         1000, ge=1, description="Steps (batches) to run; each publishes one policy version."
@@ -209,35 +156,6 @@ class LearnerConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="Keep this many most recent checkpoints.")
 
     _shorthand = field_validator("algorithm", "correction", mode="before")(variant_shorthand)
-
-    @field_validator("max_staleness", mode="before")
-    @classmethod
-    def _bound_or_auto(cls, value):
-        if isinstance(value, str) and value.strip() != "auto":
-            try:
-                value = int(value)
-            except ValueError:
-                raise ValueError(
-                    f"learner.max_staleness must be an integer >= 0 or 'auto', got {value!r}"
-                ) from None
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            raise ValueError(f"learner.max_staleness must be >= 0 or 'auto', got {value}")
-        return value.strip() if isinstance(value, str) else value
-
-    @property
-    def auto_staleness(self) -> bool:
-        """Whether the bound adapts (max_staleness: auto)."""
-        return self.max_staleness == "auto"
-
-    @property
-    def staleness_ceiling(self) -> int:
-        """The largest bound this run can ever use: the fixed bound, or auto's ceiling."""
-        return self.staleness_auto.ceiling if self.auto_staleness else int(self.max_staleness)
-
-    @property
-    def initial_staleness(self) -> int:
-        """The bound of the first steps: the fixed bound, or auto's initial one."""
-        return self.staleness_auto.start if self.auto_staleness else int(self.max_staleness)
 
     @model_validator(mode="after")
     def _invariants(self) -> LearnerConfig:

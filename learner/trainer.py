@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 from buffer.records import Group
+from buffer.staleness import StepBounds, check_staleness, largest_bound
 from learner.algorithms import AdvantageBatch, TokenAdvantages, TrajectoryTokens, build_algorithm, kl_estimate
+from learner.algorithms.corrections import effective_sample_size, offpolicy_stats
 from learner.algorithms.settings import NoCorrection
 from learner.algorithms.shaping import shaped_rewards, truncated
 from learner.critic import Critic
@@ -38,7 +40,6 @@ from learner.minibatches import MiniBatch, PackedPart, plan_updates
 from learner.model import build_optimizer, clip_and_step, load_policy, reshard
 from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
 from learner.settings import LearnerConfig
-from learner.staleness import StepBounds, check_staleness, effective_sample_size, offpolicy_stats
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class Learner:
         start = time.perf_counter()
         cfg, world, version, algorithm = self.cfg, self.world, self.version, self.algorithm
         # 1. staleness bound (per loss token); DAPO's reward shaping and overlong filtering
-        bounds = bounds if bounds is not None else StepBounds(cfg.staleness_ceiling)
+        bounds = bounds if bounds is not None else StepBounds(largest_bound(cfg.max_staleness))
         staleness = check_staleness(groups, version, bounds)
         rewards = shaped_rewards(groups, algorithm.cfg.overlong, self.max_response_tokens)
         sequences, owners = self._sequences(groups)

@@ -13,7 +13,7 @@
 Every bad request gets a JSON 4xx `{"error": "..."}` naming what was wrong; nothing a client sends can crash it.
 Request fields of /retrieve other than those three are ignored, as Search-R1's server does, and counted in
 `retrieval/unknown_fields`. Every query, an empty one included, is searched (see `retrieval/api.py`).
-Run it with `sr1 retrieval serve ...` (see `retrieval/cli.py`).
+Run it with `sr1 retrieval serve ...` (its command line: `sr1/entrypoints/retrieval.py`).
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
     python scripts/bench_async.py                          # sync vs max_staleness 1, 2, 4; about 12 minutes here
     python scripts/bench_async.py --staleness 2 --steps 12 --out runs/bench-async-quick
-    python scripts/bench_async.py --preset tiny-offpolicy --staleness 16,auto --steps 40   # where staleness matters
+    python scripts/bench_async.py --preset tiny-offpolicy --staleness 16,auto:1-16 --steps 40   # where staleness matters
 
 Dedicated pools, as GPUs are: the generator pool (its vLLM engine) is pinned to one core and the learner to another
 (`generators.cpu_cores`, `learner.cpu_cores`), so neither can borrow the other's core while it would idle. Every run
 is `sr1 run <preset>` (`--preset`, default tiny) with the same data, model and steps; only `learner.max_staleness`
-differs (`auto` in `--staleness`: the preset's adaptive bound; `--correction` for every asynchronous run).
+differs (`auto` in `--staleness`: the adaptive bound, `auto:1-16` from 1 to 16; `--correction` for every asynchronous run).
 
 Printed in one run, for each setting: steps per minute (from the learner's per-step wall times, first `--warmup`
 steps left out), its ratio to the synchronous run, the learner's busy fraction (time not spent waiting for a batch)
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sr1.sweep import ROOT, Case, parse_bounds, run_case, save_figure  # noqa: E402
+from sr1.sweep import ROOT, Case, bound_overrides, parse_bounds, run_case, save_figure  # noqa: E402
 
 # A balanced configuration on two cores: generation of a step's 64 trajectories and the learner's update of them take
 # about the same time, so neither phase hides the other (the synchronous run's phase times are printed to check).
@@ -116,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     correction = [f"learner.correction={args.correction}"] if args.correction else []
     suffix = f", {args.correction}" if args.correction else ""
     settings = [Case("sync", "sync (max_staleness 0)", ["learner.max_staleness=0"])] + [
-        Case(f"async{s}", f"async (max_staleness {s}{suffix})", [f"learner.max_staleness={s}", *correction])
+        Case(
+            f"async{s}".replace(":", ""),
+            f"async (max_staleness {s}{suffix})",
+            [*bound_overrides(s), *correction],
+        )
         for s in bounds
     ]
     measured: dict[str, dict] = {}

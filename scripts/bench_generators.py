@@ -5,6 +5,7 @@
     python scripts/bench_generators.py --model DIR --corpus corpus.jsonl --prompts train.parquet
     python scripts/bench_generators.py --identity-layers 14  # same samples, a forward 8x as costly
     python scripts/bench_generators.py --curve 8,32,128 --json > engine.json   # the engine's tokens/s curve
+    python scripts/bench_generators.py --null-engine      # one worker's ceiling: 64-512 sequences, one core
 
 Both phases run the way a generator worker does, continuously: `--total-groups` prompts go through the engine
 with at most `--groups` groups (x `--group-size` trajectories) in flight, a new one starting as soon as one ends, so
@@ -27,6 +28,10 @@ tokens in a long wave than in a short one; the rate is N x that difference over 
 times, so prefills and per-request costs cancel and what remains is decode at N sequences. `--engines K` starts K
 engines on the same device and runs their waves together: the curve of one engine while K share it (on a CPU core,
 what generators pinned to one core get).
+
+`--null-engine` measures the worker instead of the engine: how many tokens/s one worker process (vLLM's front end,
+the agent loop, Redis traffic) can take from an engine that costs nothing, pinned to one core, at each concurrency;
+`scripts/worker_ceiling.py` says how.
 """
 
 from __future__ import annotations
@@ -437,21 +442,25 @@ def _device() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu: {cpu_model()}"
 
 
-def _concurrencies(text: str) -> list[int]:
-    """--curve's value: distinct increasing positive integers."""
+def concurrencies(text: str, flag: str = "--curve") -> list[int]:
+    """A list of concurrencies given to `flag` (--curve, --concurrency): distinct increasing positive integers."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"--curve {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
+        raise SystemExit(f"{flag} {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
     if not values or values != sorted(set(values)) or values[0] < 1:
-        raise SystemExit(f"--curve {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
+        raise SystemExit(f"{flag} {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
     return values
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--null-engine" in (sys.argv[1:] if argv is None else argv):
+        from scripts.worker_ceiling import main as null_engine_main
+
+        return null_engine_main(argv)
     args = _parse_args(argv)
     if args.curve is not None:
-        args.curve = _concurrencies(args.curve)
+        args.curve = concurrencies(args.curve)
     if args.engines < 1 or (args.engines > 1 and args.curve is None):
         raise SystemExit(f"--engines {args.engines}: expected >= 1, and more than 1 only with --curve")
     if args.curve_tokens < 1:

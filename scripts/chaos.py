@@ -17,6 +17,7 @@ Checked at the end of every run, from the files and the Redis AOF the run leaves
 The time to recover is printed per kill: until a new process of the killed part runs, and until the learner publishes
 the next version.
 
+    python scripts/chaos.py --checkpoint-faults            # a torn checkpoint, then a full disk (chaos_checkpoints.py)
     python scripts/chaos.py --faults                       # the faults that kill nothing, in one synchronous run
     python scripts/chaos.py --faults poison-prompt,retriever-down --retriever-down-s 60
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -58,7 +60,12 @@ sys.path.insert(0, str(ROOT))
 
 PARTS = ("generator", "learner", "redis", "retrieval", "parent")
 FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
-_MODULE_OF = {"generator": "generators.main", "learner": "learner.main", "retrieval": "retrieval.cli"}
+# the module each part runs (sr1/entrypoints/), found in its command line
+_MODULE_OF = {
+    "generator": "sr1.entrypoints.generators",
+    "learner": "sr1.entrypoints.learner",
+    "retrieval": "sr1.entrypoints.retrieval",
+}
 
 
 @dataclass
@@ -98,17 +105,28 @@ class Verdict:
 class ChaosRun:
     """One `sr1 run` of the tiny preset in `run_dir`, with the means to kill its parts and to watch it."""
 
-    def __init__(self, run_dir: Path, overrides: list[str]):
+    def __init__(self, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None):
         self.run_dir = run_dir
         self.seen: set[int] = set()  # every process of the run ever seen
         self.launches = 0
+        self.env = {**os.environ, **(env or {})}
         self.parent = self._launch("tiny", *overrides, "--run-dir", str(run_dir))
 
     def _launch(self, *args: str) -> subprocess.Popen:
-        log = open(self.run_dir.parent / f"{self.run_dir.name}-sr1-run-{self.launches}.log", "w")  # noqa: SIM115
+        log = open(self.log_path(self.launches), "w")  # noqa: SIM115
         self.launches += 1
         cmd = [sys.executable, "-m", "sr1", "run", *args, "--no-live"]
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=self.env
+        )
+
+    def log_path(self, launch: int) -> Path:
+        """The output of the `launch`-th `sr1 run` of this run (0: the first)."""
+        return self.run_dir.parent / f"{self.run_dir.name}-sr1-run-{launch}.log"
+
+    def resume(self) -> None:
+        """`sr1 run --resume` on the run directory (the previous stack has exited)."""
+        self.parent = self._launch("--resume", str(self.run_dir))
 
     def version(self) -> int | None:
         """The published version, read through the run's own Redis (None while it is down)."""
@@ -135,9 +153,14 @@ class ChaosRun:
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             argv = proc.info["cmdline"] or []
-            # a module is matched as a whole argument (`-m retrieval.cli`), never as a prefix of another one
-            # (`retrieval.client.timeout_s=1` on sr1 run's own command line)
-            named = any(needle in arg for arg in argv) if part == "redis" else needle in argv
+            if part == "redis":
+                named = any(needle in arg for arg in argv)
+            elif needle:
+                # a module is matched as a whole argument (`-m sr1.entrypoints.retrieval`), never as a part of
+                # another one (an override or a path on sr1 run's own command line)
+                named = needle in argv
+            else:  # "parent": every process naming the run directory
+                named = True
             if named and scope in " ".join(argv):
                 found.append(proc)
         return found
@@ -166,13 +189,8 @@ class ChaosRun:
         at = self.version()
         started = time.monotonic()
         if part == "parent":
-            self.parent.send_signal(signal.SIGKILL)
-            self.parent.wait(10)
-            old = self.seen - {self.parent.pid}  # every child dies with it, and with them the run lock
-            deadline = time.monotonic() + 30
-            while alive(old) and time.monotonic() < deadline:
-                time.sleep(0.25)
-            self.parent = self._launch("--resume", str(self.run_dir))
+            self.kill_parent()
+            self.resume()
         else:
             (victim,) = self.processes(part)
             victim.send_signal(signal.SIGKILL)
@@ -184,6 +202,15 @@ class ChaosRun:
         new_process_s = time.monotonic() - started
         self.wait(lambda: (self.version() or 0) > at, 900, f"training to go on after the {part} died")
         return Recovery(part, at, new_process_s, time.monotonic() - started)
+
+    def kill_parent(self) -> None:
+        """SIGKILL `sr1 run` (a dead terminal) and wait until every process of its stack is gone."""
+        self.parent.send_signal(signal.SIGKILL)
+        self.parent.wait(10)
+        old = self.seen - {self.parent.pid}  # every child dies with it, and with them the run lock
+        deadline = time.monotonic() + 30
+        while alive(old) and time.monotonic() < deadline:
+            time.sleep(0.25)
 
     def finish(self, timeout_s: float = 900) -> int:
         deadline = time.monotonic() + timeout_s
@@ -251,6 +278,18 @@ def verify(chaos: ChaosRun, returncode: int, steps: int, max_staleness: int, pub
     )
 
 
+def run_overrides(steps: int, checkpoint_every: int, max_staleness: int) -> list[str]:
+    """The tiny preset as the chaos runs use it: short evaluations at the start and end only, 30 s leases."""
+    return [
+        f"learner.total_steps={steps}",
+        f"learner.checkpoint_every={checkpoint_every}",
+        f"learner.max_staleness={max_staleness}",
+        "eval.max_prompts=8",
+        "eval.every_steps=0",
+        "buffer.lease_s=30",
+    ]
+
+
 def run_chaos(
     run_dir: Path,
     parts: list[str],
@@ -270,15 +309,7 @@ def run_chaos(
             f"{len(parts)} kills need more than {steps} steps (the last lands at {kill_steps[-1]})"
         )
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    overrides = [
-        f"learner.total_steps={steps}",
-        f"learner.checkpoint_every={checkpoint_every}",
-        f"learner.max_staleness={max_staleness}",
-        "eval.max_prompts=8",
-        "eval.every_steps=0",
-        "buffer.lease_s=30",
-    ]
-    chaos = ChaosRun(run_dir, overrides)
+    chaos = ChaosRun(run_dir, run_overrides(steps, checkpoint_every, max_staleness))
     recoveries, published = [], []
     try:
         for part, step in zip(parts, kill_steps, strict=True):
@@ -539,6 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=2)
+    from chaos_checkpoints import add_arguments as add_checkpoint_fault_arguments
+    from chaos_checkpoints import main as checkpoint_faults_main
+
+    add_checkpoint_fault_arguments(parser)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="where the runs go")
     parser.add_argument(
@@ -588,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    if args.checkpoint_faults is not None:
+        return checkpoint_faults_main(args)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     common = dict(steps=args.steps, checkpoint_every=args.checkpoint_every, max_staleness=args.max_staleness)
     rows = []

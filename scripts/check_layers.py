@@ -6,9 +6,8 @@ The layers, top to bottom (docs/architecture.md explains each). A package may im
 packages of one layer never import each other. Every import counts: function-level ones, and those under
 `if TYPE_CHECKING:`, are dependencies a reader has to know about just the same.
 
-A role's process entry point (`learner/main.py`, `generators/main.py`, `retrieval/cli.py`, ...) parses the job file,
-so it sits in the entry-point layer with `sr1/`: it may import `config/`, and nothing below may import it.
-`tests/unit/test_layers.py` runs this check in CI.
+There are no exceptions: the processes' entry points, which load a job through `config/`, are modules of `sr1/`
+(`sr1/entrypoints/`), so no package below `config/` imports it. `tests/unit/test_layers.py` runs this check in CI.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("sr1",),  # the command line, the launchers and their supervisor, reports
+    ("sr1",),  # the command line, the processes' entry points, the launchers and their supervisor, reports
     ("world",),  # the synthetic tiny world: data, tokenizer, a warm-started policy
     ("config",),  # the root config: composes every role's settings, presets, overrides, job files
     ("learner", "generators"),  # the two pools: they meet only through buffer records
@@ -30,17 +29,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("buffer",),  # records, codec, the one Redis client of a run
     ("common",),  # leaf helpers: import paths, model paths, shared config sections, job files
 ]
-
-# process entry points inside role packages: they belong to the top layer
-ENTRY_POINTS = {
-    "learner.main",
-    "learner.cli",
-    "generators.main",
-    "retrieval.cli",
-    "retrieval.__main__",
-    "buffer.cli",
-    "world.__main__",
-}
 
 LAYER_OF = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
@@ -88,7 +76,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def layer(module: str) -> int:
-    return -1 if module in ENTRY_POINTS else LAYER_OF[module.split(".")[0]]
+    return LAYER_OF[module.split(".")[0]]
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -97,12 +85,10 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     for module, targets in sorted(graph.items()):
         for target in sorted(targets):
             src, dst = module.split(".")[0], target.split(".")[0]
-            if src == dst and target not in ENTRY_POINTS:
+            if src == dst:
                 continue
-            if layer(target) < layer(module) or (layer(target) == layer(module) and src != dst):
+            if layer(target) <= layer(module):
                 problems.append(f"{module} imports {target}: {_why(module, target)}")
-            elif src == dst and target in ENTRY_POINTS and module not in ENTRY_POINTS:
-                problems.append(f"{module} imports {target}: an entry point is imported by nothing below it")
     return problems
 
 

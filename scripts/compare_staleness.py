@@ -3,12 +3,12 @@
     python scripts/compare_staleness.py                             # 0/1/2/4 x none/tis/icepop x seeds 0,101,102
     python scripts/compare_staleness.py --staleness 0,2 --corrections tis --seeds 0 --out runs/staleness-quick
     python scripts/compare_staleness.py --report-only --out runs/compare-staleness
-    python scripts/compare_staleness.py --preset tiny-offpolicy --staleness 0,8,auto --corrections none,tis \
+    python scripts/compare_staleness.py --preset tiny-offpolicy --staleness 0,8,auto:1-16 --corrections none,tis \
         --out runs/compare-offpolicy                              # where staleness matters (docs/algorithms.md)
 
 `max_staleness=0` is synchronous (on-policy): the correction does nothing there, so it runs once per seed. Every run
 is a `sr1 run <preset>` of its own (`sr1/sweep.py`: finished runs are kept, an interrupted comparison continues).
-`auto` in `--staleness` is `learner.max_staleness: auto` with the preset's `learner.staleness_auto`. Then
+`auto` in `--staleness` is `learner.max_staleness: auto` (its defaults), `auto:1-16` auto from 1 to 16. Then
 `<out>/table.md` (EM before -> after, mean ± sample std and range over seeds, wall seconds, seconds per step, learner
 and generator idle, mean staleness, and the off-policy diagnostics: mean off-policy KL, mean and lowest importance-weight
 ESS, clipped share, the bounds in force), `<out>/results.json`, `<out>/em_vs_time.png` and `<out>/em_vs_step.png`
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sr1.sweep import ROOT, Case, mean_std, parse_bounds, run_sweep, save_figure  # noqa: E402
+from sr1.sweep import ROOT, Case, bound_overrides, mean_std, parse_bounds, run_sweep, save_figure  # noqa: E402
 
 CORRECTIONS = ("none", "tis", "icepop", "decoupled")
 
@@ -38,9 +38,11 @@ def cases(bounds: list[int | str], corrections: list[str]) -> list[Case]:
     out = []
     for s in bounds:
         for c in corrections if s != 0 else ["none"]:
-            overrides = [f"learner.max_staleness={s}", f"learner.correction={c}"]
-            if s == "auto":
-                out.append(Case(f"auto-{c}", f"max_staleness auto, {c}", overrides))
+            overrides = [*bound_overrides(s), f"learner.correction={c}"]
+            if str(s).startswith("auto"):
+                name = str(s).replace(":", "")
+                label = f"max_staleness auto{str(s)[4:].replace(':', ' ')}, {c}"
+                out.append(Case(f"{name}-{c}", label, overrides))
             else:
                 label = "sync (max_staleness 0)" if s == 0 else f"max_staleness {s}, {c}"
                 out.append(Case(f"s{s}-{c}", label, overrides))
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--staleness",
         default="0,1,2,4",
-        help="comma-separated max_staleness bounds; `auto` for the adaptive one",
+        help="comma-separated max_staleness bounds; `auto` (or `auto:FLOOR-CEILING`) for the adaptive one",
     )
     parser.add_argument("--corrections", default="none,tis,icepop", help=f"comma-separated, of {CORRECTIONS}")
     parser.add_argument("--seeds", default="0,101,102", help="comma-separated seeds")

@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "build (or find cached) the embedded world a `sr1 run` with the same arguments uses",
     ),
     "launch": ("sr1.launch.cluster", "run everything on a Ray cluster (RAY_ADDRESS) or a local Ray instance"),
-    "retrieval": ("retrieval.cli", "serve retrieval (BM25/dense/online) or build an index"),
+    "retrieval": ("sr1.entrypoints.retrieval", "serve retrieval (BM25/dense/online) or build an index"),
     "generators": (
         "sr1.launch.pools:generators_main",
         "launch the generator pool (vLLM engines running the agent)",

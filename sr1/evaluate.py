@@ -30,6 +30,7 @@ from typing import Any
 
 from evaluation.prompts import select_prompts
 from evaluation.report import format_value, markdown, per_source_table, plot, summarize
+from sr1 import entrypoints
 
 MODES = ("search", "direct", "rag")
 
@@ -262,7 +263,9 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
     )
     supervisor.start(
         Child(
-            "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), out / "retrieval.log"
+            "retrieval",
+            python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job)),
+            out / "retrieval.log",
         )
     )
     print(

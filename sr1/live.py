@@ -34,6 +34,15 @@ def paused_reason(generator_metrics: list[dict[str, Any]]) -> str | None:
     return f"{len(reasons)} of {len(generator_metrics)} generator(s): {reasons[0]}"
 
 
+def checkpoint_state(metrics: dict[str, Any]) -> str | None:
+    """`step 8` (the last good checkpoint), and how many saves failed since (None before the first row)."""
+    if "checkpoint/last_good_step" not in metrics:
+        return None
+    text = f"step {metrics['checkpoint/last_good_step']:.0f}"
+    failed = int(metrics.get("checkpoint/failed_in_a_row", 0))
+    return text + (f"; {failed} failed since (logs/learner.log says why)" if failed else "")
+
+
 class LiveView:
     def __init__(self, orchestrator, *, enabled: bool):
         self.orch = orchestrator
@@ -146,6 +155,7 @@ class LiveView:
                 stats.get("buffer/untrainable"),
             ),
             "redis memory (used / max)": memory_text(stats),
+            "checkpoint": checkpoint_state(m),
             "generators": len(generators),
             "paused": paused_reason(gen_metrics),
             "elapsed": f"{time.monotonic() - self.orch.started:.0f}s",

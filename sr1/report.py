@@ -40,6 +40,7 @@ class RunSummary:
     generator_idle_fraction: float | None = None
     learner_idle_fraction: float | None = None
     checkpoint: str | None = None
+    checkpoint_failures: int = 0  # checkpoints that could not be written (a full disk), over every segment
     segments: int = 1  # learner processes the run took (1 + resumes and restarts)
     # work that left the run for good, by reason (buffer counters), and the trained batches' tool calls
     dead_letters: dict[str, int] = field(default_factory=dict)
@@ -104,6 +105,20 @@ def tool_totals(rows: list[dict[str, Any]]) -> tuple[int, int, float | None]:
 def pool_peak(rows: list[dict[str, Any]], key: str) -> int:
     """The largest value a cumulative pool figure (`pool/...`, summed over the workers alive) reached."""
     return int(max((r.get(key, 0) for r in rows), default=0))
+
+
+def checkpoint_failures(lines: list[dict[str, Any]]) -> int:
+    """Checkpoints that could not be written, over every learner segment of metrics.jsonl (segment markers
+    included): each failure raises `checkpoint/failed_in_a_row`, logged on the step it happened."""
+    failures, in_a_row = 0, 0
+    for line in lines:
+        if "segment" in line:
+            in_a_row = 0  # a new learner process starts with none failed
+        elif "checkpoint/failed_in_a_row" in line:
+            now = int(line["checkpoint/failed_in_a_row"])
+            failures += max(0, now - in_a_row)
+            in_a_row = now
+    return failures
 
 
 # metrics.jsonl key -> the name in RunSummary.offpolicy
@@ -291,6 +306,7 @@ algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · corr
 | generator idle fraction | {_fmt(summary.generator_idle_fraction, 2)} |
 | learner idle fraction | {_fmt(summary.learner_idle_fraction, 2)} |
 | checkpoint | `{summary.checkpoint}` |
+| checkpoints that could not be written (docs/reliability.md) | {summary.checkpoint_failures} |
 
 ## Lost work and tool errors
 

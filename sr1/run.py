@@ -26,7 +26,16 @@ from typing import Any, TypeVar
 
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.memory import EvictingRedis
-from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
+from config import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECKPOINT_FAILED,
+    Config,
+    ConfigError,
+    load_config,
+    save_config,
+    save_job,
+)
+from sr1 import entrypoints
 from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import (
@@ -201,7 +210,7 @@ class Orchestrator:
         job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
         # while it restarts, searches fail after the client's retries and agents read "Search unavailable"
         self._child(
-            "retrieval", python_module("retrieval.cli", "serve", "--config", str(job)), RestartPolicy()
+            "retrieval", python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job)), RestartPolicy()
         )
 
     def wait_for_retrieval(self) -> None:
@@ -437,7 +446,8 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
         if getattr(err, "exit_code", None) == EXIT_BAD_INPUT:
             return EXIT_BAD_INPUT  # a part stopped on its configuration or data: going on would fail again
         interrupted = not isinstance(err, RunLocked)  # print how to go on
-        return 1
+        # the learner's checkpoints cannot be written: its message says what space it needs; then --resume
+        return EXIT_CHECKPOINT_FAILED if getattr(err, "exit_code", None) == EXIT_CHECKPOINT_FAILED else 1
     except REDIS_UNAVAILABLE as err:
         print(f"{command}: lost Redis for longer than buffer.reconnect_s ({err})", file=sys.stderr)
         interrupted = True

@@ -7,8 +7,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
+from buffer.staleness import describe
 from sr1.report import (
     RunSummary,
+    checkpoint_failures,
     dead_letter_counts,
     offpolicy_curve,
     pool_peak,
@@ -63,7 +65,8 @@ def surviving_history(lines: list[dict]) -> tuple[list[dict], list[Segment]]:
 
 def summarize(orch) -> RunSummary:
     cfg = orch.cfg
-    rows, segments = surviving_history(read_metrics(orch.run_dir / "metrics.jsonl"))
+    lines = read_metrics(orch.run_dir / "metrics.jsonl")
+    rows, segments = surviving_history(lines)
     stats = orch.buffer.stats()
     histogram = staleness_histogram(stats)
     staleness_mean, staleness_max = staleness_stats(histogram)
@@ -86,7 +89,7 @@ def summarize(orch) -> RunSummary:
         run_dir=str(orch.run_dir),
         preset=cfg.name,
         seed=cfg.seed,
-        max_staleness=cfg.learner.max_staleness,
+        max_staleness=describe(cfg.learner.max_staleness),
         algorithm=cfg.learner.algorithm.type,
         correction=cfg.learner.correction.type,
         steps=steps,
@@ -118,5 +121,6 @@ def summarize(orch) -> RunSummary:
         generator_idle_fraction=_mean([g.get("rollout/idle_fraction") for g in generators]),
         learner_idle_fraction=(waited / wall) if wall > 0 else None,
         checkpoint=str(checkpoint) if checkpoint else None,
+        checkpoint_failures=checkpoint_failures(lines),
         extra={"buffer": {k: v for k, v in stats.items() if not isinstance(v, dict)}},
     )

@@ -13,6 +13,7 @@ and plot.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -161,18 +162,41 @@ def save_figure(fig: Any, path: Path) -> None:
     tmp.replace(path)
 
 
+_AUTO_RANGE = re.compile(r"auto:(?P<floor>\d+)-(?P<ceiling>\d+)")
+
+
 def parse_bounds(text: str) -> list[int | str]:
-    """`0,8,auto` -> [0, 8, "auto"]; raises ValueError on anything else (a negative bound included)."""
+    """`0,8,auto,auto:1-16` -> [0, 8, "auto", "auto:1-16"] (`auto:F-C`: the adaptive bound between floor F and
+    ceiling C); raises ValueError on anything else (a negative bound, a floor over the ceiling included)."""
     bounds: list[int | str] = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         if item == "auto":
             bounds.append(item)
             continue
+        if match := _AUTO_RANGE.fullmatch(item):
+            if int(match["floor"]) > int(match["ceiling"]):
+                raise ValueError(f"auto's floor must be <= its ceiling, got {item!r}")
+            bounds.append(item)
+            continue
         try:
             bound = int(item)
         except ValueError:
-            raise ValueError(f"a bound is an integer >= 0 or auto, got {item!r}") from None
+            raise ValueError(
+                f"a bound is an integer >= 0 or auto, got {item!r} (auto:FLOOR-CEILING: auto within a range)"
+            ) from None
         if bound < 0:
             raise ValueError(f"a bound must be >= 0, got {bound}")
         bounds.append(bound)
     return bounds
+
+
+def bound_overrides(bound: int | str) -> list[str]:
+    """The overrides that set one of `parse_bounds`' bounds: `learner.max_staleness`, and auto's range."""
+    match = _AUTO_RANGE.fullmatch(str(bound))
+    if match is None:
+        return [f"learner.max_staleness={bound}"]
+    return [
+        "learner.max_staleness=auto",
+        f"learner.max_staleness.auto.floor={match['floor']}",
+        f"learner.max_staleness.auto.ceiling={match['ceiling']}",
+    ]

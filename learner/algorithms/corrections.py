@@ -19,6 +19,9 @@ pass). With several updates per step (`learner.ppo_mini_batch_size`, `learner.pp
 once, before the first update, and passes them in (`proximal_logprobs`). `loglinear` is AReaL's approximation (docs/algorithms/prox_approx.md in AReaL): with per-token staleness
 s = v - v_token, the proximal policy (version v) sits between the behaviour (v - s) and the policy after this step
 (v + 1): l_p ~= l_mu + s / (s + 1) * (l_theta - l_mu).
+
+How far off-policy a step is, whatever the correction: `offpolicy_stats` (per token) and `effective_sample_size`,
+for `loss/offpolicy_kl` and `loss/is_ess` (what `learner.max_staleness: auto` steers by, buffer/staleness.py).
 """
 
 from __future__ import annotations
@@ -71,3 +74,34 @@ def importance_weights(
             raise TypeError(f"unknown correction {correction!r}")
         weight = torch.where(masked_out, torch.zeros_like(raw), raw)
     return logprobs - proximal, weight.detach(), masked_out
+
+
+def offpolicy_stats(
+    start_logprobs: torch.Tensor | None, behavior_logprobs: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per token, how far the behaviour policy mu is from the policy the step starts from (pi_0: the proximal policy,
+    before any of the step's updates): k3 KL(mu || pi_0) and the raw importance weight w = pi_0 / mu (before any
+    truncation or masking, so the same under every correction) with its square, for `loss/offpolicy_kl` and
+    `loss/is_ess`. Zero, and not counted (`start_tokens` 0), where pi_0's log-probs are not known (a later update
+    of a step that computed no proximal pass)."""
+    zeros = torch.zeros_like(behavior_logprobs, dtype=torch.float64)
+    if start_logprobs is None:
+        return {"start_tokens": zeros, "start_kl": zeros, "start_weight": zeros, "start_weight_sq": zeros}
+    delta = (start_logprobs.detach().double() - behavior_logprobs.double()).clamp(
+        -30.0, 30.0
+    )  # e^60 is finite
+    weight = torch.exp(delta)
+    return {
+        "start_tokens": zeros + 1.0,
+        "start_kl": weight - 1.0 - delta,
+        "start_weight": weight,
+        "start_weight_sq": weight * weight,
+    }
+
+
+def effective_sample_size(weight_sum: float, weight_sq_sum: float, count: float) -> float:
+    """(sum w)^2 / (n sum w^2): the share of n weighted samples that n unweighted ones are worth, in (0, 1] (1: every
+    weight equal, on-policy; 1/n: one sample carries everything). 1 for no samples."""
+    if count <= 0 or weight_sq_sum <= 0:
+        return 1.0
+    return float(min(1.0, weight_sum * weight_sum / (count * weight_sq_sum)))

@@ -4,12 +4,12 @@
     sr1 learner --config qwen2.5-3b-8xh100 --redis-url redis://head:6379/0 [--resume] [learner.num_ranks=4 ...]
 
 Both write each process's job config into `<run_dir>/jobs/` (each role's job.py) and start the processes through the
-supervisor (sr1/launch/supervisor.py). Generators: one `python -m generators.main` per engine, each on its own slice of
-GPUs (`engine.tensor_parallel_size` per engine; none on CPU); SIGTERM/SIGINT to the pool drains every worker, and a
-worker that fails is reported while the others keep running. Learner: `learner.num_ranks` `python -m learner.main`
-processes with a torchrun-style environment (so `torchrun --nproc-per-node N -m learner.main --config ...` is
-equivalent); SIGTERM/SIGINT reach every rank, which finish the step, checkpoint and exit; one failed rank stops the
-others (they would hang in a collective).
+supervisor (sr1/launch/supervisor.py). Generators: one `python -m sr1.entrypoints.generators` per engine, each on
+its own slice of GPUs (`engine.tensor_parallel_size` per engine; none on CPU); SIGTERM/SIGINT to the pool drains every
+worker, and a worker that fails is reported while the others keep running. Learner: `learner.num_ranks`
+`python -m sr1.entrypoints.learner` processes with a torchrun-style environment (so
+`torchrun --nproc-per-node N -m sr1.entrypoints.learner --config ...` is equivalent); SIGTERM/SIGINT reach every rank,
+which finish the step, checkpoint and exit; one failed rank stops the others (they would hang in a collective).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import sys
 import time
 
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
+from sr1 import entrypoints
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
 from sr1.preflight import BadInput, check_inputs
@@ -79,7 +80,7 @@ def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = 
         if cores:  # vLLM's CPU backend would otherwise bind its OpenMP threads to cores of its own choosing
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         log_path = run_dir / "logs" / f"{worker_id}.log" if logs else None
-        cmd = python_module("generators.main", "--config", str(job_file))
+        cmd = python_module(entrypoints.GENERATORS, "--config", str(job_file))
         children.append(Child(worker_id, cmd, log_path, env, cpus=tuple(cores) if cores else None))
     return children
 
@@ -91,7 +92,7 @@ def learner_children(cfg: Config, resume: bool, logs: bool = False) -> list[Chil
     n, port = cfg.learner.num_ranks, free_port()
     children = []
     for rank in range(n):
-        cmd = python_module("learner.main", "--config", str(job_file), *(["--resume"] if resume else []))
+        cmd = python_module(entrypoints.LEARNER, "--config", str(job_file), *(["--resume"] if resume else []))
         name = "learner" if n == 1 else f"learner-{rank}"
         log_path = run_dir / "logs" / f"{name}.log" if logs else None
         env = rank_env(rank, n, "127.0.0.1", port, rank, n)

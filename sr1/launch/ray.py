@@ -13,7 +13,7 @@ process as a `Child` on its node (own process group, log file there, killed with
 the driver each process is a `RemoteChild`, so the one `Supervisor` restarts it by the same bounded `RestartPolicy` as
 `sr1 run`'s children (a learner's ranks as one gang) and stops parts in the same order and grace; a slot whose actor
 was lost (its node died) gets a new actor in the same bundle, which Ray re-places. Which pool a child belongs to is
-read from its command (`-m generators.main`, `-m learner.main`, `-m retrieval.cli`, `redis-server`).
+read from its command (the module of `sr1/entrypoints/` it runs, or `redis-server`).
 
 GPUs: with GPUs in the cluster a generator bundle holds `tensor_parallel_size` GPUs and a learner bundle one; Ray sets
 each actor's CUDA_VISIBLE_DEVICES and its process inherits it. Without GPUs every bundle holds one CPU (`num_cpus`):
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from config import Config
+from sr1 import entrypoints
 from sr1.launch.supervisor import Child, Supervisor, tail
 
 log = logging.getLogger("sr1.launch")
@@ -67,7 +68,11 @@ FORWARDED_ENV_PREFIXES = (
     "WANDB_",
 )
 FORWARDED_ENV = ("OMP_NUM_THREADS", "PYTHONPATH", "CUDA_LAUNCH_BLOCKING")
-POOL_OF_MODULE = {"generators.main": "generators", "learner.main": "learner", "retrieval.cli": "retrieval"}
+POOL_OF_MODULE = {
+    entrypoints.GENERATORS: "generators",
+    entrypoints.LEARNER: "learner",
+    entrypoints.RETRIEVAL: "retrieval",
+}
 
 
 def pool_of(cmd: list[str]) -> str:

@@ -37,7 +37,7 @@ REDIS_USER = "sr1"
 # its memory and eviction policy from, is given back by name).
 SR1_COMMANDS = (
     "info get set mget exists del unlink expire incr incrby "
-    "hget hmget hset hdel hgetall hincrby hlen sadd srem smembers scard zadd zrem zrange zcard "
+    "hget hmget hset hdel hgetall hincrby hlen sadd srem smembers scard zadd zrem zrange zremrangebyscore zcard "
     "rpush lmove lrem lindex "
     "xadd xack xclaim xautoclaim xdel xlen xpending xrange xrevrange xread xreadgroup xgroup|create "
     "eval evalsha script|load multi exec discard watch unwatch"

@@ -1,11 +1,11 @@
 """The one process supervisor: `sr1 run`, the generator pool and the learner pool start their processes through it.
 
     sup = Supervisor()
-    sup.start(Child("retrieval", python_module("retrieval.cli", "serve", ...), run_dir / "logs" / "retrieval.log",
+    sup.start(Child("retrieval", python_module("sr1.entrypoints.retrieval", "serve", ...), run_dir / "logs" / "retrieval.log",
                     restart=RestartPolicy()))
     sup.check()                         # restarts a dead child with back-off; raises ChildFailed (with the end of its
                                         # log) for a child without a policy, past its restart budget, or that exited
-                                        # with EXIT_BAD_INPUT (a configuration or data error: the same again)
+                                        # with a status in NOT_RESTARTED (the same again: see there)
     sup.stop(["learner", "generator", "retrieval"])   # in that order: SIGINT, then SIGTERM, then SIGKILL
 
 Each child runs in its own session and process group (Ctrl-C in the terminal reaches only the parent, which stops
@@ -32,9 +32,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from config import EXIT_BAD_INPUT
+from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED
 
 log = logging.getLogger("sr1.launch")
+
+# exit statuses a restart cannot help with: the same input, or the same full disk, fails the same way again
+NOT_RESTARTED = {
+    EXIT_BAD_INPUT: "stopped on a configuration or data error",
+    EXIT_CHECKPOINT_FAILED: "stopped because its checkpoints cannot be written",
+}
 
 _PR_SET_PDEATHSIG = 1
 try:  # loaded here, not in the forked child (loading a library between fork and exec can deadlock)
@@ -251,13 +257,11 @@ class Supervisor:
                 continue
             if child.restart is None:
                 raise ChildFailed(child.failure(), child.returncode)
-            if (
-                child.returncode == EXIT_BAD_INPUT
-            ):  # the same input gives the same error: restarting cannot help
+            if child.returncode in NOT_RESTARTED:
                 raise ChildFailed(
-                    f"{child.name} stopped on a configuration or data error (exit status {EXIT_BAD_INPUT}); not "
+                    f"{child.name} {NOT_RESTARTED[child.returncode]} (exit status {child.returncode}); not "
                     f"restarting it. " + child.failure(),
-                    EXIT_BAD_INPUT,
+                    child.returncode,
                 )
             if child.restart_at is None:
                 for member in self._gang_of(child):

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from buffer.admission import BatchAssembler, StalenessSchedule
+from buffer.admission import BatchAssembler
 from buffer.records import PromptRecord
+from buffer.staleness import StalenessSchedule
 from sr1.plan.pipeline import Pipeline
 from sr1.plan.trajectories import Group
 

@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from buffer.staleness import first_bound, largest_bound
 from sr1.plan.profile import (
     Profile,
     ProfileError,
@@ -223,7 +224,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
         "value": _mean(rows, "weight_sync/seconds", metrics),
         "source": f"{where}: weight_sync/seconds",
     }
-    synchronous = cfg.learner.max_staleness == 0
+    synchronous = largest_bound(cfg.learner.max_staleness) == 0
     if synchronous:
         # a synchronous step waits for the hand-offs and for its batch's generation, nothing else
         in_flight = busy * _mean(rows, "perf/step_s", metrics)
@@ -236,7 +237,7 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
     data.setdefault("generator", {}).setdefault("tokens_per_s", {"points": [[1.0, 1.0]], "source": "fit"})
     partial = validate_profile(data, f"from run {run_dir} (give the missing figures with --profile)")
     bounds = [int(r["staleness/bound"]) for r in rows if r.get("staleness/bound") is not None]
-    bound = round(statistics.fmean(bounds)) if bounds else int(cfg.learner.max_staleness)
+    bound = round(statistics.fmean(bounds)) if bounds else first_bound(cfg.learner.max_staleness)
     base = partial.generator.tokens_per_s
     shape = (
         f"the shape of {base.source}"

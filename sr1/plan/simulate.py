@@ -285,10 +285,10 @@ class _Simulation:
         self.at(self.now + train + publish + checkpoint, "step_done", (wait, self.now - wait))
 
     def stragglers_done(self) -> bool:
-        """Whether every group released at version <= version - max_staleness has finished (quota j = 0)."""
-        threshold = self.version - self.pipe.max_staleness
-        required = sum(1 for rv in self.unconsumed.values() if rv <= threshold)
-        return required <= sum(1 for g in self.finished.values() if g.release_version <= threshold)
+        """Whether every group whose deadline is this step has finished (quota j = 0)."""
+        due = self.feeder.schedule.deadline
+        required = sum(1 for rv in self.unconsumed.values() if due(rv) <= self.version)
+        return required <= sum(1 for g in self.finished.values() if due(g.release_version) <= self.version)
 
     def on_publish(self) -> None:
         for engine in self.engines:

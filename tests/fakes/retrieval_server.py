@@ -1,4 +1,4 @@
-"""A real retrieval server process for tests and benchmarks: `python -m retrieval.cli serve ...`, started and stopped.
+"""A real retrieval server process for tests and benchmarks: `python -m sr1.entrypoints.retrieval serve ...`, started and stopped.
 
 proc, url = start_server(["--method", "bm25", "--corpus", "corpus.jsonl"])
 ...  # POST url
@@ -31,7 +31,7 @@ def start_server(
         port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "retrieval.cli", "serve", "--port", str(port), *args],
+        [sys.executable, "-m", "sr1.entrypoints.retrieval", "serve", "--port", str(port), *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

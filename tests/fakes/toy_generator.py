@@ -1,5 +1,5 @@
 """A stand-in generator pool for learner tests: claims prompts from the real buffer, samples one-token answers from
-its own copy of the policy, and puts whole groups back (`learner.main` pushes its weights into it as a weight sink)."""
+its own copy of the policy, and puts whole groups back (`sr1.entrypoints.learner` pushes its weights into it as a weight sink)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ from collections import Counter
 
 import pytest
 
-from buffer.admission import BatchAssembler, PromptFeeder, admission_limit
+from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
+from buffer.staleness import admission_limit
 from tests.fakes.groups import make_group, make_prompt
 
 LEASE_S = 0.3

@@ -9,6 +9,10 @@ process of the run outlives it. A table of the time to recover from each fault i
 
 The second run kills nothing: a poison prompt, a malformed group payload, malformed evaluation requests and a frozen
 retriever under synchronous training (`scripts/chaos.py --faults`); each event must be counted in the run's report.
+
+The third run fills the disk and then tears a checkpoint (`scripts/chaos.py --checkpoint-faults`): two saves in a row
+fail and the run stops with exit status 74, leaving no partial files; its last good checkpoint is cut to half, and the
+resume skips it, loads the one before and finishes the run; the same audit holds.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ FAULT_STEPS = 10
 RETRIEVER_DOWN_S = 20  # `scripts/chaos.py --faults` takes 60 by default
 
 
-def _chaos_script():
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+def _chaos_script(name: str = "chaos"):
+    if name != "chaos":
+        _chaos_script()  # scripts/chaos_checkpoints.py imports it
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -90,3 +96,21 @@ def test_faults_that_kill_nothing_are_survived_and_counted(tmp_path):
     assert verdict.lost == 0 and verdict.trained_twice == 0 and not verdict.orphans
     assert verdict.max_staleness_seen == 0 and verdict.dead_lettered >= 2
     assert counts.missing(list(chaos.FAULTS)) == [], counts
+
+
+def test_a_full_disk_and_a_torn_checkpoint_are_survived(tmp_path):
+    """10 steps, a checkpoint every 2: the disk fills up once step_4 is written (step_6 fails, training goes on,
+    step_8 fails and the run stops with 74 saying the space it needs), step_4 is then cut to half and the resume
+    loads step_2 and finishes. The disk fills up through the checkpoint writer's ENOSPC hook, which needs no
+    privileges; `scripts/chaos.py --checkpoint-faults --disk-full tmpfs` does it with a real tmpfs."""
+    checkpoints = _chaos_script("chaos_checkpoints")
+    verdict, faults = checkpoints.run_checkpoint_faults(
+        tmp_path / "ckpt", every=2, max_staleness=MAX_STALENESS
+    )
+    print("\n", verdict, "\n", faults.skipped, faults.stop_code)
+
+    last_log = sorted(tmp_path.glob("ckpt-sr1-run-*.log"))[-1]
+    assert verdict.completed, last_log.read_text()[-4000:]
+    assert verdict.lost == 0 and verdict.trained_twice == 0 and not verdict.orphans
+    assert verdict.versions_increase and verdict.max_staleness_seen <= MAX_STALENESS
+    assert faults.missing(2) == [], faults

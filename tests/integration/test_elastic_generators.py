@@ -195,7 +195,7 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
         watch.until(lambda: watch.version() >= 2, 600, "version 2 (one engine)", stack)
 
         # 1. a second pool joins the live run (the learner paused right after a publish while its engine starts)
-        rank = _process(stack.procs["learner"], "learner.main")
+        rank = _process(stack.procs["learner"], "sr1.entrypoints.learner")
         published, deadline = watch.version(), time.monotonic() + 300
         while watch.version() == published and time.monotonic() < deadline:  # pause it between two publishes
             time.sleep(0.05)
@@ -220,7 +220,7 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
         )
 
         # 2. the first pool's worker dies (SIGKILL): its leases expire and late-0 takes them
-        victim = _process(stack.procs["gen-first"], "generators.main")
+        victim = _process(stack.procs["gen-first"], "sr1.entrypoints.generators")
         killed_at = watch.version()
         victim.kill()
         learner = stack.procs["learner"]
@@ -322,7 +322,7 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
         stack.start("learner", "learner", "--config", "tiny", "--redis-url", server.url, *overrides)
         # the learner paused right after publishing the next-to-last version, with a batch for the last step queued
         watch.until(lambda: watch.version() >= 1, 600, "version 1", stack)
-        rank = _process(stack.procs["learner"], "learner.main")
+        rank = _process(stack.procs["learner"], "sr1.entrypoints.learner")
         while watch.version() < steps - 1:
             time.sleep(0.02)
         rank.suspend()
@@ -334,7 +334,7 @@ def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluati
         watch.until(
             lambda: watch.produced_unacked() >= steps * per_step, 300, "a batch for the last step", stack
         )
-        generator = _process(stack.procs["gen"], "generators.main")
+        generator = _process(stack.procs["gen"], "sr1.entrypoints.generators")
         generator.suspend()
         rank.resume()
         watch.until(

@@ -232,9 +232,9 @@ async def test_the_engine_curve_bench_measures_decode_at_each_concurrency(engine
     (_, one), (_, eight) = points
     assert one > 0 and eight > 2 * one  # one decode step serves all 8: far more than 1's tokens/s
     with pytest.raises(SystemExit, match="distinct increasing"):
-        bench._concurrencies("8,4")
+        bench.concurrencies("8,4")
     with pytest.raises(SystemExit, match="comma-separated integers"):
-        bench._concurrencies("8,x")
+        bench.concurrencies("8,x")
 
 
 async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_dir, redis_url):

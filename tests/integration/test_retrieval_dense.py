@@ -193,7 +193,7 @@ def test_cli_builds_a_dense_index_and_serves_it(corpus, tmp_path):
         [
             sys.executable,
             "-m",
-            "retrieval.cli",
+            "sr1.entrypoints.retrieval",
             "build-index",
             "--method",
             "dense",

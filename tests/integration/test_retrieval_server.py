@@ -34,7 +34,7 @@ FACTS = [
 
 
 def start_server(args: list[str], port: int, timeout_s: float = 60.0) -> subprocess.Popen:
-    """Start `python -m retrieval.cli serve ...`, wait for its listening line and /health, return the process."""
+    """Start `python -m sr1.entrypoints.retrieval serve ...`, wait for its listening line and /health, return the process."""
     proc, _ = retrieval_testing.start_server(args, port, timeout_s)
     health = requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
     assert health.status_code == 200 and health.json()["status"] == "ok"
@@ -149,11 +149,11 @@ def test_fuzzer_cases_over_a_socket(bm25_server):
 
 
 def _build_bm25_index(corpus: Path, out: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """`python -m retrieval.cli build-index --method bm25` as a separate process."""
+    """`python -m sr1.entrypoints.retrieval build-index --method bm25` as a separate process."""
     cmd = [
         sys.executable,
         "-m",
-        "retrieval.cli",
+        "sr1.entrypoints.retrieval",
         "build-index",
         "--method",
         "bm25",
@@ -361,7 +361,7 @@ def test_workers_refuse_a_port_another_server_holds(corpus, bm25_index):
         cmd = [
             sys.executable,
             "-m",
-            "retrieval.cli",
+            "sr1.entrypoints.retrieval",
             "serve",
             "--method",
             "bm25",

@@ -43,7 +43,7 @@ def rows_matching(key: str, rows: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
+def emitted(world, tiny_model_dir, redis_server, tmp_path_factory) -> dict[str, set[str]]:
     """The keys each emitter reports, from the real code."""
     from buffer.redis_buffer import ReplayBuffer
     from buffer.stats import pool_metrics
@@ -51,7 +51,9 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     from generators.evaluation import answer_shard
     from generators.settings import GeneratorsConfig
     from generators.worker import GeneratorWorker
+    from learner.checkpoint import Checkpointer
     from learner.loop import step_timing, tool_metrics
+    from learner.safety_net import SafetyNet
     from learner.settings import LearnerConfig
     from learner.tracking import metric_aliases
     from learner.trainer import Learner
@@ -73,6 +75,9 @@ def emitted(world, tiny_model_dir, redis_server) -> dict[str, set[str]]:
     out["trainer"] |= set(ppo.train_step(random_groups(np.random.default_rng(0), n_groups=2, group_size=3)))
     out["publisher"] = set(WeightPublisher(None, WeightSyncConfig(), num_engines=0).publish([], version=1))
     out["loop"] = set(step_timing(1.0, 0.5, 0.2)) | set(tool_metrics([make_group(make_prompt(0), n=2)]))
+    out["loop"] |= set(
+        SafetyNet(Checkpointer(tmp_path_factory.mktemp("net"), world, tiny_model_dir), 4).metrics()
+    )
 
     buffer = ReplayBuffer(redis_server.url, "metric-keys")
     prompt = make_prompt(0)

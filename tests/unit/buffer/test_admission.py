@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from buffer.admission import BatchAssembler, PromptFeeder, admission_limit
+from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
+from buffer.staleness import admission_limit
 from tests.fakes.groups import make_group, make_prompt
 
 
@@ -205,7 +206,7 @@ def test_an_untrainable_group_is_dead_lettered_by_the_learner_and_replaced(buf):
 
 
 def test_a_schedule_gives_each_release_its_bound_and_deadline():
-    from buffer.admission import StalenessSchedule
+    from buffer.staleness import StalenessSchedule
 
     schedule = StalenessSchedule(4)
     schedule.set(10, 1)  # lowered from version 10 on
@@ -223,7 +224,7 @@ def test_a_schedule_gives_each_release_its_bound_and_deadline():
 
 
 def test_a_resumed_schedule_keeps_the_bounds_of_versions_released_at():
-    from buffer.admission import resumed_schedule
+    from buffer.staleness import resumed_schedule
 
     # recorded up to the published version 7, and for version 8 (decided, never published) before the crash
     schedule = resumed_schedule({0: 4, 5: 2, 8: 1}, 7, 3)
@@ -246,7 +247,7 @@ def test_the_bound_is_kept_in_redis_beside_the_version(redis_url):
 
 def test_the_feeder_releases_under_the_bound_of_the_version(redis_url):
     """Lowering the bound stops releases until the version catches up with what is out; raising opens the window."""
-    from buffer.admission import StalenessSchedule
+    from buffer.staleness import StalenessSchedule
 
     buf = ReplayBuffer(redis_url, "feeder-schedule")
     schedule = StalenessSchedule(3)
@@ -262,4 +263,26 @@ def test_the_feeder_releases_under_the_bound_of_the_version(redis_url):
     schedule.set(3, 5)
     buf.publish_version(3)
     assert feeder.pump() == 10  # (5 + 3 + 1) * 2 = 18, 8 out
+    buf.close()
+
+
+def test_the_keeper_records_each_bound_and_resumes_with_the_released_ones(redis_url):
+    """A fixed bound is recorded at version 0; auto's bound moves after a step, is recorded in Redis before the
+    version it applies to, and a keeper resumed later keeps every recorded bound up to its version."""
+    from buffer.staleness import AutoStaleness, StalenessAutoConfig, StalenessKeeper, StepBounds
+
+    buf = ReplayBuffer(redis_url, "keeper")
+    StalenessKeeper(3, buf)
+    assert buf.staleness_bounds() == {0: 3}
+    auto = AutoStaleness(auto=StalenessAutoConfig(floor=0, ceiling=4, initial=4, target_kl=0.1))
+    keeper = StalenessKeeper(auto, buf)
+    keeper.after_step(1, {"loss/offpolicy_kl": 0.0})  # within target, patience 2: no change
+    keeper.after_step(2, {"loss/offpolicy_kl": 1.0})  # over: halved for releases from version 2 on
+    assert buf.staleness_bounds() == {0: 4, 2: 2}
+    assert keeper.step_bounds(5, {1, 2}) == StepBounds(4, {1: 4, 2: 2})  # version 1's groups are due at 5
+    saved = keeper.state_dict()
+    assert saved == {"schedule": {"0": 4, "2": 2}, "controller": {"bound": 2, "hold": 4, "within": 0}}
+    resumed = StalenessKeeper(auto, buf, saved, version=3)
+    assert resumed.schedule.changes == {0: 4, 2: 2} and resumed.controller.state_dict() == saved["controller"]
+    assert StalenessKeeper(1, buf, saved, version=3).schedule.changes == {0: 4, 2: 2, 4: 1}
     buf.close()

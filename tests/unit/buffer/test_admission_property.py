@@ -15,8 +15,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from buffer.admission import BatchAssembler, PromptFeeder, admission_limit
+from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
+from buffer.staleness import admission_limit
 from tests.fakes.groups import make_group, make_prompt
 
 
@@ -220,9 +221,13 @@ def test_an_adaptive_bound_keeps_every_token_within_the_bound_in_force(
     before the learner asks, the rest in any order). No trained token is older than the bound its prompt was released
     under, nor than the bound in force for its step; the trainer's own check agrees; the bound stays in
     [floor, ceiling]; every batch is full; every group is trained exactly once."""
-    from buffer.admission import StalenessSchedule
-    from learner.settings import StalenessAutoConfig
-    from learner.staleness import StalenessController, StepBounds, check_staleness
+    from buffer.staleness import (
+        StalenessAutoConfig,
+        StalenessController,
+        StalenessSchedule,
+        StepBounds,
+        check_staleness,
+    )
 
     g, ceiling = groups_per_step, floor + span
     controller = StalenessController(

@@ -140,6 +140,40 @@ def test_a_recall_sent_twice_releases_each_prompt_once(buf, lose):
         assert buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
 
 
+def test_a_durable_ack_sent_twice_counts_once(buf, lose):
+    taken = _produce(buf, 2)
+    buf.mark_trained([t.entry_id for t in taken])
+    lose.next(lambda args: str(args[0]).upper() == "ZADD" and "durable" in str(args[1]))
+    buf.ack_durable([t.entry_id for t in taken], [t.group.group_id for t in taken], version=2)
+    assert lose.lost == 1
+    assert _counters(buf)["consumed"] == 2 and buf.inflight() == {}
+    assert buf.durable_after(0) == sorted(t.group.group_id for t in taken)
+    assert buf.stats()["buffer/trained_unacked"] == 0
+
+
+def test_a_durable_recall_sent_twice_releases_each_prompt_once(buf, lose):
+    """A checkpoint found torn at resume: the groups it acked are generated again, once."""
+    taken = _produce(buf, 3)
+    ids = [t.group.group_id for t in taken]
+    buf.ack_durable([taken[0].entry_id], ids[:1], version=2)
+    buf.ack_durable([t.entry_id for t in taken[1:]], ids[1:], version=4)
+    prompts = {make_prompt(i).group_id: make_prompt(i) for i in range(3)}
+    lose.next_script(lua.RECALL_DURABLE)
+    recalled = buf.recall_durable(prompts.__getitem__, after=2, version=6)
+    assert lose.lost == 1 and sorted(recalled) == sorted(ids[1:])
+    again = buf.claim_prompts("gen-1", 10)
+    assert sorted(c.prompt.group_id for c in again) == sorted(ids[1:])  # released once each, at version 6
+    assert {c.prompt.release_version for c in again} == {6}
+    counters = _counters(buf)
+    assert counters["released"] == 3 and counters["produced"] == 1 and counters["consumed"] == 1
+    assert counters["recalled"] == 2 and buf.durable_after(0) == ids[:1]
+    for c in again:  # generated anew: not a duplicate
+        assert buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    lose.next_command("ZREMRANGEBYSCORE")
+    buf.forget_durable(up_to=2)
+    assert lose.lost == 2 and buf.durable_after(-1) == []
+
+
 def test_a_dead_letter_sent_twice_is_counted_and_replaced_once(buf, lose):
     buf.release_prompts([make_prompt(0)])
     buf._redis.xadd(buf.key("groups"), {"gid": make_prompt(0).group_id, "d": b"\x00 not a group"})

@@ -71,6 +71,10 @@ def test_an_evaluation_is_shared_by_its_shards_and_complete_only_when_all_answer
         buf.wait_evaluation(eval_id, timeout_s=0.3)
     buf.post_evaluation_answer(requests[2], {"shard": 2})
     assert buf.wait_evaluation(eval_id, timeout_s=1) == [{"shard": 0}, {"shard": 1}, {"shard": 2}]
+    buf.forget_evaluation(eval_id)  # recorded by whoever asked: its keys leave Redis (they stayed a week)
+    assert not buf._redis.keys(f"rec:eval:*{eval_id}*")
+    with pytest.raises(KeyError, match="no evaluation"):
+        buf.evaluation_answers(eval_id)
     with pytest.raises(KeyError, match="no evaluation"):
         buf.evaluation_answers("eval-9-missing")
     with pytest.raises(ValueError, match="at least one shard"):
@@ -134,3 +138,37 @@ def test_a_redis_restart_is_ridden_out_and_the_assembler_takes_back_what_it_miss
     assert buf.reconnects.count > before and time.monotonic() - started >= 1.0
     assert len(batches[0]) == 2  # it rode out the restart, then found its pending entries
     server.stop()
+
+
+def test_groups_acked_by_a_checkpoint_given_up_on_resume_are_released_again(redis_url):
+    """step_2 and step_4 were written and acked their groups; step_4 is found torn at resume, which loads step_2:
+    the groups acked by step_4 are in no surviving weights and are generated again, with those trained after it."""
+    buf = ReplayBuffer(redis_url, "durable", lease_s=30)
+    prompts = [make_prompt(i) for i in range(6)]
+    feeder = PromptFeeder(buf, prompts, groups_per_step=2, max_staleness=2)
+    feeder.pump()  # all 6 at version 0
+    for c in buf.claim_prompts("g", 6):
+        buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    taken = buf.take(6, block_ms=0)
+    ids = [t.group.group_id for t in taken]
+    buf.ack_durable([t.entry_id for t in taken[:2]], ids[:2], version=2)
+    buf.ack_durable([t.entry_id for t in taken[2:4]], ids[2:4], version=4)
+    buf.mark_trained([t.entry_id for t in taken[4:]])  # trained after step_4, never checkpointed
+    assert buf.stats()["buffer/consumed"] == 4 and buf.durable_after(2) == ids[2:4]
+
+    buf.publish_version(6)
+    recalled = buf.recall_trained(feeder.prompt_of, version=6)
+    recalled += buf.recall_durable(feeder.prompt_of, after=2, version=6)
+    assert sorted(recalled) == sorted(ids[2:])
+    stats = buf.stats()
+    assert stats["buffer/released"] == 6 and stats["buffer/consumed"] == 2
+    assert stats["buffer/inflight_groups"] == 4 and buf.durable_after(0) == ids[:2]
+    again = buf.claim_prompts("g2", 6)
+    assert sorted(c.prompt.group_id for c in again) == sorted(ids[2:])
+    assert {c.prompt.release_version for c in again} == {6}
+    for c in again:  # generated anew under their own ids: not duplicates
+        assert buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    assert buf.recall_durable(feeder.prompt_of, after=2, version=6) == []  # once only
+    buf.forget_durable(up_to=2)  # step_2 became the oldest checkpoint kept: nothing before it can be given up
+    assert buf.durable_after(-1) == []
+    buf.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.model_paths import ModelPathError, resolve_model_path
+from common.model_paths import ModelPathError, resolve_model_path, resolve_tokenizer_path
+from common.sections import ModelConfig
 
 
 def _cached_snapshot(cache, repo_id: str, revision: str = "0123456789abcdef0123456789abcdef01234567"):
@@ -41,3 +42,13 @@ def test_neither_a_directory_nor_a_hub_id(tmp_path):
         resolve_model_path("no/such/dir", what="model.tokenizer_path")
     with pytest.raises(ModelPathError, match="embedded model: only `sr1 run`"):
         resolve_model_path("tiny")
+
+
+def test_the_tokenizer_is_the_models_own_unless_a_tokenizer_path_is_given(tmp_path):
+    model, tokenizer = tmp_path / "model", tmp_path / "tokenizer"
+    model.mkdir()
+    tokenizer.mkdir()
+    assert resolve_tokenizer_path(ModelConfig(path=str(model))) == model
+    assert resolve_tokenizer_path(ModelConfig(path=str(model), tokenizer_path=str(tokenizer))) == tokenizer
+    with pytest.raises(ModelPathError, match="model.tokenizer_path 'no/such/dir' is not a directory"):
+        resolve_tokenizer_path(ModelConfig(path=str(model), tokenizer_path="no/such/dir"))

@@ -163,3 +163,30 @@ def test_an_old_job_file_loads(tmp_path):
 def test_a_correction_knob_of_another_correction_is_still_dropped():
     old = {"learner": {"correction": "icepop", "tis_cap": 2.0, "icepop_low": 0.4}}
     assert migrate(old, "old.yaml")["learner"] == {"correction": {"type": "icepop", "low": 0.4}}
+
+
+OLD_AUTO = {"floor": 1, "ceiling": 16, "initial": None, "target_kl": 0.05, "min_ess": None, "patience": 2}
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # an earlier version's saved config held the auto section beside every bound: used only with `auto`
+        ({"max_staleness": "auto", "staleness_auto": OLD_AUTO}, {"max_staleness": {"auto": OLD_AUTO}}),
+        ({"max_staleness": 16, "staleness_auto": OLD_AUTO}, {"max_staleness": 16}),
+        ({"staleness_auto": OLD_AUTO}, {}),  # the default bound (2) is fixed too
+    ],
+)
+def test_the_old_auto_section_moves_into_the_one_staleness_key(old, new, caplog):
+    with caplog.at_level(logging.WARNING, logger="config"):
+        assert migrate({"learner": old}, "old.yaml")["learner"] == new
+    moved = isinstance(new.get("max_staleness"), dict)
+    expected = "use 'learner.max_staleness.auto'" if moved else "dropping 'learner.staleness_auto'"
+    assert expected in caplog.text
+
+
+def test_an_old_auto_override_names_the_auto_section(caplog):
+    with caplog.at_level(logging.WARNING, logger="config"):
+        bound = load_config("tiny", ["learner.max_staleness=auto", "learner.staleness_auto.ceiling=3"])
+    assert bound.learner.max_staleness.auto.ceiling == 3
+    assert "use 'learner.max_staleness.auto.ceiling'" in caplog.text

@@ -80,3 +80,22 @@ def test_shards_merge_into_the_summary_of_one_evaluation_with_pass_at_k():
     assert out["eval/finish/budget"] == pytest.approx(1 / 6) and out["eval/n/hotpotqa"] == 2
     assert (out["eval/version"], out["eval/version_max"], out["eval/workers"]) == (7, 8, 2)
     assert out["eval/seconds"] == 5.0
+
+
+def test_a_recorded_evaluation_leaves_redis(redis_url, tmp_path):
+    """Whoever asked records the merged result in evals.jsonl and deletes the answers: a long run kept every
+    evaluation's answers in Redis for a week (found by scripts/soak.py's key count)."""
+    from types import SimpleNamespace
+
+    from buffer.redis_buffer import ReplayBuffer
+    from evaluation import Evaluations
+
+    buf = ReplayBuffer(redis_url, "evalgc")
+    evals = Evaluations(buf, SimpleNamespace(max_prompts=4, max_per_source=None), tmp_path)
+    eval_id = evals.request(step=3)
+    request = buf.pop_evaluation_request("gen-0")
+    buf.post_evaluation_answer(request, {"items": [_item("q1", "nq", 1.0)], "eval/version": 3})
+    assert evals.wait(eval_id, timeout_s=5)["eval/em"] == 1.0
+    assert (tmp_path / "evals.jsonl").read_text().count("\n") == 1
+    assert buf._redis.keys("evalgc:eval:*") == []  # the request list is empty too, and gone with it
+    buf.close()

@@ -24,12 +24,10 @@ SETTINGS = AgentSettings(
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
+def qwen(qwen_tokenizer_dir):
     from transformers import AutoTokenizer
 
-    from world.qwen import build_qwen_tokenizer
-
-    return AutoTokenizer.from_pretrained(build_qwen_tokenizer(tmp_path_factory.mktemp("qwen")))
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
 
 
 class IdEngine:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from buffer.staleness import StalenessError, check_staleness
 from learner.settings import LearnerConfig
-from learner.staleness import StalenessError, check_staleness
 from learner.trainer import Learner
 from tests.fakes.groups import random_groups
 

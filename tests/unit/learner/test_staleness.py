@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from learner.settings import StalenessAutoConfig
-from learner.staleness import (
+from buffer.staleness import (
+    StalenessAutoConfig,
     StalenessController,
     StalenessError,
     StepBounds,
     check_staleness,
-    effective_sample_size,
+    first_bound,
+    is_auto,
+    largest_bound,
 )
+from learner.algorithms.corrections import effective_sample_size
 from tests.fakes.groups import random_groups
 
 
@@ -32,7 +35,7 @@ def test_ess_by_hand():
 
 def test_offpolicy_stats_by_hand():
     """k3 KL(mu || pi_0) and the raw weights pi_0 / mu per token; nothing counted without pi_0's log-probs."""
-    from learner.staleness import offpolicy_stats
+    from learner.algorithms.corrections import offpolicy_stats
 
     start = torch.log(torch.tensor([0.5, 0.2, 0.9, 0.4]))
     behavior = torch.log(torch.tensor([0.5, 0.4, 0.3, 0.4]))  # weights 1, 0.5, 3, 1
@@ -150,7 +153,7 @@ def test_bad_auto_configs_name_the_field_and_numbers(overrides, message):
             "tiny",
             [
                 "learner.max_staleness=auto",
-                *(f"learner.staleness_auto.{k}={v}" for k, v in overrides.items()),
+                *(f"learner.max_staleness.auto.{k}={v}" for k, v in overrides.items()),
             ],
         )
 
@@ -158,10 +161,12 @@ def test_bad_auto_configs_name_the_field_and_numbers(overrides, message):
 def test_max_staleness_takes_a_bound_or_auto():
     from config import ConfigError, load_config
 
-    cfg = load_config("tiny", ["learner.max_staleness=auto", "learner.staleness_auto.ceiling=6"]).learner
-    assert cfg.auto_staleness and cfg.staleness_ceiling == 6 and cfg.initial_staleness == 0
-    cfg = load_config("tiny", ["learner.max_staleness=3"]).learner
-    assert not cfg.auto_staleness and cfg.staleness_ceiling == 3 == cfg.initial_staleness
+    bound = load_config(
+        "tiny", ["learner.max_staleness=auto", "learner.max_staleness.auto.ceiling=6"]
+    ).learner.max_staleness
+    assert is_auto(bound) and largest_bound(bound) == 6 and first_bound(bound) == 0
+    bound = load_config("tiny", ["learner.max_staleness=3"]).learner.max_staleness
+    assert not is_auto(bound) and largest_bound(bound) == 3 == first_bound(bound)
     for bad, message in (("often", "integer >= 0 or 'auto', got 'often'"), ("-2", ">= 0 or 'auto', got -2")):
         with pytest.raises(ConfigError, match=f"learner.max_staleness.*{message}"):
             load_config("tiny", [f"learner.max_staleness={bad}"])

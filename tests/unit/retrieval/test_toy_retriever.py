@@ -8,10 +8,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from config import ConfigError, load_config
 from config.cli import reference_rows
-from retrieval.cli import load_retrieval_config, parse_args
 from retrieval.factory import load_retriever
 from retrieval.server import create_app
 from retrieval.union import RETRIEVERS, register_retriever
+from sr1.entrypoints.retrieval import load_retrieval_config, parse_args
 from tests.fakes.toy_retriever import ToyRetriever, ToySettings
 
 

@@ -45,6 +45,16 @@ def test_the_live_view_shows_redis_memory_used_and_max():
     assert memory_text(full) == "930 / 1,000 MiB (93%, releases paused)"
 
 
+def test_the_live_view_shows_the_last_good_checkpoint_and_failures_since():
+    from sr1.live import checkpoint_state
+
+    assert checkpoint_state({"step": 1}) is None
+    assert checkpoint_state({"checkpoint/last_good_step": 8.0, "checkpoint/failed_in_a_row": 0.0}) == "step 8"
+    assert checkpoint_state({"checkpoint/last_good_step": 4.0, "checkpoint/failed_in_a_row": 1.0}) == (
+        "step 4; 1 failed since (logs/learner.log says why)"
+    )
+
+
 def test_the_live_view_estimates_the_training_left_from_the_steps_it_saw():
     view = LiveView(SimpleNamespace(run_dir=None, started=0.0), enabled=False)
     assert view.training_left_s(None, 40, now=10.0) is None  # no step yet

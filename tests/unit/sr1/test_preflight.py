@@ -121,7 +121,7 @@ def test_sr1_run_refuses_a_boolean_number_with_the_bad_input_status(capsys, keep
 def test_the_learner_process_exits_with_the_bad_input_status(
     tiny_model_dir, files, tmp_path, capsys, monkeypatch
 ):
-    from learner.main import main
+    from sr1.entrypoints.learner import main
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # restored after the test, whatever main sets
 
@@ -142,7 +142,7 @@ def test_the_generator_process_exits_with_the_bad_input_status(
     tiny_model_dir, files, tmp_path, capsys, monkeypatch
 ):
     from generators.engine import DIE_WITH_PARENT_ENV
-    from generators.main import main
+    from sr1.entrypoints.generators import main
 
     monkeypatch.delenv(DIE_WITH_PARENT_ENV, raising=False)  # restored after the test, whatever main sets
 
@@ -157,3 +157,19 @@ def test_the_generator_process_exits_with_the_bad_input_status(
     ]
     assert main(argv) == EXIT_BAD_INPUT  # before its engine starts
     assert "corrupt.parquet: not a readable parquet file" in capsys.readouterr().err
+
+
+def test_a_generator_with_a_missing_model_exits_with_the_bad_input_status(tmp_path, capsys):
+    from sr1.entrypoints.generators import main
+
+    missing = tmp_path / "no-such-model"
+    argv = [
+        "--config",
+        "tiny",
+        f"model.path={missing}",
+        f"run_dir={tmp_path}",
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+    ]
+    assert main(argv) == EXIT_BAD_INPUT  # before its engine starts, and before any restart would help
+    assert str(missing) in capsys.readouterr().err

@@ -144,3 +144,26 @@ def test_the_report_and_the_live_view_show_the_off_policy_diagnostics(tmp_path, 
     assert snap["clipped / masked tokens"] == "0.100 / 0.000"
     assert snap["staleness of trained tokens"] == "0:25% 1:50% 2:25%"
     buf.close()
+
+
+def test_the_report_counts_the_checkpoints_that_could_not_be_written(tmp_path):
+    from sr1.report import checkpoint_failures
+
+    lines = [
+        {"segment": {"start": 0, "weights": 0, "time": 0.0}},
+        {"step": 4, "checkpoint/failed_in_a_row": 0},
+        {"step": 8, "checkpoint/failed_in_a_row": 1},  # training went on
+        {"step": 9, "checkpoint/failed_in_a_row": 1},
+        {"step": 12, "checkpoint/failed_in_a_row": 0},  # written again
+        {"step": 16, "checkpoint/failed_in_a_row": 1},
+        {"step": 20, "checkpoint/failed_in_a_row": 2},  # the run stopped with 74
+        {"segment": {"start": 20, "weights": 12, "time": 1.0}},
+        {"step": 16, "checkpoint/failed_in_a_row": 1},  # the resumed learner's own first failure
+        {"step": 20, "checkpoint/failed_in_a_row": 0},
+    ]
+    assert checkpoint_failures(lines) == 4
+    assert checkpoint_failures([{"step": 1}]) == 0
+    summary = _summary(tmp_path)
+    summary.checkpoint_failures = 4
+    _, md_path = write_report(summary, tmp_path)
+    assert "| checkpoints that could not be written (docs/reliability.md) | 4 |" in md_path.read_text()

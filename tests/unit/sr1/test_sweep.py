@@ -80,8 +80,14 @@ def test_staleness_comparison_takes_auto_and_tabulates_the_off_policy_diagnostic
     bound in force (metrics.jsonl) reach the table and the plots."""
     import compare_staleness
 
-    assert parse_bounds("0, 8,auto") == [0, 8, "auto"]
-    for bad in ("-1", "often"):
+    assert parse_bounds("0, 8,auto,auto:1-16") == [0, 8, "auto", "auto:1-16"]
+    assert compare_staleness.cases(["auto:1-16"], ["none"])[0].overrides == [
+        "learner.max_staleness=auto",
+        "learner.max_staleness.auto.floor=1",
+        "learner.max_staleness.auto.ceiling=16",
+        "learner.correction=none",
+    ]
+    for bad in ("-1", "often", "auto:4-2"):
         with pytest.raises(ValueError):
             parse_bounds(bad)
     cases = compare_staleness.cases([0, 8, "auto"], ["none", "tis"])

@@ -253,3 +253,22 @@ def test_wait_acks_wakes_on_the_last_ack_instead_of_polling(other_ns):
     timer.join()
     assert time.monotonic() - start < 15  # woken by g1's ack, long before the 30 s timeout
     assert rv.acked(4) == {"g0", "g1"}
+
+
+def test_a_completed_versions_ack_set_goes_when_the_next_version_completes(other_ns, redis_url):
+    """One ack set per published version used to stay for an hour: hundreds of Redis keys in a soak of the tiny
+    preset. The one before the last completed version is deleted; the last stays (it may still be looked at)."""
+    import redis
+
+    rv = other_ns("wsackgc")
+    client = redis.Redis.from_url(redis_url)
+    for version in range(1, 6):
+        rv.ack_update(version, "g0")
+        rv.wait_acks(version, 1, timeout_s=5)
+        assert client.exists(f"wsackgc:ws:acks:{version}")
+    assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:5"]
+    rv.ack_update(6, "g0")  # a publish whose acks never completed keeps its set (to the TTL) ...
+    rv.ack_update(7, "g0")
+    rv.wait_acks(7, 1, timeout_s=5)  # ... and version 5, completed before 7, is deleted
+    assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:6", b"wsackgc:ws:acks:7"]
+    client.close()

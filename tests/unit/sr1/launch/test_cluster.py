@@ -105,9 +105,9 @@ def test_redis_listens_on_its_node_address_for_the_other_nodes(tmp_path):
 
 
 def test_each_part_runs_in_its_own_pool():
-    assert pool_of(python_module("generators.main", "--config", "x.yaml")) == "generators"
-    assert pool_of(python_module("learner.main", "--config", "x.yaml")) == "learner"
-    assert pool_of(python_module("retrieval.cli", "serve")) == "retrieval"
+    assert pool_of(python_module("sr1.entrypoints.generators", "--config", "x.yaml")) == "generators"
+    assert pool_of(python_module("sr1.entrypoints.learner", "--config", "x.yaml")) == "learner"
+    assert pool_of(python_module("sr1.entrypoints.retrieval", "serve")) == "retrieval"
     with pytest.raises(ValueError, match="no Ray pool runs"):
         pool_of(python_module("world"))
 

@@ -32,7 +32,7 @@ def test_each_generator_gets_its_own_job_file(tmp_path, monkeypatch):
     children = generator_children(cfg, 2, "gen-")
     assert [c.name for c in children] == ["gen-0", "gen-1"]
     for i, child in enumerate(children):
-        assert child.cmd[1:3] == ["-m", "generators.main"] and child.cmd[3] == "--config"
+        assert child.cmd[1:3] == ["-m", "sr1.entrypoints.generators"] and child.cmd[3] == "--config"
         job = load_job(GeneratorJob, child.cmd[4])
         assert (job.worker_id, job.engine_index) == (f"gen-{i}", i)
         assert job.generators.group_size == 2 and job.buffer.redis_url == "redis://x:1/0"

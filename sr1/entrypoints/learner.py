@@ -1,12 +1,17 @@
-"""The learner process (one rank): `python -m learner.main --config JOB_OR_PRESET [overrides] [--redis-url URL]`.
+"""The learner process (one rank): load its job, then train with `learner.loop.run_learner`.
+
+    python -m sr1.entrypoints.learner --config JOB_OR_PRESET [--redis-url URL] [--resume] [overrides]
+    torchrun --nproc-per-node 8 -m sr1.entrypoints.learner --config qwen2.5-3b-8xh100 --redis-url URL
 
 `--config` is the job file a launcher wrote (`<run_dir>/jobs/learner.yaml`: only the sections the learner uses) or a
 preset / root config file, from which the learner takes its job (learner/job.py). Rank, world size and the
 rendezvous come from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that
 `sr1 learner` or torchrun set; without them it is a single rank. SIGTERM/SIGINT finish the current step, write a
-checkpoint and exit 0. `--resume` continues from `<run_dir>/checkpoints/latest`. A configuration or data error (a bad
-job, an unreadable prompt file, overlong prompts that may not be dropped), and `learner.max_nonfinite_steps` skipped
-updates in a row, exit with `config.EXIT_BAD_INPUT`, which supervisors do not restart.
+checkpoint and exit 0. `--resume` continues from the newest checkpoint under `<run_dir>/checkpoints` whose files
+verify (learner/checkpoint.py). A configuration or data error (a bad job, an unreadable prompt file, overlong prompts
+that may not be dropped), `learner.max_nonfinite_steps` skipped updates in a row, and checkpoints none of which can be
+resumed from, exit with `config.EXIT_BAD_INPUT`; checkpoints that cannot be written (two in a row failed: a full
+disk) with `config.EXIT_CHECKPOINT_FAILED`. Supervisors restart neither.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from learner.job import LearnerJob
+from sr1.entrypoints import load_pool_job
+
+if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and --help should answer at once
+    from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
 
 
-def build_parser(prog: str = "python -m learner.main") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m sr1.entrypoints.learner") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny", help="job file, preset name or YAML path (default: tiny)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6")
@@ -53,16 +62,13 @@ def training_prompts(job: LearnerJob) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from config import EXIT_BAD_INPUT, ConfigError, load_job, save_job
+    from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, ConfigError, save_job
+    from learner.job import LearnerJob
 
-    overrides = list(args.overrides) + ([f"buffer.redis_url={args.redis_url}"] if args.redis_url else [])
     try:
-        job = load_job(LearnerJob, args.config, overrides)
+        job = load_pool_job(LearnerJob, args.config, args.overrides, args.redis_url)
     except ConfigError as err:
         print(f"learner: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if not job.buffer.redis_url:
-        print("learner: no Redis URL: pass --redis-url or set buffer.redis_url", file=sys.stderr)
         return EXIT_BAD_INPUT
     logging.basicConfig(
         level=job.logging.level, format="%(asctime)s %(levelname)s [learner] %(name)s: %(message)s"
@@ -82,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from buffer.memory import EvictingRedis
+    from learner.checkpoint import CheckpointLoadError
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import NonFiniteTrainingError, run_learner
+    from learner.safety_net import CheckpointsFailing
     from learner.stop import StopFlag
 
     stop = StopFlag().install()
@@ -102,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         if world.is_main:
             log.info("learner stopped at version %d", version)
         finished = True
-    except (NonFiniteTrainingError, EvictingRedis) as err:
-        # a restart would resume from the last checkpoint into the same updates (or open the same Redis): stop
+    except (NonFiniteTrainingError, CheckpointLoadError, EvictingRedis) as err:
+        # a restart would resume from the last checkpoint into the same updates, fail on the same files or open the
+        # same Redis: stop
         print(f"learner: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except CheckpointsFailing as err:
+        # a restart would train without a safety net again until the disk has room: stop, say what it needs
+        print(f"learner: {err}", file=sys.stderr)
+        return EXIT_CHECKPOINT_FAILED
     finally:
         shutdown_distributed(wait_for_peers=finished)
     return 0

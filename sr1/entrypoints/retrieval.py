@@ -1,8 +1,8 @@
-"""`sr1 retrieval ...`: serve the retrieval API and build indexes.
+"""`sr1 retrieval ...`: serve the retrieval API and build indexes (the launchers run `python -m sr1.entrypoints.retrieval`).
 
-    python -m retrieval.cli serve --method bm25 --corpus corpus.jsonl [--index DIR] [--port 8000]
-    python -m retrieval.cli build-index --method dense --corpus corpus.jsonl --out DIR [--faiss-index HNSW64]
-    python -m retrieval.cli serve --config tiny retrieval.server.port=8123 retrieval.topk=5
+    sr1 retrieval serve --method bm25 --corpus corpus.jsonl [--index DIR] [--port 8000]
+    sr1 retrieval build-index --method dense --corpus corpus.jsonl --out DIR [--faiss-index HNSW64]
+    sr1 retrieval serve --config tiny retrieval.server.port=8123 retrieval.topk=5
 
 The config is `--config` (a preset, a root config file or a retrieval job file; the defaults without one), then the
 dotted overrides (any key of the config, `config/loader.py` parses them), then the flags: each flag is a dotted key
@@ -12,7 +12,7 @@ dotted overrides (any key of the config, `config/loader.py` parses them), then t
 Search-R1's spellings work too: `retrieval_server.py`'s flags (`--index_path --corpus_path --topk --retriever_name
 --retriever_model --faiss_gpu`) and its config keys (`retriever.url=...`, `retriever.topk=3`, `search_url=...`).
 
-    python -m retrieval.cli serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
+    sr1 retrieval serve --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 \
         --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu
 
 and `retrieval_rerank_server.py`'s (`--retrieval_topk 10 --reranking_topk 3 --reranker_model DIR
@@ -40,6 +40,9 @@ _OVERRIDES_HELP = (
     "after the command."
 )
 _KEY = "retrieval."  # a flag whose dest starts with it is that config key
+# the config's variable of retrieval.token (config/environment.py), which --token falls back to with any --config or
+# none; a literal, as importing config/ would make --help slow
+TOKEN_ENV = "SR1_RETRIEVAL__TOKEN"
 
 
 def _flag(p: argparse.ArgumentParser, *names: str, key: str, help: str, **kw: Any) -> None:
@@ -117,8 +120,8 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
         p,
         "--token",
         key="retrieval.token",
-        default=os.environ.get("SR1_RETRIEVAL_TOKEN"),
-        help="Require 'Authorization: Bearer TOKEN' (or set SR1_RETRIEVAL_TOKEN).",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"Require 'Authorization: Bearer TOKEN' (default: ${TOKEN_ENV}).",
     )
     _flag(
         p,

@@ -3,9 +3,9 @@ overrides anywhere, parsed by the config loader."""
 
 import pytest
 
-from retrieval.cli import flag_overrides, load_retrieval_config, main, parse_args
 from retrieval.settings import indexable_methods
 from retrieval.union import RETRIEVERS
+from sr1.entrypoints.retrieval import flag_overrides, load_retrieval_config, main, parse_args
 
 
 @pytest.mark.parametrize(
