@@ -227,6 +227,15 @@ class NetworkInjector:
         getattr(proxy, self.cut_mode)(who=who)
         try:
             self._hold(seconds, f"the {fault} ({seconds:g} s)")
+            # a client that sent something and then went quiet for the whole cut (the learner training a step or
+            # writing a checkpoint) met nothing: the cut goes on until the client talks, at most as long again
+            if met() == before:
+                until = time.monotonic() + seconds
+                self.run.wait(
+                    lambda: met() > before or time.monotonic() >= until or self.run.parent.poll() is not None,
+                    seconds + 5,
+                    f"the {fault} (held until it meets traffic)",
+                )
         finally:
             proxy.restore(who=who)
         self.cuts.append(Cut(fault, seconds, met() - before))
