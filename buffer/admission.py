@@ -19,6 +19,11 @@ Groups that leave without being trained are replaced: a group the dynamic-sampli
 dead-lettered as poison, failed, malformed, oversized or untrainable is counted as `abandoned`; the feeder releases
 one more prompt for each (`ReplayBuffer.replaced_count`), and the assembler asks for replacements (`replenish`, the
 feeder's pump) while it waits, so a synchronous run (max_staleness 0) never waits forever for a batch one group short.
+
+Redis's memory (buffer/memory.py). The feeder also releases nothing while Redis's used_memory is above
+`buffer.memory_high_water` of its maxmemory: the admission rule already bounds what is released, and holding back
+releases only delays steps, so the bound holds (docs/staleness.md). What was released still finishes and is trained,
+which frees its memory (a trained group's payload leaves Redis), and releases resume.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from buffer.staleness import StalenessSchedule, admission_limit, as_schedule, ch
 log = logging.getLogger(__name__)
 
 _EPOCH = re.compile(r"(?P<base>.*)/e(?P<epoch>\d+)(?P<suffix>(/dup\d+)?)")  # make_group_id's layout
+
+
+_PAUSE_LOG_S = 30.0  # while releases are paused for memory, a warning this often
 
 
 class PromptFeeder:
@@ -72,6 +80,10 @@ class PromptFeeder:
         self.groups_per_step = groups_per_step
         self.cursor = cursor
         self.exhausted = False
+        self.paused: str | None = (
+            None  # why the last pump released nothing although the rule allowed it (memory)
+        )
+        self._pause_logged = -_PAUSE_LOG_S
         self._by_id: dict[str, PromptRecord] | None = (
             None  # epoch-0 group id -> prompt, built when first needed
         )
@@ -128,8 +140,10 @@ class PromptFeeder:
     def pump(self) -> int:
         """Release as many prompts as the rule allows now, stamped with the current version, under the bound the
         schedule gives that version; return how many. Groups that left without being trained (dropped by dynamic
-        sampling, dead-lettered) are replaced: each one raises the limit by one."""
+        sampling, dead-lettered) are replaced: each one raises the limit by one. Nothing is released while Redis's
+        memory is above the high water (`paused` says why)."""
         released = 0
+        self.paused = None
         while not self.exhausted:
             version = self.buffer.version()
             limit = (
@@ -140,6 +154,12 @@ class PromptFeeder:
             )
             room = limit - self.buffer.released_count()
             if room <= 0:
+                break
+            self.paused = self.buffer.release_pause_reason()
+            if self.paused is not None:
+                if time.monotonic() - self._pause_logged >= _PAUSE_LOG_S:
+                    self._pause_logged = time.monotonic()
+                    log.warning("releases paused: %s", self.paused)
                 break
             batch = []
             while len(batch) < room:

@@ -4,8 +4,8 @@
     sr1 buffer stats [--url URL | --run-dir DIR] [--namespace NS] [--json] [--metrics-port P]
 
 `watch` is a live terminal view (queue depth, in-flight groups, prompts pending and leased, produced/consumed
-rates, the staleness histogram, learner version, live workers and their metrics), with a line for every worker that
-joins, stops or leaves (no heartbeat for `buffer.heartbeat_ttl_s`); without a terminal (or with `--lines`) it prints
+rates, the staleness histogram, learner version, Redis memory used and its maxmemory, live workers and their
+metrics), with a line for every worker that joins, stops or leaves (no heartbeat for `buffer.heartbeat_ttl_s`); without a terminal (or with `--lines`) it prints
 only those lines and a one-line summary every 10 s, so a log or a pipe shows workers come and go. `stats` prints one snapshot
 (`--json`: one JSON object of stats + workers, for scripts). `--metrics-port` also serves Prometheus `/metrics`
 with the same gauges (with `stats`, it keeps serving until Ctrl-C). The URL is `--url`, else the local Redis of
@@ -98,7 +98,10 @@ def _summary(stats: dict) -> str:
         "buffer/produced",
         "buffer/consumed",
     )
-    return "  ".join(f"{k.removeprefix('buffer/')}={stats.get(k)}" for k in keys)
+    from buffer.monitor import memory_text
+
+    line = "  ".join(f"{k.removeprefix('buffer/')}={stats.get(k)}" for k in keys)
+    return f"{line}  redis_memory={memory_text(stats) or '-'}"
 
 
 def watch_lines(buffer, interval_s: float, summary_every_s: float = 10.0) -> None:

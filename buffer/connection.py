@@ -1,22 +1,36 @@
-"""A Redis client that rides out a Redis restart: every command and pipeline is retried for `reconnect_s`.
+"""A Redis client that rides out a Redis restart, a network cut and a full Redis: every command and pipeline is
+retried for `reconnect_s`.
 
-    client, reconnects = connect("redis://127.0.0.1:6379/0", reconnect_s=60)
+    client, reconnects = connect("redis://127.0.0.1:6379/0", reconnect_s=60, socket_timeout_s=10)
     reconnects.count          # connection failures so far (after one, a reader may have lost a reply)
+    reconnects.oom            # writes Redis refused for want of memory (retried after a back-off)
 
 Used by the buffer and by the weight-sync rendezvous, the two parts that talk to Redis.
 
 redis-py's own `Retry` covers a failed command on a live connection, but not the reconnect a pooled connection
 makes before its next command, so the retry loop lives here, around a whole command or a whole pipeline.
 
-Every write of theirs is safe to repeat after a failure: releases and puts are guarded by id sets, acks by XACK,
-version, rendezvous and heartbeats overwrite. A read whose reply was lost can leave stream entries delivered to the
+No call waits forever. A network that drops packets, or a Redis that hangs, keeps a connection open and never
+answers: every socket has a timeout (`socket_timeout_s`, the longest a reply may take) and TCP keepalive, so such a
+connection fails with `redis.TimeoutError` and is retried like a refused one. A blocking read (XREADGROUP or XREAD
+with BLOCK) therefore blocks at most `client.max_block_ms`, half the socket timeout; its callers loop.
+
+An `OOM command not allowed when used memory > 'maxmemory'` reply is retried the same way (back-pressure): Redis
+refuses such a write before it changes anything, also inside MULTI/EXEC (the transaction is discarded) and inside a
+Lua script (a script is refused before its first write; once it has written, Redis lets it finish), so nothing is
+half-written and the retry is the first execution. The buffer stops releasing prompts well before that point
+(buffer/admission.py).
+
+Every write of the buffer is safe to repeat when it ran but its reply was lost (docs/reliability.md, "Lost
+replies", lists how each one is made so). A read whose reply was lost can leave stream entries delivered to the
 reader that it never saw: the learner's batch assembler takes its pending entries back after a reconnect, and a
-generator's lost claims come back to everyone when their lease expires.
+generator gives back the leases it holds without knowing (generators/worker.py).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,18 +41,26 @@ import redis.client
 
 log = logging.getLogger(__name__)
 
-RETRIED = (redis.ConnectionError, redis.TimeoutError)
+RETRIED = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError)
 _FIRST_BACKOFF_S = 0.05
 _BACKOFF_CAP_S = 2.0
+# an idle connection whose peer is gone (a partition) fails after about 10 + 3 x 5 s instead of hours
+_KEEPALIVE = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+}
 
 T = TypeVar("T")
 
 
 class ReconnectCounter:
-    """Counts connection failures (shared by a client and the pipelines it makes)."""
+    """Counts connection failures (`count`) and writes refused for want of memory (`oom`), shared by a client and
+    the pipelines it makes."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.oom = 0
 
 
 def _reconnecting(attempt: Callable[[], T], reconnect_s: float, counter: ReconnectCounter) -> T:
@@ -48,13 +70,20 @@ def _reconnecting(attempt: Callable[[], T], reconnect_s: float, counter: Reconne
         try:
             return attempt()
         except RETRIED as e:
-            counter.count += 1
+            oom = isinstance(e, redis.exceptions.OutOfMemoryError)
+            if oom:  # refused before it ran: not a lost reply
+                counter.oom += 1
+            else:
+                counter.count += 1
             if time.monotonic() + backoff > deadline:
                 raise
-            if counter.count == 1 or backoff >= _BACKOFF_CAP_S:
-                log.warning(
-                    "redis unreachable (%s); retrying for up to %.0fs", e, deadline - time.monotonic()
+            if backoff == _FIRST_BACKOFF_S or backoff >= _BACKOFF_CAP_S:
+                what = (
+                    "redis is out of memory (used_memory > maxmemory); the write waits"
+                    if oom
+                    else f"redis unreachable ({e})"
                 )
+                log.warning("%s; retrying for up to %.0fs", what, deadline - time.monotonic())
             time.sleep(backoff)
             backoff = min(2 * backoff, _BACKOFF_CAP_S)
 
@@ -76,6 +105,7 @@ class _ReconnectingPipeline(redis.client.Pipeline):
 class _ReconnectingRedis(redis.Redis):
     reconnect_s: float
     counter: ReconnectCounter
+    max_block_ms: int  # the longest BLOCK a blocking read may ask for (below the socket timeout)
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         return _reconnecting(
@@ -99,11 +129,22 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str, reconnect_s: float = 60.0) -> tuple[redis.Redis, ReconnectCounter]:
+def connect(
+    url: str, reconnect_s: float = 60.0, socket_timeout_s: float = 10.0
+) -> tuple[redis.Redis, ReconnectCounter]:
     """A client for `url` that retries a failed command for about `reconnect_s` seconds, and its failure count.
 
-    `url` is any redis-py URL: `redis://host:port/db`, with a password (`redis://:pw@host...`, or an ACL user
-    `redis://user:pw@host...`), or `rediss://` for TLS (`?ssl_ca_certs=/path/ca.pem` names the CA)."""
-    client = _ReconnectingRedis.from_url(url)
+    Each reply is waited for at most `socket_timeout_s` (a connection at most `min(socket_timeout_s, 5)`); a
+    blocking read may block `client.max_block_ms`, half of it. `url` is any redis-py URL: `redis://host:port/db`,
+    with a password (`redis://:pw@host...`, or an ACL user `redis://user:pw@host...`), or `rediss://` for TLS
+    (`?ssl_ca_certs=/path/ca.pem` names the CA); timeouts given in the URL (`?socket_timeout=5`) win."""
+    client = _ReconnectingRedis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=min(socket_timeout_s, 5.0),
+        socket_keepalive=True,
+        socket_keepalive_options=_KEEPALIVE,
+    )
     client.reconnect_s, client.counter = reconnect_s, ReconnectCounter()
+    client.max_block_ms = max(1, int(socket_timeout_s * 500))
     return client, client.counter

@@ -18,17 +18,18 @@ import dataclasses
 from collections.abc import Callable
 
 from buffer import lua
+from buffer.codec import encode_prompt
 from buffer.records import PromptRecord
 from buffer.stats import _s
 
 
 class DurableGroups:
-    """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis`, `key()`, `ack()`, `_script()` and
-    `_release()` it uses."""
+    """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis`, `key()`, `ack()` and `_script()` it uses.
+    Each write is safe to send again after a lost reply (buffer/connection.py resends it); each method says how."""
 
     def ack_durable(self, entry_ids: list[str], group_ids: list[str], version: int) -> None:
         """Ack groups the checkpoint of `version` holds, and record them as made durable by it, in one
-        transaction."""
+        transaction. Sent again: the same scores are set again and the ack acks nothing."""
         if not entry_ids and not group_ids:
             return
         pipe = self._redis.pipeline(transaction=True)
@@ -44,21 +45,23 @@ class DurableGroups:
 
     def recall_durable(self, prompt_of: Callable[[str], PromptRecord], after: int, version: int) -> list[str]:
         """Generate again the groups acked by checkpoints newer than `after` (the checkpoint a resume fell back to):
-        their ids leave every set and their prompts are released anew at `version`, in one transaction. Returns
-        their group ids."""
+        their ids leave the durable record and the put set and their prompts are released anew at `version`, in one
+        script. Returns their group ids. Sent again after a lost reply it recalls nothing (only groups still in the
+        durable record are recalled), so no prompt is released twice."""
         gids = self.durable_after(after)
         if not gids:
             return []
-        prompts = [dataclasses.replace(prompt_of(gid), release_version=version) for gid in gids]
-        keys = [self.key(k) for k in ("durable", "released_ids", "put_ids", "counters")]
-        pipe = self._redis.pipeline(transaction=True)
-        self._script(lua.RECALL_DURABLE, keys, gids, client=pipe)
-        self._release(prompts, client=pipe)
-        pipe.execute()
+        args: list = []
+        for gid in gids:
+            prompt = dataclasses.replace(prompt_of(gid), release_version=version)
+            args += [gid, int(version), encode_prompt(prompt)]
+        keys = [
+            self.key(k) for k in ("durable", "released_ids", "put_ids", "counters", "prompts", "inflight")
+        ]
+        self._script(lua.RECALL_DURABLE, keys, args)
         return gids
 
     def forget_durable(self, up_to: int) -> None:
-        """Forget the groups made durable by checkpoints at or before `up_to` (no resume can go back past it)."""
-        stale = self._redis.zrange(self.key("durable"), "-inf", int(up_to), byscore=True)
-        if stale:
-            self._redis.zrem(self.key("durable"), *stale)
+        """Forget the groups made durable by checkpoints at or before `up_to` (no resume can go back past it).
+        Sent again: nothing is left to remove."""
+        self._redis.zremrangebyscore(self.key("durable"), "-inf", int(up_to))

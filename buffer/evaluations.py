@@ -14,6 +14,10 @@ gives its requests back when it restarts (`requeue_evaluations`). Answers live u
 `<namespace>:eval:result:<request id>` until whoever asked has recorded them (`forget_evaluation`), 7 days at most. A request that is not a JSON object with a string `id` is counted
 (`<namespace>:eval:malformed`) and reported; an answer that is not a JSON object is a `MalformedJSON` naming its
 shard. Both are decoded by buffer/guarded_json.py.
+
+Each write is safe to send again when its reply was lost: a request is queued once (its shard count is set with NX
+in the same script), a worker whose pop lost its reply gets that request again at its next pop, an answer overwrites
+itself, and a malformed request is counted once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 import uuid
 from typing import Any
 
+from buffer import lua
 from buffer.guarded_json import decode_json
 
 RESULT_TTL_S = 7 * 24 * 3600
@@ -33,29 +38,34 @@ class EvaluationRequests:
 
     def request_evaluation(self, *, step: int, version: int, shards: int = 1, **spec: Any) -> str:
         """Ask for an evaluation of the policy at `version` or newer, split into `shards` requests; returns its id.
-        `spec` travels with every shard (max_prompts, max_per_source, greedy, samples)."""
+        `spec` travels with every shard (max_prompts, max_per_source, greedy, samples). Sent again after a lost
+        reply, nothing is queued twice (buffer/lua.py REQUEST_EVALUATION)."""
         if shards < 1:
             raise ValueError(f"an evaluation needs at least one shard, got {shards}")
         eval_id = f"eval-{step}-{uuid.uuid4().hex[:8]}"
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self.key("eval", "shards", eval_id), shards, ex=RESULT_TTL_S)
-        for i in range(shards):
-            payload = {
-                "id": f"{eval_id}#{i}",
-                "eval_id": eval_id,
-                "shard": [i, shards],
-                "step": int(step),
-                "version": int(version),
-            }
-            pipe.rpush(self.key("eval", "requests"), json.dumps(spec | payload))
-        pipe.execute()
+        requests = [
+            json.dumps(
+                spec
+                | {
+                    "id": f"{eval_id}#{i}",
+                    "eval_id": eval_id,
+                    "shard": [i, shards],
+                    "step": int(step),
+                    "version": int(version),
+                }
+            )
+            for i in range(shards)
+        ]
+        keys = [self.key("eval", "shards", eval_id), self.key("eval", "requests")]
+        self._script(lua.REQUEST_EVALUATION, keys, [RESULT_TTL_S, shards, *requests])
         return eval_id
 
     def pop_evaluation_request(self, worker_id: str) -> dict[str, Any] | None:
         """The oldest request, now held by `worker_id` until it posts its answer; None when there is none.
-        Raises ValueError (after counting it and dropping it) for a malformed one."""
+        Raises ValueError (after counting it and dropping it) for a malformed one. A worker answers one request at a
+        time: a request it still holds is one whose pop lost its reply, and is returned again."""
         taken = self.key("eval", "taken", worker_id)
-        raw = self._redis.lmove(self.key("eval", "requests"), taken, "LEFT", "RIGHT")
+        raw = self._script(lua.POP_EVALUATION, [self.key("eval", "requests"), taken], [])
         if raw is None:
             return None
         try:
@@ -63,22 +73,23 @@ class EvaluationRequests:
             if not isinstance(request.get("id"), str):
                 raise ValueError("an evaluation request needs a string 'id'")
         except ValueError as err:
-            self._redis.lrem(taken, 1, raw)
-            self._redis.incr(self.key("eval", "malformed"))
+            self._script(lua.DROP_MALFORMED_EVALUATION, [taken, self.key("eval", "malformed")], [raw])
             raise ValueError(f"malformed eval request {raw[:200]!r}: {err}") from None
         request["_raw"] = raw.decode() if isinstance(raw, bytes) else raw
         request["_worker"] = worker_id
         return request
 
     def post_evaluation_answer(self, request: dict[str, Any], answer: dict[str, Any]) -> None:
-        """Store the answer to a popped request and release it from its worker."""
+        """Store the answer to a popped request and release it from its worker (sent again: the same answer is set
+        again, nothing is left to release)."""
         pipe = self._redis.pipeline(transaction=True)
         pipe.set(self.key("eval", "result", request["id"]), json.dumps(answer), ex=RESULT_TTL_S)
         pipe.lrem(self.key("eval", "taken", request["_worker"]), 1, request["_raw"])
         pipe.execute()
 
     def requeue_evaluations(self, worker_id: str) -> int:
-        """Put the requests `worker_id` held when it died back in front of the queue; returns how many."""
+        """Put the requests `worker_id` held when it died back in front of the queue; returns how many (a move whose
+        reply was lost is not counted, and the loop goes on until the worker holds none)."""
         moved = 0
         while self._redis.lmove(
             self.key("eval", "taken", worker_id), self.key("eval", "requests"), "RIGHT", "LEFT"

@@ -1,7 +1,12 @@
 """The buffer's Lua scripts: each write that must not be torn runs as one script inside Redis.
 
 A crash between two separate calls could lose or duplicate a group (a group put but its prompt still leased, a group
-acked but still counted in flight); as one script, each of these writes happens whole or not at all.
+acked but still counted in flight); as one script, each of these writes happens whole or not at all. Redis keeps that
+promise under `maxmemory` too: a script is refused (OOM) before its first write, never half-way.
+
+Each script is also safe to run twice: a write whose reply was lost (a network cut, a Redis restart) is sent again
+by the client (buffer/connection.py), so the second run must change nothing the first one did. Each script says what
+makes it so; docs/reliability.md ("Lost replies") lists every write of the buffer.
 """
 
 # the streams' consumer groups (the scripts below name them too)
@@ -10,6 +15,8 @@ LEARNER = "learner"
 
 # KEYS: prompts, released_ids, inflight, counters. ARGV: n, then n triples (group_id, release_version, payload).
 # Returns one entry id per prompt ("" where the group_id was released before and is skipped).
+# Run twice: the group ids are in released_ids after the first run, so the second skips them all (counted as
+# duplicate_releases, which is what they are).
 RELEASE = """
 local n = tonumber(ARGV[1])
 local ids = {}
@@ -31,21 +38,11 @@ return ids
 
 # Runs inside MULTI right after `XADD groups * gid <group_id> d <payload>`, so the stream's last entry is that
 # group (the payload itself never passes through Lua, where large values cost more than the stream write).
-# KEYS: inflight, counters. ARGV: group_id.
-# A released group that left the pipeline for good without being trained (dead-lettered) leaves the in-flight set and
-# is counted as `abandoned`, so the prompt feeder releases one more in its place (buffer/admission.py). Counted only if
-# it was in flight: an entry nobody released (a stray payload) must not raise the admission limit.
-ABANDON = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('HINCRBY', KEYS[2], 'abandoned', 1)
-  return 1
-end
-return 0
-"""
-
 # KEYS: groups, prompts, put_ids, counters, rate key. ARGV: group_id, prompt entry id or "", rate ttl.
 # Finishes the prompt either way; a group put before is removed again at once (nobody can have read it: MULTI)
 # and counted as a duplicate. Returns 1 if the group was added, 0 for a duplicate.
+# Run twice (the whole MULTI): put_ids holds the group id after the first run, so the second XADD is removed again
+# and counted as a duplicate; the prompt was finished by the first.
 PUT = """
 if ARGV[2] ~= '' then
   redis.call('XACK', KEYS[2], 'generators', ARGV[2])
@@ -63,12 +60,16 @@ redis.call('EXPIRE', KEYS[5], ARGV[3])
 return 1
 """
 
-# KEYS: groups, inflight, counters, rate key, trained. ARGV: rate ttl, then pairs (entry id, group_id or ""); an unknown
-# group_id is read from the entry before it is deleted.
+# KEYS: groups, inflight, counters, rate key, trained. ARGV: rate ttl, a counter to add the acked count to (`dropped`
+# for groups dynamic sampling drops, or ""), then pairs (entry id, group_id or ""); an unknown group_id is read from
+# the trained hash, or from the entry before it is deleted.
+# Run twice: XACK acks nothing the second time, and every count is of what XACK acked.
+# Its first write is XACK, which Redis allows at maxmemory: acking (which frees memory) works in a full Redis.
 ACK = """
 local acked = 0
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local id, gid = ARGV[i], ARGV[i + 1]
+  if gid == '' then gid = redis.call('HGET', KEYS[5], id) or '' end
   if gid == '' then
     local e = redis.call('XRANGE', KEYS[1], id, id)
     if e[1] then
@@ -78,55 +79,158 @@ for i = 2, #ARGV, 2 do
   end
   acked = acked + redis.call('XACK', KEYS[1], 'learner', id)
   redis.call('XDEL', KEYS[1], id)
-  redis.call('SREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[5], id)
   if gid ~= '' then redis.call('ZREM', KEYS[2], gid) end
 end
 if acked > 0 then
   redis.call('HINCRBY', KEYS[3], 'consumed', acked)
+  if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[2], acked) end
   redis.call('INCRBY', KEYS[4], acked)
   redis.call('EXPIRE', KEYS[4], ARGV[1])
 end
 return acked
 """
 
-# KEYS: groups, inflight, released_ids, put_ids, trained, counters. ARGV: pairs (entry id, group_id).
-# Takes back groups a learner trained on in steps a crash lost: their entries leave the stream and every set, so the
-# prompts can be released again (the caller releases them in the same transaction).
+# KEYS: dead, counters, stream, inflight, prompt_errors. ARGV: entry id ("" for a group rejected at put without a
+# prompt), consumer group, group_id or "", reason, head of the payload, counter, dead-letter maxlen, stream name.
+# Moves an entry aside with its reason: dead-letter entry, counter, XACK + XDEL; a group in flight leaves the
+# in-flight set and is counted as `abandoned`, so the prompt feeder releases one more in its place
+# (buffer/admission.py). Counted abandoned only if it was in flight: an entry nobody released (a stray payload) must
+# not raise the admission limit. Returns 1, or 0 when the entry was finished already.
+# Run twice: the entry is no longer pending after the first run (XACK returns 0), so the second does nothing.
+DEAD_LETTER = """
+if ARGV[1] ~= '' then
+  if redis.call('XACK', KEYS[3], ARGV[2], ARGV[1]) == 0 then return 0 end
+  redis.call('XDEL', KEYS[3], ARGV[1])
+  if ARGV[2] == 'generators' then redis.call('HDEL', KEYS[5], ARGV[1]) end
+end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[7], '*', 'reason', ARGV[4], 'gid', ARGV[3], 'stream', ARGV[8],
+  'entry_id', ARGV[1], 'head', ARGV[5])
+redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
+if ARGV[3] ~= '' and redis.call('ZREM', KEYS[4], ARGV[3]) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'abandoned', 1)
+end
+return 1
+"""
+
+# KEYS: groups, trained. ARGV: the entry ids of groups a step trained on.
+# Keeps each group's id in the trained hash (until the checkpoint that acks it) and deletes its entry from the stream:
+# the pending entry stays (XACK still finishes it), the payload leaves Redis, so Redis holds the payloads of the groups
+# not trained yet only, whatever the checkpoint interval. An entry already gone keeps the id it was marked with.
+# Run twice: the second run finds the entries gone and sets nothing new.
+# Its first write is XDEL, which Redis allows at maxmemory: marking (which frees memory) works in a full Redis.
+MARK_TRAINED = """
+local gids = {}
+for i = 1, #ARGV do
+  local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+  local gid = ''
+  if e[1] then
+    local f = e[1][2]
+    for k = 1, #f, 2 do if f[k] == 'gid' then gid = f[k + 1] end end
+  end
+  gids[i] = gid
+end
+for i = 1, #ARGV do redis.call('XDEL', KEYS[1], ARGV[i]) end
+for i = 1, #ARGV do
+  if gids[i] ~= '' then redis.call('HSET', KEYS[2], ARGV[i], gids[i]) end
+end
+return #ARGV
+"""
+
+# KEYS: groups, inflight, released_ids, put_ids, trained, counters, prompts. ARGV: quadruples (entry id, group_id,
+# release version, prompt payload).
+# Takes back groups a learner trained on in steps a crash lost, and releases their prompts anew at the given version:
+# their entries leave the stream and the trained and put sets, so the prompts are generated again under their own
+# group ids (training the old groups again would break the staleness bound by the number of lost steps). `released`
+# stays as it is (one release replaced by another); `produced` goes down, `recalled` up. Returns how many.
+# Run twice: only entries still in the trained hash are recalled (HDEL returns 0 the second time), so nothing is
+# released twice.
 RECALL = """
 local n = 0
-for i = 1, #ARGV, 2 do
+for i = 1, #ARGV, 4 do
   local id, gid = ARGV[i], ARGV[i + 1]
-  redis.call('XACK', KEYS[1], 'learner', id)
-  redis.call('XDEL', KEYS[1], id)
-  redis.call('SREM', KEYS[5], id)
-  redis.call('ZREM', KEYS[2], gid)
-  redis.call('SREM', KEYS[3], gid)
-  redis.call('SREM', KEYS[4], gid)
-  n = n + 1
+  if redis.call('HDEL', KEYS[5], id) == 1 then
+    redis.call('XACK', KEYS[1], 'learner', id)
+    redis.call('XDEL', KEYS[1], id)
+    redis.call('SREM', KEYS[4], gid)
+    redis.call('SADD', KEYS[3], gid)
+    redis.call('XADD', KEYS[7], '*', 'gid', gid, 'd', ARGV[i + 3])
+    redis.call('ZADD', KEYS[2], ARGV[i + 2], gid)
+    n = n + 1
+  end
 end
 if n > 0 then
-  redis.call('HINCRBY', KEYS[6], 'released', -n)
   redis.call('HINCRBY', KEYS[6], 'produced', -n)
   redis.call('HINCRBY', KEYS[6], 'recalled', n)
 end
 return n
 """
 
-# KEYS: durable, released_ids, put_ids, counters. ARGV: group_ids.
-# Takes back groups acked by a checkpoint a resume could not use (buffer/durable.py): they leave the durable record and
-# the released and put sets, so their prompts can be released again (the caller does, in the same transaction), and
-# the counters forget them.
+# KEYS: version, version_time. ARGV: version, time, "reset" or "".
+# Published versions only go up: a publish sent during a network cut may reach Redis after a newer one (the client
+# gave up and sent it again; TCP delivered the first copy late), and must not take the version back. "reset" lets a
+# learner that starts a fresh run on a used namespace set 0 (it warns). Run twice: the same value is set again.
+PUBLISH_VERSION = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) < current and ARGV[3] ~= 'reset' then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: staleness histogram, this call's idempotency key. ARGV: key ttl, then pairs (staleness, token count).
+# Run twice: the idempotency key (one per call, kept for the ttl) is set by the first run, so the second adds nothing.
+RECORD_CONSUMED = """
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+# KEYS: the evaluation's shard count, the request list. ARGV: ttl, shards, then one request per shard.
+# Run twice: the shard count exists after the first run (SET NX fails), so no request is queued twice.
+REQUEST_EVALUATION = """
+if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'EX', ARGV[1]) then return 0 end
+for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+return 1
+"""
+
+# KEYS: the request list, the worker's taken list. A worker answers one request at a time and removes it from its
+# taken list when it posts the answer, so a request still there is one whose pop lost its reply: it is returned
+# again instead of a new one (otherwise it would sit there until the worker restarts, and its evaluation time out).
+POP_EVALUATION = """
+local held = redis.call('LINDEX', KEYS[2], 0)
+if held then return held end
+return redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+"""
+
+# KEYS: the worker's taken list, the malformed counter. ARGV: the request as popped.
+# Run twice: the request is gone from the taken list after the first run, so it is counted once.
+DROP_MALFORMED_EVALUATION = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then redis.call('INCR', KEYS[2]) end
+return 1
+"""
+
+# KEYS: durable, released_ids, put_ids, counters, prompts, inflight. ARGV: triples (group_id, release version, prompt
+# payload).
+# Takes back groups acked by a checkpoint a resume could not use (buffer/durable.py) and releases their prompts anew at
+# the given version: they leave the durable record and the put set, so the prompts are generated again under their own
+# group ids. `released` stays as it is (one release replaced by another; the id stays in released_ids); `produced`
+# and `consumed` go down, `recalled` up. Returns how many.
+# Run twice: only groups still in the durable record are recalled (ZREM returns 0 the second time), so nothing is
+# released twice.
 RECALL_DURABLE = """
 local n = 0
-for i = 1, #ARGV do
-  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
-    redis.call('SREM', KEYS[2], ARGV[i])
-    redis.call('SREM', KEYS[3], ARGV[i])
+for i = 1, #ARGV, 3 do
+  local gid = ARGV[i]
+  if redis.call('ZREM', KEYS[1], gid) == 1 then
+    redis.call('SREM', KEYS[3], gid)
+    redis.call('SADD', KEYS[2], gid)
+    redis.call('XADD', KEYS[5], '*', 'gid', gid, 'd', ARGV[i + 2])
+    redis.call('ZADD', KEYS[6], ARGV[i + 1], gid)
     n = n + 1
   end
 end
 if n > 0 then
-  redis.call('HINCRBY', KEYS[4], 'released', -n)
   redis.call('HINCRBY', KEYS[4], 'produced', -n)
   redis.call('HINCRBY', KEYS[4], 'consumed', -n)
   redis.call('HINCRBY', KEYS[4], 'recalled', n)

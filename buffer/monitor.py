@@ -56,6 +56,13 @@ GAUGES: list[tuple[str, str, str]] = [
     ),
     ("buffer/staleness_mean", "staleness mean", "mean per-token staleness of every trained token"),
     ("buffer/staleness_max", "staleness max", "max per-token staleness of every trained token"),
+    ("buffer/redis_used_mb", "redis memory (MiB)", "Redis used_memory, MiB"),
+    ("buffer/redis_maxmemory_mb", "redis maxmemory (MiB)", "Redis maxmemory, MiB (0: no limit)"),
+    (
+        "buffer/memory_paused",
+        "releases paused (memory)",
+        "1 while the prompt feeder releases nothing because Redis memory is above buffer.memory_high_water",
+    ),
 ]
 
 
@@ -67,6 +74,18 @@ def _fmt(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)  # a heartbeat's text fields (a worker's state, the learner's status)
+
+
+def memory_text(stats: dict[str, Any]) -> str | None:
+    """Redis's memory as a line: `412 / 1,024 MiB (40%)`, `412 MiB (no maxmemory)`, with `releases paused` when the
+    feeder pauses for it; None when it cannot be read."""
+    used, maxmemory = stats.get("buffer/redis_used_mb"), stats.get("buffer/redis_maxmemory_mb")
+    if used is None:
+        return None
+    if not maxmemory:
+        return f"{used:,.0f} MiB (no maxmemory)"
+    paused = ", releases paused" if stats.get("buffer/memory_paused") else ""
+    return f"{used:,.0f} / {maxmemory:,.0f} MiB ({used / maxmemory:.0%}{paused})"
 
 
 def staleness_histogram(stats: dict[str, Any]) -> dict[int, int]:

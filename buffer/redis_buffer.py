@@ -18,7 +18,8 @@ Keys, all under `<namespace>:`
                    untrainable), each with its reason; `counters` counts them by reason
     prompt_errors  hash: prompt entry id -> the error of its last failed attempt (the reason if it is dead-lettered)
     inflight       sorted set group_id -> release_version: released and not yet acked (admission + assembly)
-    trained        set of group entry ids a step trained on, waiting for the checkpoint that lets them be acked
+    trained        hash: group entry id -> group_id of each group a step trained on, waiting for the checkpoint that
+                   lets it be acked; its payload has left the stream already (only the pending entry remains)
     durable        sorted set group_id -> the version of the checkpoint that acked it, until older checkpoints are
                    pruned (a resume that finds a checkpoint torn releases its groups again: buffer/durable.py)
     released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
@@ -32,8 +33,10 @@ Keys, all under `<namespace>:`
     eval:*         evaluation requests and results (buffer/evaluations.py)
 
 Every write that must not be torn (put a group and finish its prompt; ack and leave the in-flight set) is one Lua
-script (buffer/lua.py), so a crash between two calls never loses or duplicates a group. Heartbeats, the staleness
-histogram and `stats()` are in buffer/stats.py, evaluation requests in buffer/evaluations.py.
+script (buffer/lua.py), so a crash between two calls never loses or duplicates a group. Every write is also safe to
+send again when its reply was lost (each method says how; docs/reliability.md, "Lost replies", lists them all).
+Heartbeats, the staleness histogram and `stats()` are in buffer/stats.py, evaluation requests in
+buffer/evaluations.py, Redis's memory (the release pause, the eviction policy) in buffer/memory.py.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, 
 from buffer.connection import connect
 from buffer.durable import DurableGroups
 from buffer.evaluations import EvaluationRequests
+from buffer.memory import RedisMemory
 from buffer.records import Group, PromptRecord
 from buffer.settings import BufferConfig
 from buffer.stats import RATE_BUCKET_S, RATE_WINDOW_BUCKETS, RunStats, _s
@@ -91,7 +95,7 @@ def open_buffer(cfg: BufferConfig, url: str | None = None) -> ReplayBuffer:
     return ReplayBuffer.from_config(cfg, url)
 
 
-class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
+class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
     """One run's buffer in Redis (sync redis-py; async callers use `asyncio.to_thread`)."""
 
     def __init__(
@@ -105,6 +109,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         max_payload_bytes: int = 64 << 20,
         max_prompt_deliveries: int = 5,
         reconnect_s: float = 60.0,
+        socket_timeout_s: float = 10.0,
+        memory_high_water: float = 0.9,
     ):
         self.url = url
         self.namespace = namespace
@@ -113,8 +119,10 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         self.heartbeat_ttl_s = float(heartbeat_ttl_s)
         self.max_payload_bytes = int(max_payload_bytes)
         self.max_prompt_deliveries = int(max_prompt_deliveries)
-        # a Redis restart is ridden out for `reconnect_s`; `reconnects` counts the connection failures
-        self._redis, self.reconnects = connect(url, reconnect_s)
+        self.memory_high_water = float(memory_high_water)
+        self.reconnect_s, self.socket_timeout_s = float(reconnect_s), float(socket_timeout_s)
+        # a Redis restart or a network cut is ridden out for `reconnect_s`; `reconnects` counts the connection failures
+        self._redis, self.reconnects = connect(url, reconnect_s, socket_timeout_s)
         self._gid_of: dict[str, str] = {}  # group entry id -> group_id for entries this instance handed out
         # stream -> monotonic time of the last scan for expired entries
         self._last_reclaim: dict[str, float] = {}
@@ -125,6 +133,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
             except redis.ResponseError as err:
                 if "BUSYGROUP" not in str(err):
                     raise
+        self.check_eviction_policy()
 
     @classmethod
     def from_config(cls, cfg: BufferConfig, url: str) -> ReplayBuffer:
@@ -137,6 +146,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
             max_payload_bytes=int(cfg.max_payload_mb * (1 << 20)),
             max_prompt_deliveries=cfg.max_prompt_deliveries,
             reconnect_s=cfg.reconnect_s,
+            socket_timeout_s=cfg.socket_timeout_s,
+            memory_high_water=cfg.memory_high_water,
         )
 
     def key(self, *parts: str) -> str:
@@ -160,6 +171,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
 
         A group_id released before (a resumed feeder replaying its cursor) is skipped and counted as
         `duplicate_releases`; the returned list holds the entry ids of the prompts actually released.
+        Sent again after a lost reply: every group id is in `released_ids` already, so nothing is released twice
+        (the retry returns no ids; the feeder then looks at the counts again).
         """
         if not prompts:
             return []
@@ -209,7 +222,9 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
     def claim_prompts(self, consumer: str, count: int, block_ms: int = 0) -> list[ClaimedPrompt]:
         """Lease up to `count` prompts: expired leases of any generator first, then new prompts.
 
-        `block_ms` <= 0 does not wait; otherwise wait up to that long for new prompts.
+        `block_ms` <= 0 does not wait; otherwise wait up to that long for new prompts (at most the client's
+        `max_block_ms`). A claim whose reply was lost leaves prompts leased to `consumer` that it never saw: the
+        worker gives them back (`leased_by`, `release_claims`) after a reconnect, else their leases expire.
         """
         stream = self.key("prompts")
         entries = []
@@ -240,7 +255,9 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         return claimed
 
     def renew_leases(self, consumer: str, entry_ids: list[str]) -> None:
-        """Reset the idle time of prompts this generator is still working on (long multi-turn rollouts)."""
+        """Reset the idle time of prompts this generator is still working on (long multi-turn rollouts).
+        Sent again: the idle time is reset again. Delivered late (after another generator reclaimed the lease) it
+        takes the lease back to `consumer`, which holds no task for it: the lease expires again and is reclaimed."""
         if entry_ids:
             self._redis.xclaim(self.key("prompts"), GENERATORS, consumer, 0, entry_ids, justid=True)
 
@@ -253,12 +270,14 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
 
     def fail_prompt(self, consumer: str, entry_id: str, error: str) -> None:
         """A generator could not finish this prompt: record the error and give the lease back, so that another try
-        starts at once; after `max_prompt_deliveries` tries the prompt is dead-lettered with this error."""
+        starts at once; after `max_prompt_deliveries` tries the prompt is dead-lettered with this error.
+        Sent again: the same error is set again and the lease given back again (a claim, not this, counts tries)."""
         self._redis.hset(self.key("prompt_errors"), entry_id, error[:DEAD_LETTER_REASON_CHARS])
         self.release_claims(consumer, [entry_id])
 
     def release_claims(self, consumer: str, entry_ids: list[str]) -> None:
-        """Give leased prompts back (shutdown): they look expired, so the next claim by anyone takes them."""
+        """Give leased prompts back (shutdown): they look expired, so the next claim by anyone takes them.
+        Sent again: they look expired again (JUSTID: the delivery count is not raised)."""
         if entry_ids:
             idle_ms = int(self.lease_s * 1000) + 1000
             self._redis.xclaim(
@@ -269,11 +288,15 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
 
     def put_group(self, group: Group, prompt_entry_id: str = "") -> bool:
         """Add a finished group and finish its prompt, atomically. False if the group was put before
-        (counted as a duplicate) or its payload is over `max_payload_bytes` (dead-lettered, counted)."""
+        (counted as a duplicate) or its payload is over `max_payload_bytes` (dead-lettered, counted).
+        Sent again after a lost reply: the group id is in `put_ids`, so the second copy is removed inside the same
+        transaction (never delivered) and counted as a duplicate; the retry returns False."""
         return self.put_groups([(group, prompt_entry_id)])[0]
 
     def put_groups(self, items: Iterable[tuple[Group, str]]) -> list[bool]:
-        """`put_group` for many groups in one MULTI (one round trip, atomic as a whole)."""
+        """`put_group` for many groups in one MULTI (one round trip, atomic as a whole). Waits first while Redis is
+        nearly full (`wait_for_put_room`: back-pressure, buffer/memory.py)."""
+        self.wait_for_put_room()
         payloads = [(group, encode_group(group), pid) for group, pid in items]
         ok = [True] * len(payloads)
         keys = [
@@ -292,6 +315,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
                 continue
             if pid:
                 pipe.hdel(self.key("prompt_errors"), pid)
+            # XADD outside the script (a large payload costs more through Lua); PUT removes it again at once if the
+            # group id was put before, inside the same MULTI, so no reader ever sees a second copy
             pipe.xadd(keys[0], {"gid": group.group_id, "d": payload})
             sent.append((i, len(pipe)))
             self._script(lua.PUT, keys, [group.group_id, pid or "", self._rate_ttl], client=pipe)
@@ -305,27 +330,50 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
     def _reject_oversized(self, pipe, group: Group, payload: bytes, prompt_entry_id: str) -> None:
         reason = f"payload of {len(payload)} bytes exceeds max_payload_bytes={self.max_payload_bytes}"
         log.warning("group %s rejected: %s", group.group_id, reason)
-        pipe.xadd(
-            self.key("dead"),
-            {
-                "reason": reason,
-                "gid": group.group_id,
-                "stream": "put",
-                "head": payload[:DEAD_LETTER_HEAD_BYTES],
-            },
-            maxlen=DEAD_LETTER_MAXLEN,
-            approximate=True,
+        # the group will never arrive: its prompt is finished, it leaves the in-flight set (the learner does not wait
+        # for it) and admission releases another prompt in its place
+        self._dead_letter_script(
+            "put",
+            self.key("prompts"),
+            GENERATORS,
+            prompt_entry_id,
+            group.group_id,
+            reason,
+            payload,
+            "oversized",
+            pipe,
         )
-        pipe.hincrby(self.key("counters"), "oversized", 1)
-        if prompt_entry_id:
-            pipe.xack(self.key("prompts"), GENERATORS, prompt_entry_id)
-            pipe.xdel(self.key("prompts"), prompt_entry_id)
-        # the group will never arrive: it leaves the in-flight set (the learner does not wait for it) and admission
-        # releases another prompt in its place
-        self._abandon(group.group_id, pipe)
 
-    def _abandon(self, group_id: str, pipe) -> None:
-        self._script(lua.ABANDON, [self.key("inflight"), self.key("counters")], [group_id], client=pipe)
+    def _dead_letter_script(
+        self,
+        stream_name: str,
+        stream: str,
+        group: str,
+        entry_id: str,
+        gid: str,
+        reason: str,
+        payload: bytes,
+        counter: str,
+        client: Any = None,
+    ) -> Any:
+        keys = [
+            self.key("dead"),
+            self.key("counters"),
+            stream,
+            self.key("inflight"),
+            self.key("prompt_errors"),
+        ]
+        args = [
+            entry_id,
+            group,
+            gid,
+            reason,
+            payload[:DEAD_LETTER_HEAD_BYTES],
+            counter,
+            DEAD_LETTER_MAXLEN,
+            stream_name,
+        ]
+        return self._script(lua.DEAD_LETTER, keys, args, client=client)
 
     def _dead_letter(
         self,
@@ -337,31 +385,12 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         counter: str = "malformed",
     ) -> None:
         """Move an entry aside with the reason, count it under `counter`, and finish it so nobody reads it again; a
-        group in flight leaves the in-flight set and is replaced by admission (`abandoned`)."""
+        group in flight leaves the in-flight set and is replaced by admission (`abandoned`). One script (buffer/lua.py
+        DEAD_LETTER); sent again after a lost reply it does nothing (the entry was acked by the first run)."""
         gid = _s(fields.get(b"gid", b""))
         payload = fields.get(b"d", b"") or b""
         log.warning("dead-lettering %s entry %s (group %r): %s", stream, _s(entry_id), gid, reason)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.xadd(
-            self.key("dead"),
-            {
-                "reason": reason,
-                "gid": gid,
-                "stream": stream,
-                "entry_id": entry_id,
-                "head": payload[:DEAD_LETTER_HEAD_BYTES],
-            },
-            maxlen=DEAD_LETTER_MAXLEN,
-            approximate=True,
-        )
-        pipe.hincrby(self.key("counters"), counter, 1)
-        pipe.xack(stream, group, entry_id)
-        pipe.xdel(stream, entry_id)
-        if group == GENERATORS:
-            pipe.hdel(self.key("prompt_errors"), entry_id)
-        if gid:
-            self._abandon(gid, pipe)
-        pipe.execute()
+        self._dead_letter_script(stream, stream, group, _s(entry_id), gid, reason, payload, counter)
 
     def dead_letter_taken(self, taken: TakenGroup, reason: str) -> None:
         """A group the learner took and cannot train (e.g. a trajectory over its token budget): dead-lettered with
@@ -371,10 +400,10 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         self._dead_letter(self.key("groups"), LEARNER, taken.entry_id, fields, reason, counter="untrainable")
 
     def _read_new(self, stream: str, group: str, consumer: str, count: int, block_ms: int) -> list:
-        """Entries never delivered to `group` yet (XREADGROUP `>`); `block_ms <= 0` does not wait."""
-        got = self._redis.xreadgroup(
-            group, consumer, {stream: ">"}, count=count, block=block_ms if block_ms > 0 else None
-        )
+        """Entries never delivered to `group` yet (XREADGROUP `>`); `block_ms <= 0` does not wait, and no call
+        blocks longer than the client's `max_block_ms` (below its socket timeout)."""
+        block = min(block_ms, self._redis.max_block_ms) if block_ms > 0 else None
+        got = self._redis.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block)
         return [entry for _, stream_entries in got or [] for entry in stream_entries]
 
     def _decode_entries(self, entries, stream: str) -> list[TakenGroup]:
@@ -402,7 +431,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
     def take(self, count: int, consumer: str = "learner-0", block_ms: int = 1000) -> list[TakenGroup]:
         """Up to `count` finished groups, oldest first: a dead learner's unacked entries (idle > learner_lease_s)
         first, then new ones. Malformed payloads are counted and dead-lettered, never raised.
-        `block_ms` <= 0 does not wait for new groups."""
+        `block_ms` <= 0 does not wait for new groups. A take whose reply was lost leaves groups delivered to
+        `consumer` that it never saw: the batch assembler reads its pending entries again after a reconnect."""
         stream = self.key("groups")
         reclaimed = self._reclaim(
             stream, LEARNER, consumer, self.learner_lease_s, count, skip_own=True, throttle=True
@@ -413,15 +443,19 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
         return self._decode_entries(entries, stream)
 
     def renew_taken(self, consumer: str, entry_ids: list[str]) -> None:
-        """Reset the idle time of groups a live learner holds for a later step, so nobody reclaims them."""
+        """Reset the idle time of groups a live learner holds for a later step, so nobody reclaims them (sent again:
+        reset again)."""
         if entry_ids:
             self._redis.xclaim(self.key("groups"), LEARNER, consumer, 0, entry_ids, justid=True)
 
-    def ack(self, entry_ids: list[str], client: Any = None) -> None:
-        """Finish taken groups: XACK + XDEL them and remove them from the in-flight set, in one script."""
+    def ack(self, entry_ids: list[str], counter: str = "", client: Any = None) -> None:
+        """Finish taken groups: XACK + XDEL them and remove them from the in-flight set and the trained hash, in one
+        script (`counter`, if given, also counts the groups acked: `dropped`; `client`, a pipeline to run it in).
+        Sent again after a lost reply it acks nothing and counts nothing (every count is of what XACK acked). It
+        works in a Redis at maxmemory."""
         if not entry_ids:
             return
-        args: list[Any] = [self._rate_ttl]
+        args: list[Any] = [self._rate_ttl, counter]
         for eid in entry_ids:
             args += [eid, self._gid_of.pop(eid, "")]
         keys = [
@@ -435,13 +469,9 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
 
     def drop(self, entry_ids: list[str]) -> None:
         """Finish taken groups that no step will train on (dynamic sampling), counting them as `dropped` in the same
-        transaction: the prompt feeder releases that many more prompts (buffer/admission.py)."""
-        if not entry_ids:
-            return
-        pipe = self._redis.pipeline(transaction=True)
-        self.ack(entry_ids, client=pipe)
-        pipe.hincrby(self.key("counters"), "dropped", len(entry_ids))
-        pipe.execute()
+        script: the prompt feeder releases that many more prompts (buffer/admission.py). Sent again, it counts
+        nothing: a `dropped` counted twice would let the feeder release past the staleness bound."""
+        self.ack(entry_ids, counter="dropped")
 
     def dropped_count(self) -> int:
         """Groups dropped by dynamic sampling so far (each one leaves room for one more release)."""
@@ -455,36 +485,31 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
 
     def recall_trained(self, prompt_of: Callable[[str], PromptRecord], version: int) -> list[str]:
         """Generate again the groups trained in steps that a learner crash lost (trained, never acked): their
-        entries go, and their prompts are released anew at `version`, in one transaction. Training them again as
-        they are would break the staleness bound by the number of lost steps. Returns their group ids.
-        `prompt_of(group_id)` gives each group's prompt (the feeder's dataset)."""
-        ids = [_s(i) for i in self._redis.smembers(self.key("trained"))]
-        if not ids:
+        entries go, and their prompts are released anew at `version`, in one script. Training them again as they
+        are would break the staleness bound by the number of lost steps. Returns their group ids.
+        `prompt_of(group_id)` gives each group's prompt (the feeder's dataset). Sent again after a lost reply it
+        recalls nothing (only groups still in the trained hash are recalled), so no prompt is released twice."""
+        trained = {_s(eid): _s(gid) for eid, gid in self._redis.hgetall(self.key("trained")).items()}
+        if not trained:
             return []
-        pipe = self._redis.pipeline(transaction=False)
-        for eid in ids:
-            pipe.xrange(self.key("groups"), eid, eid)
-        pairs, gone = [], []
-        for eid, found in zip(ids, pipe.execute(), strict=True):
-            gid = _s(found[0][1].get(b"gid", b"")) if found and found[0][1] else ""
-            if gid:
-                pairs.append((eid, gid))
-            else:
-                gone.append(eid)
-        if gone:
-            self._redis.srem(self.key("trained"), *gone)  # acked already (a crash right after the ack)
-        prompts = [dataclasses.replace(prompt_of(gid), release_version=version) for _, gid in pairs]
-        keys = [self.key(k) for k in ("groups", "inflight", "released_ids", "put_ids", "trained", "counters")]
-        pipe = self._redis.pipeline(transaction=True)
-        self._script(lua.RECALL, keys, [x for pair in pairs for x in pair], client=pipe)
-        self._release(prompts, client=pipe)
-        pipe.execute()
-        return [gid for _, gid in pairs]
+        args: list[Any] = []
+        for eid, gid in trained.items():
+            prompt = dataclasses.replace(prompt_of(gid), release_version=version)
+            args += [eid, gid, int(version), encode_prompt(prompt)]
+        keys = [
+            self.key(k)
+            for k in ("groups", "inflight", "released_ids", "put_ids", "trained", "counters", "prompts")
+        ]
+        self._script(lua.RECALL, keys, args)
+        return list(trained.values())
 
     def mark_trained(self, entry_ids: list[str]) -> None:
-        """Taken groups a step trained on; they wait for the checkpoint that makes them durable, then `ack`."""
+        """Taken groups a step trained on; they wait for the checkpoint that makes them durable, then `ack`. Their
+        payloads leave Redis now (only the pending entry and the group id stay): the memory a run holds in Redis
+        is that of the groups not trained yet, whatever the checkpoint interval. Sent again: the same ids are set
+        again. It works in a Redis at maxmemory (it frees memory first)."""
         if entry_ids:
-            self._redis.sadd(self.key("trained"), *entry_ids)
+            self._script(lua.MARK_TRAINED, [self.key("groups"), self.key("trained")], list(entry_ids))
 
     def pending_groups(self, consumer: str) -> list[TakenGroup]:
         """Entries `consumer` took and did not ack (after a learner restart), oldest first."""
@@ -511,11 +536,12 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
 
     # -- version --------------------------------------------------------------------------------------------
 
-    def publish_version(self, version: int) -> None:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self.key("version"), int(version))
-        pipe.set(self.key("version_time"), time.time())
-        pipe.execute()
+    def publish_version(self, version: int, reset: bool = False) -> None:
+        """Publish the policy version (and when). Versions only go up, also when a publish sent during a network cut
+        reaches Redis after a newer one; `reset` lets a fresh run on a used namespace go back to 0. Sent again: the
+        same version is set again."""
+        keys = [self.key("version"), self.key("version_time")]
+        self._script(lua.PUBLISH_VERSION, keys, [int(version), time.time(), "reset" if reset else ""])
 
     def version(self) -> int:
         value = self._redis.get(self.key("version"))
@@ -524,7 +550,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, DurableGroups):
     def set_staleness_bound(self, version: int, bound: int) -> None:
         """Record that prompts released from `version` on get staleness bound `bound` (buffer/staleness.py,
         `StalenessSchedule`); kept beside the version so that a restarted learner knows the deadlines of the groups
-        still in flight."""
+        still in flight. Sent again: the same field is set again."""
         self._redis.hset(self.key("staleness_bounds"), str(int(version)), int(bound))
 
     def staleness_bounds(self) -> dict[int, int]:

@@ -50,8 +50,29 @@ class BufferConfig(BaseModel):
     reconnect_s: float = Field(
         60.0,
         ge=0,
-        description="How long a buffer operation keeps retrying while Redis is unreachable (a restart) before it "
-        "fails; the processes ride out a Redis restart this long.",
+        description="How long a buffer operation keeps retrying while Redis is unreachable (a restart, a network "
+        "cut) or refuses writes for want of memory, before it fails; the processes ride out a Redis restart this long "
+        "(a generator or a learner waiting for work keeps waiting after that, and says so).",
+    )
+    socket_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="The longest a Redis reply may take before the call fails and is retried (a network that drops "
+        "packets, a hung Redis): no call waits forever. Blocking reads block at most half of it.",
+    )
+    memory_high_water: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Stop releasing prompts while Redis's used_memory is above this fraction of its maxmemory (INFO "
+        "memory); the groups already released still finish and must fit in the rest (docs/reliability.md says how "
+        "to size maxmemory). No effect when Redis has no maxmemory.",
+    )
+    local_maxmemory_mb: int = Field(
+        0,
+        ge=0,
+        description="maxmemory of the run's own redis-server (no redis_url), in MiB; 0: no limit. It always runs "
+        "with maxmemory-policy noeviction (a Redis that evicts keys would drop the run's streams: refused).",
     )
     local_appendfsync: Literal["always", "everysec"] = Field(
         "always",

@@ -9,16 +9,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 import numpy as np
 
+from buffer import lua
 from buffer.guarded_json import decode_json
 from buffer.lua import GENERATORS, LEARNER
+from buffer.memory import MIB
 
 RATE_BUCKET_S = 5  # produced/consumed rates are counted in buckets of this many seconds ...
 RATE_WINDOW_BUCKETS = 6  # ... and averaged over this many of them (30 s)
 STALENESS_HIST = "buffer/staleness_hist/"  # + k: trained tokens that were k versions old
+_RECORDED_TTL_S = (
+    3600  # how long a recorded step's idempotency key is kept (a lost reply is resent well within it)
+)
 log = logging.getLogger(__name__)
 
 
@@ -66,6 +72,7 @@ class RunStats:
     # -- heartbeats -----------------------------------------------------------------------------------------
 
     def heartbeat(self, worker_id: str, role: str, metrics: dict) -> None:
+        """Post a worker's heartbeat (TTL heartbeat_ttl_s). Sent again: the same body is set again."""
         body = json.dumps(
             {"worker_id": worker_id, "role": role, "metrics": metrics, "time": time.time()}, default=str
         )
@@ -109,17 +116,35 @@ class RunStats:
     # -- monitoring -----------------------------------------------------------------------------------------
 
     def record_consumed(self, staleness: list[int] | np.ndarray) -> None:
-        """Add one step's per-token staleness (consuming version - token version) to the histogram."""
+        """Add one step's per-token staleness (consuming version - token version) to the histogram. Sent again after
+        a lost reply it adds nothing: the call's idempotency key is set by the first run (buffer/lua.py)."""
         values = np.asarray(staleness, dtype=np.int64).ravel()
         if values.size == 0:
             return
         if values.min() < 0:
             raise ValueError(f"staleness must be >= 0, got min {int(values.min())}")
         counts = np.bincount(values)
-        pipe = self._redis.pipeline(transaction=False)
+        args: list[Any] = [_RECORDED_TTL_S]
         for value in np.nonzero(counts)[0]:
-            pipe.hincrby(self.key("staleness"), str(int(value)), int(counts[value]))
-        pipe.execute()
+            args += [int(value), int(counts[value])]
+        keys = [self.key("staleness"), self.key("staleness", "recorded", uuid.uuid4().hex)]
+        self._script(lua.RECORD_CONSUMED, keys, args)
+
+    def memory_gauges(self) -> dict[str, Any]:
+        """Redis's memory for the views: used and maxmemory in MiB (maxmemory 0: no limit), and whether the prompt
+        feeder pauses for it (1) or not (0); None where this user may not read INFO."""
+        memory = self.memory()
+        if memory is None:
+            return {
+                "buffer/redis_used_mb": None,
+                "buffer/redis_maxmemory_mb": None,
+                "buffer/memory_paused": None,
+            }
+        return {
+            "buffer/redis_used_mb": memory.used / MIB,
+            "buffer/redis_maxmemory_mb": memory.maxmemory / MIB,
+            "buffer/memory_paused": int(self.release_pause_reason(memory) is not None),
+        }
 
     def staleness_histogram(self) -> dict[int, int]:
         raw = self._redis.hgetall(self.key("staleness"))
@@ -143,7 +168,7 @@ class RunStats:
         for name in ("produced", "consumed"):
             pipe.mget([self.key("rate", name, str(b)) for b in buckets])
         pipe.hgetall(self.key("staleness"))
-        pipe.scard(self.key("trained"))
+        pipe.hlen(self.key("trained"))
         pipe.hgetall(self.key("staleness_bounds"))
         (
             prompts_len,
@@ -164,14 +189,14 @@ class RunStats:
         counters = {_s(k): int(v) for k, v in counters.items()}
         window_s = (RATE_WINDOW_BUCKETS - 1) * RATE_BUCKET_S + (now - bucket * RATE_BUCKET_S)
         leased = int(prompts_pending["pending"])
-        taken = int(groups_pending["pending"])
-        trained = min(int(trained), taken)
+        taken = int(groups_pending["pending"])  # taken and not acked: held for a step, or trained
+        trained = min(int(trained), taken)  # their entries left the stream (only the pending entry stays)
         out: dict[str, Any] = {
             # where the released, not yet acked groups are: the three add up to buffer/inflight_groups
             "buffer/generating_groups": prompts_len,
-            "buffer/queued_groups": groups_len - trained,
+            "buffer/queued_groups": groups_len,
             "buffer/trained_unacked": trained,
-            "buffer/depth": groups_len - taken,
+            "buffer/depth": groups_len - (taken - trained),
             "buffer/taken_unacked": taken,
             "buffer/pending_prompts": prompts_len - leased,
             "buffer/leased_prompts": leased,
@@ -199,6 +224,7 @@ class RunStats:
         bounds = {int(k): int(v) for k, v in bounds.items()}
         current = [v for v in bounds if v <= out["buffer/version"]]
         out["buffer/staleness_bound"] = bounds[max(current)] if current else None
+        out |= self.memory_gauges()
         hist = {int(k): int(v) for k, v in staleness.items()}
         total = sum(hist.values())
         # every token trained so far in this run (the learner's `staleness/*` are per batch)

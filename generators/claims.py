@@ -10,6 +10,10 @@ It claims prompts from the buffer (leases, renewed while they run) while fewer t
 groups are held, runs the n samples of each group concurrently, and puts each group the moment it is complete. It
 claims nothing while the engine is behind the published weights (a prompt is never sampled with weights older than
 its release) or while the tool keeps failing (`tool_health.py`); a failed group's prompt goes back to the buffer.
+
+Redis unreachable (a restart, a network cut) or full: every call retries for `buffer.reconnect_s`; past that the
+worker keeps claiming and putting again (a put is idempotent), saying so, instead of dying with the groups it holds.
+After a reconnect it gives back the prompts a claim whose reply was lost leased to it without its knowing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import logging
 from typing import Any
 
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
 from buffer.staleness import may_sample
 from generators.agent import AgentSettings, Rollout
@@ -66,6 +71,7 @@ class PromptClaims:
         self._tasks: set[asyncio.Task] = set()
         self._slot_free = asyncio.Event()
         self.waiting_for_weights = False  # the engine is behind the published version: no new claims
+        self._reconnects = buffer.reconnects.count  # connection failures already looked after (orphan leases)
 
     def wake(self) -> None:
         """Wake the claim loop waiting for a free slot (it then sees `stop`)."""
@@ -85,12 +91,35 @@ class PromptClaims:
 
     async def claim_loop(self) -> None:
         while not self.stop.is_set():
+            try:
+                await self._claim_until_stopped()
+            except REDIS_UNAVAILABLE as exc:  # past buffer.reconnect_s: keep trying, the groups held go on
+                log.warning("worker %s: cannot claim prompts (%s); trying again", self.worker_id, exc)
+                await asyncio.sleep(1.0)
+
+    async def _give_back_orphan_leases(self) -> None:
+        """After a reconnect: a claim whose reply was lost leased prompts to this worker that it never saw; they go
+        back at once instead of when their lease expires."""
+        if self.buffer.reconnects.count == self._reconnects:
+            return
+        self._reconnects = self.buffer.reconnects.count
+        leased = await asyncio.to_thread(self.buffer.leased_by, self.worker_id)
+        orphans = [entry_id for entry_id in leased if entry_id not in self.held]
+        if orphans:
+            log.info(
+                "worker %s: giving back %d prompt(s) a lost reply leased to it", self.worker_id, len(orphans)
+            )
+            await asyncio.to_thread(self.buffer.release_claims, self.worker_id, orphans)
+
+    async def _claim_until_stopped(self) -> None:
+        while not self.stop.is_set():
             free = self.cfg.max_inflight_groups - len(self.held)
             if free <= 0:
                 self._slot_free.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), timeout=1.0)
                 continue
+            await self._give_back_orphan_leases()
             if not await self._holds_published_weights():
                 self.waiting_for_weights = True
                 await asyncio.sleep(self.cfg.weight_sync_poll_s)
@@ -167,7 +196,7 @@ class PromptClaims:
                 self.held.pop(item.entry_id, None)
                 await asyncio.to_thread(self.buffer.release_claims, self.worker_id, [item.entry_id])
                 return
-            await asyncio.to_thread(self.buffer.put_group, group, item.entry_id)
+            await self._put(group, item.entry_id)
             self.telemetry.group_put(group, rollouts)
             del self.held[item.entry_id]
         except asyncio.CancelledError:
@@ -184,6 +213,21 @@ class PromptClaims:
         finally:
             self.telemetry.count_inflight(-(n - finished))  # trajectories that never finished are gone
             self._slot_free.set()
+
+    async def _put(self, group: Any, entry_id: str) -> None:
+        """Put a finished group; while Redis is unreachable or full past `buffer.reconnect_s`, try again (a put sent
+        twice is stored once: buffer/redis_buffer.py) until the worker stops, rather than throw the group away."""
+        while True:
+            try:
+                await asyncio.to_thread(self.buffer.put_group, group, entry_id)
+                return
+            except REDIS_UNAVAILABLE as exc:
+                if self.stop.is_set():
+                    raise
+                log.warning(
+                    "worker %s: cannot put group %s (%s); trying again", self.worker_id, group.group_id, exc
+                )
+                await asyncio.sleep(1.0)
 
     async def drain(self) -> None:
         """Wait up to `drain_timeout_s` for the running groups, cancel the rest and release their prompts."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.redis_buffer import ReplayBuffer
 from generators.settings import GeneratorsConfig
 from weight_sync.engine_side import EngineWeightSync
@@ -47,7 +48,9 @@ class WeightFollower:
         """Join the learner's weight-sync group when it appears; apply every newer update."""
         if not getattr(self.engine, "has_weight_sync", False):
             return
-        rendezvous = self._rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace)
+        rendezvous = self._rendezvous = Rendezvous(
+            self.buffer.url, self.buffer.namespace, self.buffer.reconnect_s, self.buffer.socket_timeout_s
+        )
         sync = EngineWeightSync(rendezvous, self.worker_id)
         self.state = "waiting"
         announced = 0.0
@@ -58,8 +61,13 @@ class WeightFollower:
                     announced = 0.0
                     continue
                 if time.monotonic() - announced > 2.0:  # alive and wanting weights: the learner groups us in
-                    await asyncio.to_thread(rendezvous.announce_engine, self.worker_id)
-                    announced = time.monotonic()
+                    try:
+                        await asyncio.to_thread(rendezvous.announce_engine, self.worker_id)
+                        announced = time.monotonic()
+                    except REDIS_UNAVAILABLE as exc:  # a Redis outage must not end the weight-sync loop
+                        log.warning("weight sync: announcing this engine: %s", exc)
+                        await asyncio.sleep(self.cfg.weight_sync_poll_s)
+                        continue
                 # taken before looking, so an announcement made while we look still wakes the wait below
                 async with self._weights_lock:
                     cursor = await self._sync_once(sync)

@@ -5,6 +5,11 @@ bound (`self.staleness`, buffer/staleness.py), weight publishing, evaluations, a
     taken = side.next_batch(version, stop)                      # groups, REGROUP, or None when stopping
 
 The other ranks receive the batch from rank 0 (learner/loop.py); only this rank talks to the buffer.
+
+Redis unreachable (a restart, a network cut) or full: every call retries for `buffer.reconnect_s`. While it waits
+for a batch the learner goes on waiting after that (it says so), and a failed heartbeat or metrics read is only
+logged; any other call that fails past `reconnect_s` ends the process, which its supervisor restarts with
+`--resume` (nothing is lost: learner/loop.py).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.records import Group
 from buffer.staleness import StalenessKeeper
 from buffer.stats import STALENESS_HIST, pool_metrics
@@ -121,9 +127,13 @@ class Rank0:
             ),
             replenish=self.feeder.pump,
         )
-        self.rendezvous = Rendezvous(self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s)
+        self.rendezvous = Rendezvous(
+            self.buffer.url, self.buffer.namespace, job.buffer.reconnect_s, job.buffer.socket_timeout_s
+        )
         self.publisher = WeightPublisher(self.rendezvous, job.weight_sync, job.num_engines)
         self._last_heartbeat = 0.0
+        self._next_wait_log = 0.0  # when next_batch says again what it waits for
+        self._fresh = not resume  # a fresh run's first publish may take a used namespace's version back to 0
         # evaluations during training, answered by the generators whoever launched the pools
         self.eval_cfg = job.eval
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
@@ -135,7 +145,10 @@ class Rank0:
         now = time.monotonic()
         if force or now - self._last_heartbeat > 2.0:
             body = {"version": version, "status": status, **self.diagnostics, **details}
-            self.buffer.heartbeat(CONSUMER, "learner", body)
+            try:
+                self.buffer.heartbeat(CONSUMER, "learner", body)
+            except REDIS_UNAVAILABLE as err:  # a missed heartbeat is no reason to stop training
+                log.warning("learner heartbeat failed: %s", err)
             self._last_heartbeat = now
 
     def next_batch(self, version: int, stop: StopFlag):
@@ -143,35 +156,48 @@ class Rank0:
         re-formed first (an engine left, or a new or restarted one waits for the current weights). Says what it
         waits for (heartbeat, and a log line every `learner.wait_log_s`); raises when the batch cannot come."""
         started = time.monotonic()
-        next_log = started + self.cfg.wait_log_s
+        self._next_wait_log = started + self.cfg.wait_log_s
         while True:
-            self.feeder.pump()
-            waited = time.monotonic() - started
-            self.heartbeat(version, "waiting", waiting_for=f"the batch of version {version}", waited_s=waited)
-            batch = self.assembler.next_batch(version, timeout_s=1.0)
-            if batch:
-                return batch
-            if stop.is_set():
-                return None
-            if self.publisher.needs_regroup():
-                return REGROUP
-            outstanding = self.assembler.outstanding()
-            if self.feeder.exhausted and outstanding < self.cfg.groups_per_step:
-                raise RuntimeError(
-                    f"the batch of version {version} cannot be completed: the prompt source is exhausted and only "
-                    f"{outstanding} group(s) are left to train on, fewer than learner.groups_per_step "
-                    f"({self.cfg.groups_per_step}); lower learner.total_steps or give more prompts"
-                )
-            if time.monotonic() >= next_log:
-                next_log = time.monotonic() + self.cfg.wait_log_s
-                self._log_wait(version, time.monotonic() - started, outstanding)
+            try:
+                answer = self._look_for_batch(version, stop, started)
+            except (
+                REDIS_UNAVAILABLE
+            ) as err:  # past buffer.reconnect_s: keep waiting, the batch can still come
+                log.warning("waiting for the batch of version %d: Redis unavailable (%s)", version, err)
+                answer = "stop" if stop.is_set() else None
+            if answer is not None:
+                return None if answer == "stop" else answer
+
+    def _look_for_batch(self, version: int, stop: StopFlag, started: float):
+        """One look for the batch (up to a second): the batch, "stop", REGROUP, or None to go on waiting."""
+        self.feeder.pump()
+        waited = time.monotonic() - started
+        self.heartbeat(version, "waiting", waiting_for=f"the batch of version {version}", waited_s=waited)
+        batch = self.assembler.next_batch(version, timeout_s=1.0)
+        if batch:
+            return batch
+        if stop.is_set():
+            return "stop"
+        if self.publisher.needs_regroup():
+            return REGROUP
+        outstanding = self.assembler.outstanding()
+        if self.feeder.exhausted and outstanding < self.cfg.groups_per_step:
+            raise RuntimeError(
+                f"the batch of version {version} cannot be completed: the prompt source is exhausted and only "
+                f"{outstanding} group(s) are left to train on, fewer than learner.groups_per_step "
+                f"({self.cfg.groups_per_step}); lower learner.total_steps or give more prompts"
+            )
+        if time.monotonic() >= self._next_wait_log:
+            self._next_wait_log = time.monotonic() + self.cfg.wait_log_s
+            self._log_wait(version, time.monotonic() - started, outstanding)
+        return None
 
     def _log_wait(self, version: int, waited: float, outstanding: int) -> None:
         stats = self.buffer.stats()
         generators = sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
         log.info(
             "waiting %.0fs for the batch of version %d (%d groups): %d finished and held, %d released groups to "
-            "train (%d generating, %d queued), %d generator(s) alive, %d dead letter(s)",
+            "train (%d generating, %d queued), %d generator(s) alive, %d dead letter(s)%s",
             waited,
             version,
             self.cfg.groups_per_step,
@@ -181,6 +207,7 @@ class Rank0:
             stats["buffer/queued_groups"],
             generators,
             stats["buffer/dead_letters"],
+            f"; releases paused: {self.feeder.paused}" if self.feeder.paused else "",
         )
 
     def publish(self, named, version: int, dtype: torch.dtype, sink: WeightSink | None) -> dict:
@@ -198,7 +225,8 @@ class Rank0:
                     "weight sync of version %d failed (%s); the group is re-formed next", version, err
                 )
                 stats = {"weight_sync/failures": self.publisher.failures}
-        self.buffer.publish_version(version)
+        self.buffer.publish_version(version, reset=self._fresh)
+        self._fresh = False
         return stats
 
     def after_step(self, taken, version: int, metrics: dict) -> None:
@@ -215,14 +243,19 @@ class Rank0:
 
     def buffer_metrics(self) -> dict:
         """The buffer's gauges and the generator pool's figures beside the step's metrics (not the staleness
-        histogram: one key per bucket)."""
-        stats = self.buffer.stats()
+        histogram: one key per bucket). Empty while Redis is unavailable (the step's own metrics are logged)."""
+        try:
+            stats = self.buffer.stats()
+            workers = self.buffer.workers()
+        except REDIS_UNAVAILABLE as err:
+            log.warning("buffer metrics unavailable for this step: %s", err)
+            return {}
         gauges = {
             k: v
             for k, v in stats.items()
             if k.startswith("buffer/") and not k.startswith(STALENESS_HIST) and isinstance(v, (int, float))
         }
-        return gauges | pool_metrics(self.buffer.workers())
+        return gauges | pool_metrics(workers)
 
     def evaluations(self, version: int, last: bool) -> list[dict]:
         """Ask for an evaluation of `version` when it is due (every `eval.every_steps`, and the last step); return

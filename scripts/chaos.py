@@ -28,6 +28,14 @@ is not JSON and one with a bad field: counted, answered with an error), retrieve
 with SIGSTOP for `--retriever-down-s`: tool errors counted, sampling paused, resumed after). Checked as above, with
 dead-lettered prompts accounted for (not lost), and each event counted where the run reports it (report.json,
 metrics.jsonl, Redis).
+
+    python scripts/chaos.py --network                      # network cuts (5, 20, 60 s) and a full Redis, in one run
+    python scripts/chaos.py --network cut-learner-redis,redis-maxmemory --cut-s 60
+
+Network faults (`--network`, scripts/chaos_network.py): the generator or the learner cut from Redis, the generator cut
+from the retrieval server (through fault proxies, once for each duration of `--cut-s`; `--cut-mode blackhole` keeps the
+connections open and answers nothing, `drop` resets them), and Redis's maxmemory lowered under the run (`--memory-s`
+at its high water, then as long full). Checked as above, and each fault must be seen where the run reports it.
 """
 
 from __future__ import annotations
@@ -454,12 +462,7 @@ def run_faults(
     spacing: int = 2,
 ) -> tuple[Verdict, FaultCounts]:
     """One synchronous run (max_staleness 0) with `faults` injected in turn, one every `spacing` steps or so."""
-    rng = random.Random(seed)
-    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(faults))]
-    if at_steps and at_steps[-1] >= steps:
-        raise ValueError(
-            f"{len(faults)} faults need more than {steps} steps (the last lands at {at_steps[-1]})"
-        )
+    at_steps = fault_steps(len(faults), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"learner.total_steps={steps}",
@@ -468,23 +471,53 @@ def run_faults(
         "eval.every_steps=0",
         "buffer.lease_s=30",
         "buffer.max_prompt_deliveries=2",
-        # a frozen retriever fails calls in a second (not after four 10 s attempts); pause after 4 failures
-        "retrieval.client.timeout_s=1",
-        "retrieval.client.max_retries=0",
-        "generators.tool_pause.min_calls=4",
-        "generators.tool_pause.probe_s=2",
+        *FAST_TOOL_FAILURES,
     ]
     chaos = ChaosRun(run_dir, overrides)
-    injector = FaultInjector(chaos, retriever_down_s)
+    returncode = inject_in_turn(chaos, faults, at_steps, FaultInjector(chaos, retriever_down_s).inject)
+    return verify(chaos, returncode, steps, 0, []), count_faults(run_dir)
+
+
+# a frozen or cut retriever fails calls in a second (not after four 10 s attempts); sampling pauses after 4 failures
+FAST_TOOL_FAILURES = (
+    "retrieval.client.timeout_s=1",
+    "retrieval.client.max_retries=0",
+    "generators.tool_pause.min_calls=4",
+    "generators.tool_pause.probe_s=2",
+)
+
+
+def fault_steps(count: int, steps: int, seed: int, first_step: int, spacing: int) -> list[int]:
+    """The versions at which `count` faults are injected: one every `spacing` steps from `first_step`, each one
+    step later or not (`seed` picks)."""
+    rng = random.Random(seed)
+    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(count)]
+    if at_steps and at_steps[-1] >= steps:
+        raise ValueError(f"{count} faults need more than {steps} steps (the last lands at {at_steps[-1]})")
+    return at_steps
+
+
+def inject_in_turn(chaos: ChaosRun, faults: list[str], at_steps: list[int], inject) -> int:
+    """Inject each fault once the run published its version, wait for the run to end; its exit status. Whatever
+    is left of the run is killed in any case."""
     try:
         for fault, step in zip(faults, at_steps, strict=True):
             chaos.wait(lambda s=step: (chaos.version() or 0) >= s, 900, f"version {step}")
             print(f"injecting {fault} at version {chaos.version()}", flush=True)
-            injector.inject(fault)
-        returncode = chaos.finish()
+            inject(fault)
+        return chaos.finish()
     finally:
         chaos.kill_everything_left()
-    return verify(chaos, returncode, steps, 0, []), count_faults(run_dir)
+
+
+def print_verdict(verdict: Verdict, counts, faults: list[str]) -> int:
+    """Print a fault run's verdict and what it reported; 0 when it passed and every fault was seen."""
+    print(verdict)
+    print(counts)
+    missing = counts.missing(faults)
+    if missing:
+        print(f"not seen where the run reports it: {', '.join(missing)}")
+    return 0 if verdict.ok and not missing else 1
 
 
 def table(rows: list[tuple[Recovery, Verdict]]) -> str:
@@ -501,6 +534,31 @@ def table(rows: list[tuple[Recovery, Verdict]]) -> str:
             f"{verdict.max_staleness_seen} ({verdict.max_staleness}) | {len(verdict.orphans)} |"
         )
     return "\n".join(lines)
+
+
+def _network_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from scripts.chaos_network import NETWORK_FAULTS, injections, run_network_faults
+
+    faults = [f.strip() for f in args.network.split(",") if f.strip()]
+    if unknown := sorted(set(faults) - set(NETWORK_FAULTS)):
+        parser.error(f"unknown network fault(s) {unknown}; choose from {', '.join(NETWORK_FAULTS)}")
+    try:
+        cuts_s = [float(s) for s in args.cut_s.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--cut-s takes seconds separated by commas (like 5,20,60), got {args.cut_s!r}")
+    if not cuts_s or min(cuts_s) <= 0:
+        parser.error(f"--cut-s needs at least one duration, each above 0 s, got {args.cut_s!r}")
+    injected = injections(faults, cuts_s)
+    verdict, counts = run_network_faults(
+        args.out / f"network-{time.strftime('%Y%m%d-%H%M%S')}",
+        faults,
+        steps=args.steps,
+        seed=args.seed,
+        cuts_s=cuts_s,
+        memory_s=args.memory_s,
+        cut_mode=args.cut_mode,
+    )
+    return print_verdict(verdict, counts, injected)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -527,7 +585,31 @@ def main(argv: list[str] | None = None) -> int:
         "synchronous run instead of killing parts",
     )
     parser.add_argument("--retriever-down-s", type=float, default=60.0, help="how long retriever-down lasts")
+    from scripts.chaos_network import NETWORK_FAULTS
+
+    parser.add_argument(
+        "--network",
+        nargs="?",
+        const=",".join(NETWORK_FAULTS),
+        default=None,
+        help=f"inject network and memory faults (comma-separated; default all: {', '.join(NETWORK_FAULTS)}) in one run",
+    )
+    parser.add_argument(
+        "--cut-s",
+        default="5,20,60",
+        help="how long the network cuts last, in seconds, comma-separated: each cut is made once per duration "
+        "(5 s is under every lease and the socket timeout; 20 s outlives the run's 10 s leases; 60 s also "
+        "buffer.reconnect_s)",
+    )
+    parser.add_argument(
+        "--cut-mode", choices=("blackhole", "drop"), default="blackhole", help="what a cut does"
+    )
+    parser.add_argument(
+        "--memory-s", type=float, default=20.0, help="how long Redis stays at its high water, then full"
+    )
     args = parser.parse_args(argv)
+    if args.network is not None:
+        return _network_main(args, parser)
     if args.faults is not None:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         if unknown := sorted(set(faults) - set(FAULTS)):
@@ -536,12 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict, counts = run_faults(
             run_dir, faults, steps=args.steps, seed=args.seed, retriever_down_s=args.retriever_down_s
         )
-        print(verdict)
-        print(counts)
-        missing = counts.missing(faults)
-        if missing:
-            print(f"not counted: {', '.join(missing)}")
-        return 0 if verdict.ok and not missing else 1
+        return print_verdict(verdict, counts, faults)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:

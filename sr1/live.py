@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from buffer.monitor import staleness_histogram
+from buffer.monitor import memory_text, staleness_histogram
 from common.progress import PhaseProgress, format_seconds
 from sr1.report import read_metric_lines
 
@@ -152,6 +152,7 @@ class LiveView:
                 stats.get("buffer/malformed"),
                 stats.get("buffer/untrainable"),
             ),
+            "redis memory (used / max)": memory_text(stats),
             "checkpoint": checkpoint_state(m),
             "generators": len(generators),
             "paused": paused_reason(gen_metrics),

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import redis
-
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
+from buffer.memory import EvictingRedis
 from buffer.redis_buffer import open_buffer
 from buffer.settings import local_redis_dir
 from config import (
@@ -154,8 +154,10 @@ class Orchestrator:
         self.cfg = cfg
 
         # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
-        # fast and `_riding_out_redis` retries them between supervisor checks
-        self.buffer = open_buffer(cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S}))
+        # fast and `_riding_out_redis` retries them between supervisor checks (also this first one: a Redis that
+        # dies right after it started is restarted here, as later in the run)
+        own = cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S})
+        self.buffer = self._riding_out_redis(lambda: open_buffer(own))
         self._riding_out_redis(self._withdraw_dead_learners_group)
 
     def _withdraw_dead_learners_group(self) -> None:
@@ -175,7 +177,10 @@ class Orchestrator:
         """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised."""
         redis_dir = local_redis_dir(self.run_dir)
         self.redis_server = LocalRedis(
-            redis_dir, appendfsync=cfg.buffer.local_appendfsync, pass_fds=self.supervisor.pass_fds
+            redis_dir,
+            appendfsync=cfg.buffer.local_appendfsync,
+            pass_fds=self.supervisor.pass_fds,
+            maxmemory_mb=cfg.buffer.local_maxmemory_mb,
         ).start()
         # restarted on its port and AOF when it dies; every client rides out the gap (buffer.reconnect_s)
         self.redis_server.child.restart = RestartPolicy()
@@ -306,13 +311,13 @@ class Orchestrator:
             self.view.log(message) if self.view is not None else print(message)
 
     def _riding_out_redis(self, call: Callable[[], T]) -> T:
-        """`call()`, retried while Redis is down for up to `buffer.reconnect_s`, supervising meanwhile (that is
-        what restarts a dead Redis)."""
+        """`call()`, retried while Redis is down, unreachable or full for up to `buffer.reconnect_s`, supervising
+        meanwhile (that is what restarts a dead Redis)."""
         deadline = None
         while True:
             try:
                 return call()
-            except redis.ConnectionError:
+            except REDIS_UNAVAILABLE:
                 now = time.monotonic()
                 deadline = deadline or now + self.cfg.buffer.reconnect_s
                 if now > deadline:
@@ -433,6 +438,9 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
     except BadInput as err:
         print("\n".join(f"{command}: {problem}" for problem in err.problems), file=sys.stderr)
         return EXIT_BAD_INPUT
+    except EvictingRedis as err:  # buffer.redis_url names a Redis that would drop the run's keys
+        print(f"{command}: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (ChildFailed, TimeoutError, RunLocked) as err:
         print(f"{command}: {err}", file=sys.stderr)
         if getattr(err, "exit_code", None) == EXIT_BAD_INPUT:
@@ -440,7 +448,7 @@ def run_main(args: argparse.Namespace, orchestrator_class: type[Orchestrator], *
         interrupted = not isinstance(err, RunLocked)  # print how to go on
         # the learner's checkpoints cannot be written: its message says what space it needs; then --resume
         return EXIT_CHECKPOINT_FAILED if getattr(err, "exit_code", None) == EXIT_CHECKPOINT_FAILED else 1
-    except redis.ConnectionError as err:
+    except REDIS_UNAVAILABLE as err:
         print(f"{command}: lost Redis for longer than buffer.reconnect_s ({err})", file=sys.stderr)
         interrupted = True
         return 1

@@ -102,10 +102,13 @@ class Rendezvous:
     Safe to share between threads (redis-py's client takes a connection from its pool per command).
     """
 
-    def __init__(self, redis_url: str, namespace: str, reconnect_s: float = 60.0):
+    def __init__(
+        self, redis_url: str, namespace: str, reconnect_s: float = 60.0, socket_timeout_s: float = 10.0
+    ):
         self.redis_url = redis_url
         self.namespace = namespace
-        self._redis, self.reconnects = connect(redis_url, reconnect_s)  # rides out a Redis restart
+        # rides out a Redis restart or a network cut; no reply is waited for longer than socket_timeout_s
+        self._redis, self.reconnects = connect(redis_url, reconnect_s, socket_timeout_s)
         self._completed_version: int | None = None  # the last version whose acks `wait_acks` saw complete
 
     def close(self) -> None:
@@ -337,7 +340,10 @@ class Rendezvous:
         return _text(newest[0][0])
 
     def _wait_stream(self, key: str, cursor: str, timeout_s: float) -> str:
-        got = self._redis.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
+        """Block until an entry after `cursor` (at most `timeout_s`, and at most the client's `max_block_ms`, below
+        its socket timeout: the callers wait again)."""
+        block_ms = min(max(1, int(timeout_s * 1000)), self._redis.max_block_ms)
+        got = self._redis.xread({key: cursor}, count=1, block=block_ms)
         if not got:
             return cursor
         return _text(got[0][1][-1][0])

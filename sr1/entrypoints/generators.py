@@ -17,6 +17,7 @@ import logging
 import sys
 from typing import Any
 
+from buffer.memory import EvictingRedis
 from common.model_paths import ModelPathError, resolve_tokenizer_path
 from generators.job import GeneratorJob
 from generators.process import run_worker_process
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         # read (and checked) before the engine starts: a bad test file stops the worker at once, not its evaluations
         test_prompts = evaluation_prompts(job, tokenizer) if job.data.test_files else None
         return asyncio.run(run_worker_process(job, tokenizer, tokenizer_path, test_prompts))
-    except (DataError, ModelPathError) as err:  # found before the engine starts (a bad model path too)
+    except (DataError, ModelPathError, EvictingRedis) as err:
+        # found before the engine starts (a bad model path too; the buffer is opened first)
         print(f"generators: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch and the training loop: only once the job is valid and the prompts are read
     import torch
 
+    from buffer.memory import EvictingRedis
     from learner.checkpoint import CheckpointLoadError
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import NonFiniteTrainingError, run_learner
@@ -108,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         if world.is_main:
             log.info("learner stopped at version %d", version)
         finished = True
-    except (NonFiniteTrainingError, CheckpointLoadError) as err:
-        # a restart would resume from the last checkpoint into the same updates, or fail on the same files: stop
+    except (NonFiniteTrainingError, CheckpointLoadError, EvictingRedis) as err:
+        # a restart would resume from the last checkpoint into the same updates, fail on the same files or open the
+        # same Redis: stop
         print(f"learner: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except CheckpointsFailing as err:

@@ -210,6 +210,7 @@ class ClusterOrchestrator(Orchestrator):
             appendfsync=cfg.buffer.local_appendfsync,
             password=secrets.token_urlsafe(32),
             namespace=cfg.buffer.namespace,
+            maxmemory_mb=cfg.buffer.local_maxmemory_mb,
         )
         cmd = reachable_redis_command(server.command(), slot.ip)
         self.supervisor.start(

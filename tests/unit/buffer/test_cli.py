@@ -35,6 +35,9 @@ def test_stats_json(redis_url, capsys):
         1,
     )
     assert stats["buffer/version"] == 1 and stats["buffer/staleness_hist/0"] == 2
+    # the test Redis has no maxmemory: memory is shown, nothing paused
+    assert stats["buffer/redis_used_mb"] > 0 and stats["buffer/redis_maxmemory_mb"] == 0
+    assert stats["buffer/memory_paused"] == 0
     assert [w["worker_id"] for w in out["workers"]] == ["gen-0"]
 
 
@@ -50,6 +53,8 @@ def test_watch_once_draws_every_part(redis_url, capsys):
         "staleness",
         "gen-0",
         "tokens_per_s",
+        "redis memory (MiB)",
+        "redis maxmemory (MiB)",
     ):
         assert text in out, text
 

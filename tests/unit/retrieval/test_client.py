@@ -152,3 +152,35 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_request():
             assert result.ok and result.documents[0]["id"] == "q0"
     finally:
         await server.close()
+
+
+async def test_a_cut_network_is_a_failure_result_within_the_timeout_and_searches_work_again_after():
+    """Through a fault proxy (tests/fakes/fault_proxy.py): a black hole (connections open, nothing answered) and a
+    drop (connections reset) both end as a "Search unavailable" result after the client's retries, never a hang;
+    once the network is back the next search succeeds on a fresh connection."""
+    from tests.fakes.fault_proxy import FaultProxy
+
+    async def handler(request):
+        body = await request.json()
+        return web.json_response(_answer(body["queries"], body["topk"]))
+
+    server = await _server(handler)
+    try:
+        with FaultProxy(("127.0.0.1", server.port)) as proxy:
+            url = f"http://127.0.0.1:{proxy.port}/retrieve"
+            async with RetrievalClient(url, topk=2, timeout_s=0.3, max_retries=1, backoff_s=0.01) as client:
+                assert (await client.search("before")).ok
+                proxy.blackhole()
+                result = await asyncio.wait_for(client.search("cut"), timeout=10)
+                assert "did not answer within 0.3s" in result.error
+                proxy.restore()
+                assert (await client.search("back")).documents[0]["id"] == "back0"
+                proxy.drop()
+                result = await asyncio.wait_for(client.search("dropped"), timeout=10)
+                assert not result.ok and format_documents(result.documents, result.error).startswith(
+                    "Search unavailable"
+                )
+                proxy.restore()
+                assert (await client.search("again")).ok
+    finally:
+        await server.close()

@@ -34,6 +34,17 @@ def test_the_live_view_says_which_generators_paused_and_why():
     )
 
 
+def test_the_live_view_shows_redis_memory_used_and_max():
+    from buffer.monitor import memory_text
+
+    assert memory_text({"buffer/redis_used_mb": None}) is None  # a Redis user without INFO
+    assert (
+        memory_text({"buffer/redis_used_mb": 12.4, "buffer/redis_maxmemory_mb": 0}) == "12 MiB (no maxmemory)"
+    )
+    full = {"buffer/redis_used_mb": 930.0, "buffer/redis_maxmemory_mb": 1000.0, "buffer/memory_paused": 1}
+    assert memory_text(full) == "930 / 1,000 MiB (93%, releases paused)"
+
+
 def test_the_live_view_shows_the_last_good_checkpoint_and_failures_since():
     from sr1.live import checkpoint_state
 
