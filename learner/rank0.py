@@ -24,7 +24,7 @@ from evaluation import Evaluations, Patience
 from learner.checkpoint import ResumeState
 from learner.job import LearnerJob
 from learner.stop import StopFlag
-from weight_sync.group import WeightSyncError
+from weight_sync.process_group import WeightSyncError
 from weight_sync.publisher import gather_for_wire
 
 log = logging.getLogger(__name__)

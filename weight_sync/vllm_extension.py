@@ -80,7 +80,7 @@ class WeightSyncExtension:
     def ws_receive(self, update: dict) -> int:
         """Receive every bucket of `update` by broadcast from rank 0 and reload them (this worker's shards of them);
         returns tensors loaded."""
-        from weight_sync.group import WeightSyncError
+        from weight_sync.process_group import WeightSyncError
         from weight_sync.receiver import receive_update
 
         joiner = self._ws_joiner
@@ -123,7 +123,7 @@ class _Joiner(threading.Thread):
         self.pool: dict | None = {} if info.get("keep_buffers", True) else None
 
     def run(self) -> None:
-        from weight_sync.group import make_group, open_store
+        from weight_sync.process_group import make_group, open_store
 
         try:
             store = open_store(
@@ -142,7 +142,7 @@ class _Joiner(threading.Thread):
             self.error = exc
 
     def result(self):
-        from weight_sync.group import WeightSyncError
+        from weight_sync.process_group import WeightSyncError
 
         self.join(self.connect_timeout_s + 5)
         if self.is_alive():
