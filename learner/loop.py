@@ -25,7 +25,6 @@ step. Policy versions therefore count published weights, not durable steps.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Iterable
 
@@ -39,8 +38,6 @@ from learner.model import DTYPES, named_weights
 from learner.steps import RankSteps, StepHooks
 from learner.stop import StopFlag
 from weight_sync.publisher import gather_in_step
-
-log = logging.getLogger(__name__)
 
 
 def run_learner(
@@ -144,9 +141,8 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
     hooks = StepHooks()  # a follower adds nothing of its own to the collective parts
 
     def publish() -> dict:
-        gather_in_step(
-            named_weights(learner.model), publish_dtype
-        )  # the coordinator's gathers: same order, dtype
+        # take part in the coordinator's gathers: same order, same wire dtype; only the coordinator sends
+        gather_in_step(named_weights(learner.model), publish_dtype)
         return {}
 
     steps.agree_on_version(0)  # only the coordinator reads the published version
@@ -154,8 +150,8 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
     steps.mark_start()
     while not steps.done:
         step_start = time.perf_counter()
-        header, *payloads = broadcast_frames(None, world)
-        header = json.loads(header)
+        first, *payloads = broadcast_frames(None, world)
+        header = json.loads(first)
         if header["command"] == "stop":
             break
         if header["command"] == "publish":

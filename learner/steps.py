@@ -146,9 +146,8 @@ class RankSteps:
             model_dir,
             save_dtype=job.model.dtype,
             keep=self.cfg.keep_checkpoints,
-            tokenizer_dir=tokenizer_dir
-            if tokenizer_dir != model_dir
-            else None,  # copied beside the model's files
+            # a tokenizer kept apart from the model is copied beside the model's files
+            tokenizer_dir=tokenizer_dir if tokenizer_dir != model_dir else None,
         )
         self.state = ResumeState(version=0)
         self.resumed = Resumed(None, None)
