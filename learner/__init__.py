@@ -1,8 +1,9 @@
 """The learner pool: staleness-corrected GRPO on FSDP2 ranks, fed by the Redis buffer, pushing weights to engines.
 
 job.py               the sections a learner process uses (its entry point: sr1/entrypoints/learner.py)
-loop.py              take -> train -> publish -> checkpoint -> ack, on every rank
-rank0.py             rank 0's side: prompt feeding, batches, heartbeats, the bound in force, publishing, evaluations
+loop.py              take -> train -> publish -> checkpoint -> ack: the coordinator's loop and the followers'
+coordinator.py       the step coordinator (rank 0): prompt feeding, batches, heartbeats, the bound, publishing, acks
+steps.py             what every rank does in a step: train, stop vote, checkpoint, metrics row; its setup
 trainer.py           one optimisation step on all ranks
 algorithms/          GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, the off-policy corrections, KL, shaping
 model.py             the HF model under fully_shard, AdamW

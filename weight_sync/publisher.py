@@ -46,7 +46,7 @@ from weight_sync.buckets import (
     pack_into,
     plan_buckets,
 )
-from weight_sync.group import SyncGroup, WeightSyncError, make_group, open_store, resolve_backend
+from weight_sync.process_group import SyncGroup, WeightSyncError, make_group, open_store, resolve_backend
 from weight_sync.rendezvous import Rendezvous, describe_members, to_jsonable
 from weight_sync.settings import WeightSyncConfig
 

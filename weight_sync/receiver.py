@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from weight_sync.buckets import bucket_offsets, unpack
-from weight_sync.group import SyncGroup, WeightSyncError
+from weight_sync.process_group import SyncGroup, WeightSyncError
 
 
 def receive_update(

@@ -5,8 +5,8 @@
 Learner rank 0 publishes the rendezvous (`{"addr", "port", "backend", "epoch", "timeout_s"}`); each engine claims
 one rank per vLLM worker for that epoch (consecutive ranks from 1: a tensor-parallel engine of 2 workers takes two),
 the learner closes the group once the engines it waits for have claimed (world size = 1 + ranks claimed, handed to
-the members through the TCP store, `group.py`), and every worker joins the store-based process group. For every new
-version the learner announces the bucket layout, broadcasts, and waits for one ack per engine.
+the members through the TCP store, `process_group.py`), and every worker joins the store-based process group. For
+every new version the learner announces the bucket layout, broadcasts, and waits for one ack per engine.
 
 Every rendezvous and update is also appended to a small Redis stream (`<namespace>:ws:events`): engines block on
 it (`event_cursor`, then `wait_for_event`) and wake as soon as the learner publishes, rather than polling; the

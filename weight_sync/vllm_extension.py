@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from weight_sync.group import WeightSyncError, make_group, open_store
+from weight_sync.process_group import WeightSyncError, make_group, open_store
 from weight_sync.receiver import receive_update
 
 log = logging.getLogger(__name__)

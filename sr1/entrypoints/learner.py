@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     from buffer.memory import EvictingRedis
     from learner.checkpoint import CheckpointLoadError
     from learner.distributed import init_distributed, shutdown_distributed
-    from learner.loop import NonFiniteTrainingError, run_learner
+    from learner.loop import run_learner
     from learner.safety_net import CheckpointsFailing
+    from learner.steps import NonFiniteTrainingError
 
     stop = StopFlag().install()
     world = init_distributed(args.device)

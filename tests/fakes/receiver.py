@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from weight_sync.group import SyncGroup, make_group, open_store
+from weight_sync.process_group import SyncGroup, make_group, open_store
 from weight_sync.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)

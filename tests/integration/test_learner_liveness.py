@@ -98,7 +98,7 @@ def test_an_overlong_group_is_dead_lettered_and_replaced_under_sync_training(
 def test_non_finite_steps_in_a_row_stop_the_run_before_a_checkpoint(
     tiny_model_dir, redis_url, tmp_path, monkeypatch
 ):
-    from learner.loop import NONFINITE_KEY, NonFiniteTrainingError
+    from learner.steps import NONFINITE_KEY, NonFiniteTrainingError
     from learner.trainer import Learner
     from tests.fakes.toy_generator import ToyGenerator
 

@@ -15,7 +15,7 @@ import redis
 import torch
 
 from tests.fakes.receiver import run_plain_receiver
-from weight_sync.group import WeightSyncError
+from weight_sync.process_group import WeightSyncError
 from weight_sync.publisher import WeightPublisher
 from weight_sync.rendezvous import Rendezvous
 from weight_sync.settings import WeightSyncConfig
@@ -217,7 +217,7 @@ def _learner_that_dies_mid_publish(redis_url: str) -> None:
 
 
 def test_engine_side_raises_within_the_timeout_when_the_learner_dies(redis_url, rv):
-    from weight_sync.group import make_group, open_store
+    from weight_sync.process_group import make_group, open_store
     from weight_sync.receiver import receive_update
 
     learner = mp.get_context("spawn").Process(

@@ -52,9 +52,9 @@ def emitted(world, tiny_model_dir, redis_server, tmp_path_factory) -> dict[str, 
     from generators.settings import GeneratorsConfig
     from generators.worker import GeneratorWorker
     from learner.checkpoint import Checkpointer
-    from learner.loop import step_timing, tool_metrics
     from learner.safety_net import SafetyNet
     from learner.settings import LearnerConfig
+    from learner.steps import step_timing, tool_metrics
     from learner.tracking import metric_aliases
     from learner.trainer import Learner
     from tasks.search_r1 import SearchR1Task

@@ -79,7 +79,7 @@ def test_unreachable_redis_is_a_clear_error(free_port, capsys):
 def test_metrics_endpoint_serves_the_learners_off_policy_diagnostics(redis_url, free_port, capsys):
     """The bound of new releases (Redis) and the last step's mismatch KL, ESS and bound in force (the learner's
     heartbeat, as learner/loop.py sends it) reach Prometheus."""
-    from learner.rank0 import DIAGNOSTICS
+    from learner.coordinator import DIAGNOSTICS
 
     buf = populate(redis_url)
     buf.set_staleness_bound(0, 3)

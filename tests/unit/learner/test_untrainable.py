@@ -1,10 +1,10 @@
-"""Which groups the learner dead-letters instead of training (`learner.rank0.untrainable_reason`)."""
+"""Which groups the learner dead-letters instead of training (`learner.coordinator.untrainable_reason`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from learner.rank0 import untrainable_reason
+from learner.coordinator import untrainable_reason
 from tests.fakes.groups import random_groups
 
 

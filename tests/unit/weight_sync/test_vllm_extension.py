@@ -18,7 +18,7 @@ import torch
 
 from tests.fakes.weight_sync import receive_and_ack
 from weight_sync.engine_side import EngineWeightSync
-from weight_sync.group import WeightSyncError
+from weight_sync.process_group import WeightSyncError
 from weight_sync.publisher import WeightPublisher
 from weight_sync.rendezvous import Rendezvous
 from weight_sync.settings import WeightSyncConfig

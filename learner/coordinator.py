@@ -1,10 +1,12 @@
-"""Rank 0's side of the learner loop: prompt feeding under the admission rule, batches, heartbeats, the staleness
-bound (`self.staleness`, buffer/staleness.py), weight publishing, evaluations, and settling the run at its end.
+"""The learner's step coordinator (rank 0): it decides what every rank does next and is the learner's only link to
+the buffer and the engines. Prompt feeding under the admission rule, batches, heartbeats, the staleness bound
+(`self.staleness`, buffer/staleness.py), weight publishing, the acks of what checkpoints made durable, the record of
+the groups each step used (`learner_groups.jsonl`), evaluations, and settling the run at its end.
 
-    side = Rank0(job, state, prompts, resume, vocab_size)     # learner/loop.py, on rank 0 only
-    taken = side.next_batch(version, stop)                      # groups, REGROUP, or None when stopping
+    coordinator = StepCoordinator(job, state, prompts, resume, vocab_size)   # learner/loop.py, on rank 0 only
+    taken = coordinator.next_batch(version, stop)                             # groups, REGROUP, or None: stop
 
-The other ranks receive the batch from rank 0 (learner/loop.py); only this rank talks to the buffer.
+The other ranks (the followers) receive each batch from it (learner/loop.py); only this rank talks to the buffer.
 
 Redis unreachable (a restart, a network cut) or full: every call retries for `buffer.reconnect_s`. While it waits
 for a batch the learner goes on waiting after that (it says so), and a failed heartbeat or metrics read is only
@@ -15,23 +17,31 @@ logged; any other call that fails past `reconnect_s` ends the process, which its
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from buffer.admission import BatchAssembler, PromptFeeder
+from buffer.codec import CodecError, check_token_ids
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.records import Group
+from buffer.redis_buffer import open_buffer
 from buffer.staleness import StalenessKeeper
 from buffer.stats import STALENESS_HIST, pool_metrics
 from evaluation import Evaluations, Patience
-from learner.checkpoint import ResumeState
+from learner.algorithms.shaping import informative
+from learner.checkpoint import Checkpointer, CheckpointWriteError, ResumeState
 from learner.job import LearnerJob
+from learner.steps import StepHooks
 from learner.stop import StopFlag
-from weight_sync.group import WeightSyncError
-from weight_sync.publisher import gather_for_wire
+from weight_sync.process_group import WeightSyncError
+from weight_sync.publisher import WeightPublisher, gather_for_wire
+from weight_sync.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +65,6 @@ def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | 
     """Why the learner can never train `group`, or None: a token id outside the model's vocabulary (it would fail as
     an index error inside the embedding), or a trajectory longer than one packed micro-batch, which fits in no
     micro-batch (learner/packing.py) whatever else the batch holds."""
-    from buffer.codec import CodecError, check_token_ids
-
     if vocab_size is not None:
         try:
             check_token_ids(group, vocab_size)
@@ -72,22 +80,21 @@ def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | 
     return None
 
 
-class Rank0:
-    """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks) and the publisher."""
+class StepCoordinator(StepHooks):
+    """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks), the publisher, the groups
+    record; as `StepHooks`, its part of every checkpoint."""
 
     def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable, resume: bool, vocab_size: int):
-        from buffer.admission import BatchAssembler, PromptFeeder
-        from buffer.redis_buffer import open_buffer
-        from learner.algorithms.shaping import informative
-        from weight_sync.publisher import WeightPublisher
-        from weight_sync.rendezvous import Rendezvous
-
         cfg = job.learner
         self.cfg = cfg
         self.buffer = open_buffer(job.buffer)
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
         self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
         self.consumed_groups = state.consumed_groups
+        # (entry id, group id) of the groups trained since the last checkpoint that was written: acked once one is
+        self.unacked: list[tuple[str, str]] = []
+        self.groups_path = Path(job.run_dir) / "learner_groups.jsonl"
+        self._groups_file = None  # the groups each step used, one line per step (opened by `mark_start`)
         self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
         # the staleness bound of every release version, kept in Redis and in checkpoints (buffer/staleness.py)
         self.staleness = StalenessKeeper(
@@ -229,7 +236,57 @@ class Rank0:
         self._fresh = False
         return stats
 
+    def explain_version(self, published: int, version: int, checkpoint: int | None, resume: bool) -> None:
+        """Say why this process goes on at `version` when the buffer already holds `published` (`checkpoint`: the
+        version of the weights loaded, None without a checkpoint)."""
+        if resume and version != (checkpoint or 0):
+            weights = (
+                f"step {checkpoint}'s weights"
+                if checkpoint is not None
+                else "the initial weights (no checkpoint)"
+            )
+            log.warning(
+                "resume: the published version is %d but %s: continuing at version %d with %s; the %d step(s) "
+                "since are lost and the %d group(s) they trained on are generated again",
+                published,
+                f"the latest checkpoint is step {checkpoint}"
+                if checkpoint is not None
+                else "there is no checkpoint",
+                version,
+                weights,
+                version - (checkpoint or 0),
+                len(self.recalled),
+            )
+        elif not resume and published > 0:
+            log.warning(
+                "namespace %r already published version %d but this run starts fresh at 0 (pass --resume to go on, "
+                "or use a new namespace); engines holding newer weights will ignore version 0",
+                self.buffer.namespace,
+                published,
+            )
+
+    def mark_start(self, start: dict, skipped: list[tuple[str, str]]) -> None:
+        """The line marking where this process started in `learner_groups.jsonl`, with the groups recalled and the
+        checkpoints skipped (name, why)."""
+        self._groups_file = open(self.groups_path, "a", buffering=1)  # noqa: SIM115 (closed by `close`)
+        skipped_rows = [{"checkpoint": name, "why": why} for name, why in skipped]
+        self._groups_file.write(
+            json.dumps(start | {"recalled": self.recalled, "skipped": skipped_rows}) + "\n"
+        )
+
+    def step_header(self, taken, version: int) -> dict:
+        """What every rank does next, as `next_batch`'s answer says: stop, publish (re-form the group), or train
+        `taken` at `version` under these staleness bounds."""
+        if taken is None:
+            return {"command": "stop"}
+        if taken == REGROUP:
+            return {"command": "publish"}
+        bounds = self.staleness.step_bounds(version, {t.group.release_version for t in taken})
+        return {"command": "train", "bounds": bounds.to_json()}
+
     def after_step(self, taken, version: int, metrics: dict) -> None:
+        """Bookkeeping once `version` is published: the off-policy figures for the heartbeat, the groups marked
+        trained (they wait for a checkpoint to be acked), the staleness histogram, the groups record."""
         self.diagnostics = {k: metrics[k] for k in DIAGNOSTICS if k in metrics}
         self.buffer.mark_trained([t.entry_id for t in taken])
         staleness = np.concatenate(
@@ -240,8 +297,33 @@ class Rank0:
         self.buffer.record_consumed(np.clip(staleness, 0, None).astype(np.int64))
         self.consumed_groups += len(taken)
         self.heartbeat(version, "training")
+        self.unacked += [(t.entry_id, t.group.group_id) for t in taken]
+        self._groups_file.write(
+            json.dumps({"version": version, "group_ids": [t.group.group_id for t in taken]}) + "\n"
+        )
 
-    def buffer_metrics(self) -> dict:
+    def checkpoint_state(self, state: ResumeState) -> None:
+        state.used_group_entries = [entry for entry, _ in self.unacked]
+        state.used_group_ids = [gid for _, gid in self.unacked]
+        state.cursor = self.feeder.cursor
+        state.consumed_groups = self.consumed_groups
+        state.extra["staleness"] = self.staleness.state_dict()
+
+    def checkpoint_saved(self, state: ResumeState, checkpointer: Checkpointer) -> None:
+        # durable now: never re-delivered; recorded until older checkpoints are pruned (a torn one is given up)
+        self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
+        self.unacked = []
+        oldest = checkpointer.oldest_kept()
+        if oldest is not None:
+            self.buffer.forget_durable(up_to=oldest)
+
+    def checkpoint_failed(self, version: int, err: CheckpointWriteError) -> None:
+        self.heartbeat(version, "checkpoint failed", force=True, checkpoint_error=str(err))
+
+    def waiting_for_checkpoint(self, version: int) -> None:
+        self.heartbeat(version, "waiting", waiting_for=f"space for checkpoint step_{version}")
+
+    def step_metrics(self) -> dict:
         """The buffer's gauges and the generator pool's figures beside the step's metrics (not the staleness
         histogram: one key per bucket). Empty while Redis is unavailable (the step's own metrics are logged)."""
         try:
@@ -292,6 +374,8 @@ class Rank0:
         return "wait"
 
     def close(self) -> None:
+        if self._groups_file is not None:
+            self._groups_file.close()
         self.publisher.close()
         self.rendezvous.close()
         self.buffer.close()
