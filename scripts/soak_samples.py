@@ -12,6 +12,8 @@ from pathlib import Path
 import psutil
 import redis
 
+from sr1 import entrypoints
+
 PROCESS_METRICS = ("rss_mib", "fds", "threads")
 REDIS_METRICS = ("used_memory_mib", "keys")
 REDIS_SERIES = "redis-db"  # Redis's own figures (INFO, DBSIZE); the redis-server process is `redis[<pid>]`
@@ -27,9 +29,9 @@ UNITS = {
 # retrieval server that match nothing are named after them
 _KINDS = (
     ("redis-server", "redis"),
-    ("retrieval.cli", "retrieval"),
-    ("generators.main", "generator"),
-    ("learner.main", "learner"),
+    (entrypoints.RETRIEVAL, "retrieval"),
+    (entrypoints.GENERATORS, "generator"),
+    (entrypoints.LEARNER, "learner"),
     ("VLLM::EngineCore", "engine-core"),
     ("VLLM::Worker", "engine-worker"),
 )
