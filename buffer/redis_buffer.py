@@ -34,7 +34,7 @@ Keys, all under `<namespace>:`
 
 Every write that must not be torn (put a group and finish its prompt; ack and leave the in-flight set) is one Lua
 script (buffer/lua.py), so a crash between two calls never loses or duplicates a group. Every write is also safe to
-send again when its reply was lost (each method says how; docs/reliability.md, "Lost replies", lists them all).
+send again when its reply was lost (each method says how; docs/network-and-redis.md, "Lost replies", lists them all).
 Heartbeats, the staleness histogram and `stats()` are in buffer/stats.py, evaluation requests in
 buffer/evaluations.py, Redis's memory (the release pause, the eviction policy) in buffer/memory.py.
 """

@@ -41,7 +41,7 @@ NOTES = {
     "docs/deployment.md": "Ray clusters, tensor-parallel engines, elastic generators, Redis at scale, the 8xH100 recipe",
     "docs/files.md": "one line per file (generated)",
     "docs/metrics.md": "every metric key, what it means and which part reports it",
-    "docs/parts.md": "each package in depth: tasks, buffer, retrieval, generators, learner, weight sync",
+    "docs/parts.md": "each package in depth: tasks, the replay buffer, the generators",
     "docs/reliability.md": "crash anything, lose nothing: what happens when each part dies, the chaos test",
     "docs/tiny-world.md": "the synthetic world `sr1 run` trains on: how it is built, what it measures, determinism",
     "docs/user-guide.md": "running sr1: `sr1 run`, pools, Search-R1 data, index, training, evaluation, wandb",
