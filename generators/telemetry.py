@@ -7,7 +7,7 @@
     await heartbeat_loop(buffer, "gen-0", worker.metrics, every_s=5.0)      # until cancelled
 
 The parts of the worker count into one `WorkerTelemetry` (claims: trajectories, groups and tool calls; evaluation
-answering: its errors); the keys it reports are listed in docs/metrics.md ("Generator worker heartbeat").
+answering: its errors); the keys it reports are listed in docs/metrics-pools.md ("Generator worker heartbeat").
 """
 
 from __future__ import annotations

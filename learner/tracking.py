@@ -11,7 +11,7 @@ a learner process starts; an `{"eval_step": ...}` line per evaluation (`eval/...
 rows skip it).
 
 Every metric that verl / Search-R1 logs under another name is logged under that name too (`METRIC_ALIASES`), so a
-dashboard built on Search-R1's runs shows an sr1 run beside them; docs/metrics.md lists the pairs.
+dashboard built on Search-R1's runs shows an sr1 run beside them; docs/search-r1.md ("Metrics") lists the pairs.
 
 wandb: one wandb run per sr1 run. Its id is kept in `<run_dir>/wandb_run_id` and reused by every later process of
 the run (a resumed learner, `sr1 run`'s final evaluation), so a resumed run goes on as the same wandb run.
@@ -38,7 +38,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# sr1 key -> the name verl / Search-R1 logs the same quantity under (docs/metrics.md, "Search-R1 names")
+# sr1 key -> the name verl / Search-R1 logs the same quantity under (docs/search-r1.md, "Metrics")
 METRIC_ALIASES: dict[str, str] = {
     "batch/reward_mean": "critic/score/mean",
     "batch/response_len_mean": "response_length/mean",

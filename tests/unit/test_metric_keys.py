@@ -1,6 +1,6 @@
 """One name, one meaning: run every emitter of metrics, check that each key it reports is documented in
-docs/metrics.md or, for Search-R1's names, docs/search-r1.md (exactly one row), that no two emitters report the same
-key, and that every documented key is emitted by someone."""
+docs/metrics.md, docs/metrics-pools.md or, for Search-R1's names, docs/search-r1.md (exactly one row), that no two
+emitters report the same key, and that every documented key is emitted by someone."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def search_r1_names_section() -> str:
 
 def documented() -> list[str]:
     """Every documented key: docs/metrics.md's rows and the Search-R1 names of docs/search-r1.md."""
-    rows = re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE)
+    pages = DOC.read_text() + DOC.with_name("metrics-pools.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \|", pages, flags=re.MULTILINE)
     return rows + re.findall(r"^\| `([^`]+)` \|", search_r1_names_section(), flags=re.MULTILINE)
 
 
