@@ -382,13 +382,16 @@ class Orchestrator:
 
 
 def _interrupt_on_sigterm() -> None:
-    """`kill` (SIGTERM) stops a run like Ctrl-C does: the children are stopped in order, never orphaned."""
+    """`kill` (SIGTERM) stops a run like Ctrl-C does: the children are stopped in order, never orphaned. Ctrl-C
+    (SIGINT) does so even where the run inherited it ignored: a shell starts background commands (`nohup sr1 run &`)
+    with SIGINT ignored, and Python then leaves it so."""
     import signal
 
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv: list[str] | None = None) -> int:
