@@ -2,7 +2,7 @@
 memory or key count, keep growing.
 
     python scripts/soak.py                                   # 1 hour of the tiny preset, into runs/soak-<time>/
-    python scripts/soak.py --duration 600 --warmup 240 --window 120 --out /tmp/soak
+    python scripts/soak.py --duration 600 --warmup 240 --window 120 --out runs/soak-short
     python scripts/soak.py --duration 7200 -- learner.max_staleness=0     # overrides after `--` go to `sr1 run`
 
 It starts `sr1 run <preset>` as `make run` does, with `learner.total_steps` large enough never to be reached, and
