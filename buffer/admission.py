@@ -54,7 +54,8 @@ class PromptFeeder:
     `prompts` is a sequence of PromptRecords (indexed by the cursor, cycling through epochs with epoch-unique
     group ids) or an iterable (the first `cursor` items are skipped on resume). `cursor` counts prompts taken from
     the dataset; save it in learner checkpoints. A prompt released before a crash and taken again after a resume
-    from an older cursor is skipped by the buffer (its group_id was released), so resuming never duplicates.
+    from an older cursor is skipped by the buffer (its group_id was released, or its position, the cursor it was
+    taken at, is below the watermark of ids the buffer forgot: buffer/group_ids.py), so resuming never duplicates.
     `max_staleness` is a bound or a `StalenessSchedule` (shared with the assembler) whose bound may change.
 
     With `shuffle_seed`, each epoch of a sequence is walked in its own random order, a function of the seed and the
@@ -89,6 +90,7 @@ class PromptFeeder:
         )
         self._sequence: Sequence[PromptRecord] | None = None
         self._iterator: Iterator[PromptRecord] | None = None
+        self._taken_back: list[PromptRecord] = []  # of an iterator: prompts a failed release gave back
         if hasattr(prompts, "__getitem__") and hasattr(prompts, "__len__"):
             if len(prompts) == 0:
                 raise ValueError("the prompt dataset is empty")
@@ -108,6 +110,8 @@ class PromptFeeder:
             prompt = self._sequence[self._position(epoch, i)]
             if epoch:  # the same question in a later epoch is a different group
                 prompt = prompt.in_epoch(epoch)
+        elif self._taken_back:
+            prompt = self._taken_back.pop(0)
         else:
             prompt = next(self._iterator, None)
             if prompt is None:
@@ -161,7 +165,7 @@ class PromptFeeder:
                     self._pause_logged = time.monotonic()
                     log.warning("releases paused: %s", self.paused)
                 break
-            batch = []
+            start, batch = self.cursor, []
             while len(batch) < room:
                 prompt = self._next_prompt()
                 if prompt is None:
@@ -169,8 +173,24 @@ class PromptFeeder:
                 batch.append(dataclasses.replace(prompt, release_version=version))
             if not batch:
                 break
-            released += len(self.buffer.release_prompts(batch))  # skipped re-releases leave room: loop again
+            try:
+                # each prompt's position lets the buffer forget released ids below a checkpoint's cursor
+                positions = range(start, start + len(batch))
+                released += len(self.buffer.release_prompts(batch, positions))
+            except BaseException:
+                self._take_back(start, batch)
+                raise
+            # skipped re-releases leave room: loop again
         return released
+
+    def _take_back(self, start: int, batch: list[PromptRecord]) -> None:
+        """A release that failed (Redis unreachable past `reconnect_s`): the cursor goes back to `start`, so the next
+        pump releases the same prompts (any the failed call did release are skipped then), and a checkpoint never
+        saves a cursor past a prompt that was not released."""
+        self.cursor = start
+        if self._iterator is not None:
+            self._taken_back = batch + self._taken_back
+            self.exhausted = False
 
 
 class BatchAssembler:

@@ -55,9 +55,7 @@ class DurableGroups:
         for gid in gids:
             prompt = dataclasses.replace(prompt_of(gid), release_version=version)
             args += [gid, int(version), encode_prompt(prompt)]
-        keys = [
-            self.key(k) for k in ("durable", "released_ids", "put_ids", "counters", "prompts", "inflight")
-        ]
+        keys = [self.key(k) for k in ("durable", "put_ids", "counters", "prompts", "inflight")]
         self._script(lua.RECALL_DURABLE, keys, args)
         return gids
 

@@ -13,19 +13,23 @@ makes it so; docs/network-and-redis.md ("Lost replies") lists every write of the
 GENERATORS = "generators"
 LEARNER = "learner"
 
-# KEYS: prompts, released_ids, inflight, counters. ARGV: n, then n triples (group_id, release_version, payload).
+# KEYS: prompts, released_ids, inflight, counters, forgotten_below. ARGV: n, then n quadruples (group_id,
+# release_version, the feeder position it comes from or -1, payload).
 # Returns one entry id per prompt ("" where the group_id was released before and is skipped).
+# Released before: the id is in released_ids (group_id -> position), or its position is below the watermark's
+# `position`, under which every position was released (buffer/group_ids.py) and whose ids the set has forgotten.
 # Run twice: the group ids are in released_ids after the first run, so the second skips them all (counted as
 # duplicate_releases, which is what they are).
 RELEASE = """
 local n = tonumber(ARGV[1])
+local floor = tonumber(redis.call('HGET', KEYS[5], 'position') or '0')
 local ids = {}
 local released = 0
 for i = 0, n - 1 do
-  local gid = ARGV[2 + 3 * i]
-  if redis.call('SADD', KEYS[2], gid) == 1 then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'gid', gid, 'd', ARGV[4 + 3 * i])
-    redis.call('ZADD', KEYS[3], ARGV[3 + 3 * i], gid)
+  local gid, position = ARGV[2 + 4 * i], tonumber(ARGV[4 + 4 * i])
+  if (position < 0 or position >= floor) and redis.call('ZADD', KEYS[2], 'NX', position, gid) == 1 then
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'gid', gid, 'd', ARGV[5 + 4 * i])
+    redis.call('ZADD', KEYS[3], ARGV[3 + 4 * i], gid)
     released = released + 1
   else
     ids[#ids + 1] = ''
@@ -38,9 +42,12 @@ return ids
 
 # Runs inside MULTI right after `XADD groups * gid <group_id> d <payload>`, so the stream's last entry is that
 # group (the payload itself never passes through Lua, where large values cost more than the stream write).
-# KEYS: groups, prompts, put_ids, counters, rate key. ARGV: group_id, prompt entry id or "", rate ttl.
+# KEYS: groups, prompts, put_ids, counters, rate key, inflight, forgotten_below. ARGV: group_id, prompt entry id or
+# "", rate ttl, the group's release version.
 # Finishes the prompt either way; a group put before is removed again at once (nobody can have read it: MULTI)
-# and counted as a duplicate. Returns 1 if the group was added, 0 for a duplicate.
+# and counted as a duplicate. Put before: the id is in put_ids (group_id -> release version), or the group was
+# released below the watermark's `version` and is no longer in flight (acked, or dead-lettered), whose id put_ids has
+# forgotten (buffer/group_ids.py). Returns 1 if the group was added, 0 for a duplicate.
 # Run twice (the whole MULTI): put_ids holds the group id after the first run, so the second XADD is removed again
 # and counted as a duplicate; the prompt was finished by the first.
 PUT = """
@@ -48,12 +55,17 @@ if ARGV[2] ~= '' then
   redis.call('XACK', KEYS[2], 'generators', ARGV[2])
   redis.call('XDEL', KEYS[2], ARGV[2])
 end
-if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then
+local seen = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if not seen and tonumber(ARGV[4]) < tonumber(redis.call('HGET', KEYS[7], 'version') or '0') then
+  seen = not redis.call('ZSCORE', KEYS[6], ARGV[1])
+end
+if seen then
   local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
   redis.call('XDEL', KEYS[1], last[1][1])
   redis.call('HINCRBY', KEYS[4], 'duplicates', 1)
   return 0
 end
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 redis.call('HINCRBY', KEYS[4], 'produced', 1)
 redis.call('INCR', KEYS[5])
 redis.call('EXPIRE', KEYS[5], ARGV[3])
@@ -137,31 +149,31 @@ end
 return #ARGV
 """
 
-# KEYS: groups, inflight, released_ids, put_ids, trained, counters, prompts. ARGV: quadruples (entry id, group_id,
-# release version, prompt payload).
+# KEYS: groups, inflight, put_ids, trained, counters, prompts. ARGV: quadruples (entry id, group_id, release version,
+# prompt payload).
 # Takes back groups a learner trained on in steps a crash lost, and releases their prompts anew at the given version:
 # their entries leave the stream and the trained and put sets, so the prompts are generated again under their own
 # group ids (training the old groups again would break the staleness bound by the number of lost steps). `released`
-# stays as it is (one release replaced by another); `produced` goes down, `recalled` up. Returns how many.
+# stays as it is (one release replaced by another; released_ids is left as it is: the feeder never releases them
+# again); `produced` goes down, `recalled` up. Returns how many.
 # Run twice: only entries still in the trained hash are recalled (HDEL returns 0 the second time), so nothing is
 # released twice.
 RECALL = """
 local n = 0
 for i = 1, #ARGV, 4 do
   local id, gid = ARGV[i], ARGV[i + 1]
-  if redis.call('HDEL', KEYS[5], id) == 1 then
+  if redis.call('HDEL', KEYS[4], id) == 1 then
     redis.call('XACK', KEYS[1], 'learner', id)
     redis.call('XDEL', KEYS[1], id)
-    redis.call('SREM', KEYS[4], gid)
-    redis.call('SADD', KEYS[3], gid)
-    redis.call('XADD', KEYS[7], '*', 'gid', gid, 'd', ARGV[i + 3])
+    redis.call('ZREM', KEYS[3], gid)
+    redis.call('XADD', KEYS[6], '*', 'gid', gid, 'd', ARGV[i + 3])
     redis.call('ZADD', KEYS[2], ARGV[i + 2], gid)
     n = n + 1
   end
 end
 if n > 0 then
-  redis.call('HINCRBY', KEYS[6], 'produced', -n)
-  redis.call('HINCRBY', KEYS[6], 'recalled', n)
+  redis.call('HINCRBY', KEYS[5], 'produced', -n)
+  redis.call('HINCRBY', KEYS[5], 'recalled', n)
 end
 return n
 """
@@ -210,11 +222,10 @@ if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then redis.call('INCR', KEYS[2])
 return 1
 """
 
-# KEYS: durable, released_ids, put_ids, counters, prompts, inflight. ARGV: triples (group_id, release version, prompt
-# payload).
+# KEYS: durable, put_ids, counters, prompts, inflight. ARGV: triples (group_id, release version, prompt payload).
 # Takes back groups acked by a checkpoint a resume could not use (buffer/durable.py) and releases their prompts anew at
 # the given version: they leave the durable record and the put set, so the prompts are generated again under their own
-# group ids. `released` stays as it is (one release replaced by another; the id stays in released_ids); `produced`
+# group ids. `released` stays as it is (one release replaced by another; released_ids is left as it is); `produced`
 # and `consumed` go down, `recalled` up. Returns how many.
 # Run twice: only groups still in the durable record are recalled (ZREM returns 0 the second time), so nothing is
 # released twice.
@@ -223,17 +234,61 @@ local n = 0
 for i = 1, #ARGV, 3 do
   local gid = ARGV[i]
   if redis.call('ZREM', KEYS[1], gid) == 1 then
-    redis.call('SREM', KEYS[3], gid)
-    redis.call('SADD', KEYS[2], gid)
-    redis.call('XADD', KEYS[5], '*', 'gid', gid, 'd', ARGV[i + 2])
-    redis.call('ZADD', KEYS[6], ARGV[i + 1], gid)
+    redis.call('ZREM', KEYS[2], gid)
+    redis.call('XADD', KEYS[4], '*', 'gid', gid, 'd', ARGV[i + 2])
+    redis.call('ZADD', KEYS[5], ARGV[i + 1], gid)
     n = n + 1
   end
 end
 if n > 0 then
-  redis.call('HINCRBY', KEYS[4], 'produced', -n)
-  redis.call('HINCRBY', KEYS[4], 'consumed', -n)
-  redis.call('HINCRBY', KEYS[4], 'recalled', n)
+  redis.call('HINCRBY', KEYS[3], 'produced', -n)
+  redis.call('HINCRBY', KEYS[3], 'consumed', -n)
+  redis.call('HINCRBY', KEYS[3], 'recalled', n)
+end
+return n
+"""
+
+# KEYS: released_ids, put_ids, inflight, forgotten_below. ARGV: position, version.
+# Raises the watermark (each field only goes up) and forgets what it covers (buffer/group_ids.py): the released ids
+# of feeder positions below `position` (a release from such a position is skipped by RELEASE without the set), and
+# the put ids of groups released below `version` that are no longer in flight (a put of one is a duplicate by PUT
+# without the set). Ids released without a position (-1) are kept. Returns how many ids it forgot.
+# Run twice: the watermark is already there and nothing is left to forget.
+FORGET_IDS = """
+local position = math.max(tonumber(ARGV[1]), tonumber(redis.call('HGET', KEYS[4], 'position') or '0'))
+local version = math.max(tonumber(ARGV[2]), tonumber(redis.call('HGET', KEYS[4], 'version') or '0'))
+redis.call('HSET', KEYS[4], 'position', position, 'version', version)
+local n = redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, '(' .. position)
+for _, gid in ipairs(redis.call('ZRANGE', KEYS[2], '-inf', '(' .. version, 'BYSCORE')) do
+  if not redis.call('ZSCORE', KEYS[3], gid) then
+    redis.call('ZREM', KEYS[2], gid)
+    n = n + 1
+  end
+end
+return n
+"""
+
+# KEYS: released_ids, put_ids, version.
+# A namespace written by an sr1 that kept both as plain sets: each becomes a sorted set, the released ids without a
+# position (-1: kept), the put ids at the published version (forgotten once a checkpoint's version passes it and they
+# are no longer in flight). Run twice (or on every open): they are sorted sets already and nothing changes.
+UPGRADE_ID_SETS = """
+local scores = {-1, tonumber(redis.call('GET', KEYS[3]) or '0')}
+local n = 0
+for k = 1, 2 do
+  if redis.call('TYPE', KEYS[k]).ok == 'set' then
+    local ids = redis.call('SMEMBERS', KEYS[k])
+    redis.call('DEL', KEYS[k])
+    for i = 1, #ids, 1000 do
+      local args = {}
+      for j = i, math.min(i + 999, #ids) do
+        args[#args + 1] = scores[k]
+        args[#args + 1] = ids[j]
+      end
+      redis.call('ZADD', KEYS[k], unpack(args))
+    end
+    n = n + #ids
+  end
 end
 return n
 """

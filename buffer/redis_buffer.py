@@ -22,8 +22,10 @@ Keys, all under `<namespace>:`
                    lets it be acked; its payload has left the stream already (only the pending entry remains)
     durable        sorted set group_id -> the version of the checkpoint that acked it, until older checkpoints are
                    pruned (a resume that finds a checkpoint torn releases its groups again: buffer/durable.py)
-    released_ids   set of every group_id released (a re-released id is skipped, e.g. after a learner resume)
-    put_ids        set of every group_id put (a second put of a group is a counted duplicate, never delivered)
+    released_ids   sorted set group_id -> feeder position: a re-released id is skipped (e.g. after a learner resume)
+    put_ids        sorted set group_id -> release version: a second put of a group is a counted duplicate, never
+                   delivered. Both forget what `forgotten_below` (hash: position, version) stands for once a
+                   checkpoint is written, so they hold about one checkpoint interval of ids (buffer/group_ids.py)
     counters       hash: released, produced, consumed, dropped (dynamic sampling), abandoned (dead-lettered while in
                    flight), malformed, duplicates, ...
     staleness      hash: per-token staleness -> count, reported by the learner
@@ -55,6 +57,7 @@ from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, 
 from buffer.connection import connect
 from buffer.durable import DurableGroups
 from buffer.evaluations import EvaluationRequests
+from buffer.group_ids import GroupIds
 from buffer.memory import RedisMemory
 from buffer.records import Group, PromptRecord
 from buffer.settings import BufferConfig
@@ -95,7 +98,7 @@ def open_buffer(cfg: BufferConfig, url: str | None = None) -> ReplayBuffer:
     return ReplayBuffer.from_config(cfg, url)
 
 
-class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
+class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups, GroupIds):
     """One run's buffer in Redis (sync redis-py; async callers use `asyncio.to_thread`)."""
 
     def __init__(
@@ -134,6 +137,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
                 if "BUSYGROUP" not in str(err):
                     raise
         self.check_eviction_policy()
+        self._upgrade_id_sets()
 
     @classmethod
     def from_config(cls, cfg: BufferConfig, url: str) -> ReplayBuffer:
@@ -164,26 +168,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
     def _rate_key(self, name: str) -> str:
         return self.key("rate", name, str(int(time.time() // RATE_BUCKET_S)))
 
-    # -- prompts: feeder -> generators ----------------------------------------------------------------------
-
-    def release_prompts(self, prompts: list[PromptRecord]) -> list[str]:
-        """Add prompts to the prompts stream and the in-flight set, counting them as released, in one step.
-
-        A group_id released before (a resumed feeder replaying its cursor) is skipped and counted as
-        `duplicate_releases`; the returned list holds the entry ids of the prompts actually released.
-        Sent again after a lost reply: every group id is in `released_ids` already, so nothing is released twice
-        (the retry returns no ids; the feeder then looks at the counts again).
-        """
-        if not prompts:
-            return []
-        return [_s(i) for i in self._release(prompts) if i]
-
-    def _release(self, prompts: list[PromptRecord], client: Any = None) -> Any:
-        args: list[Any] = [len(prompts)]
-        for p in prompts:
-            args += [p.group_id, int(p.release_version), encode_prompt(p)]
-        keys = [self.key("prompts"), self.key("released_ids"), self.key("inflight"), self.key("counters")]
-        return self._script(lua.RELEASE, keys, args, client=client)
+    # -- prompts: feeder -> generators (releases: buffer/group_ids.py) ------------------------------------
 
     def _reclaim(
         self,
@@ -289,8 +274,9 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
     def put_group(self, group: Group, prompt_entry_id: str = "") -> bool:
         """Add a finished group and finish its prompt, atomically. False if the group was put before
         (counted as a duplicate) or its payload is over `max_payload_bytes` (dead-lettered, counted).
-        Sent again after a lost reply: the group id is in `put_ids`, so the second copy is removed inside the same
-        transaction (never delivered) and counted as a duplicate; the retry returns False."""
+        Sent again after a lost reply: the group id is in `put_ids` (or below the watermark: buffer/group_ids.py), so
+        the second copy is removed inside the same transaction (never delivered) and counted as a duplicate; the
+        retry returns False."""
         return self.put_groups([(group, prompt_entry_id)])[0]
 
     def put_groups(self, items: Iterable[tuple[Group, str]]) -> list[bool]:
@@ -305,6 +291,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
             self.key("put_ids"),
             self.key("counters"),
             self._rate_key("produced"),
+            self.key("inflight"),
+            self.key("forgotten_below"),
         ]
         pipe = self._redis.pipeline(transaction=True)
         sent = []  # (payload index, position of its script reply in the transaction)
@@ -319,7 +307,8 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
             # group id was put before, inside the same MULTI, so no reader ever sees a second copy
             pipe.xadd(keys[0], {"gid": group.group_id, "d": payload})
             sent.append((i, len(pipe)))
-            self._script(lua.PUT, keys, [group.group_id, pid or "", self._rate_ttl], client=pipe)
+            args = [group.group_id, pid or "", self._rate_ttl, int(group.release_version)]
+            self._script(lua.PUT, keys, args, client=pipe)
         results = pipe.execute()
         for i, position in sent:
             if not results[position]:
@@ -496,10 +485,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups):
         for eid, gid in trained.items():
             prompt = dataclasses.replace(prompt_of(gid), release_version=version)
             args += [eid, gid, int(version), encode_prompt(prompt)]
-        keys = [
-            self.key(k)
-            for k in ("groups", "inflight", "released_ids", "put_ids", "trained", "counters", "prompts")
-        ]
+        keys = [self.key(k) for k in ("groups", "inflight", "put_ids", "trained", "counters", "prompts")]
         self._script(lua.RECALL, keys, args)
         return list(trained.values())
 

@@ -29,6 +29,7 @@ import torch
 from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.codec import CodecError, check_token_ids
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
+from buffer.group_ids import RELEASED_RECORD
 from buffer.records import Group
 from buffer.redis_buffer import open_buffer
 from buffer.staleness import StalenessKeeper
@@ -94,6 +95,7 @@ class StepCoordinator(StepHooks):
         # (entry id, group id) of the groups trained since the last checkpoint that was written: acked once one is
         self.unacked: list[tuple[str, str]] = []
         self.groups_path = Path(job.run_dir) / "learner_groups.jsonl"
+        self.released_record = Path(job.run_dir) / RELEASED_RECORD  # released ids Redis forgot (for audits)
         self._groups_file = None  # the groups each step used, one line per step (opened by `mark_start`)
         self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
         # the staleness bound of every release version, kept in Redis and in checkpoints (buffer/staleness.py)
@@ -313,6 +315,9 @@ class StepCoordinator(StepHooks):
         # durable now: never re-delivered; recorded until older checkpoints are pruned (a torn one is given up)
         self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
         self.unacked = []
+        # every prompt before its cursor was released, and what it acked left the in-flight set: Redis forgets
+        # those ids and keeps a watermark instead (buffer/group_ids.py)
+        self.buffer.forget_ids(state.cursor, state.version, record=self.released_record)
         oldest = checkpointer.oldest_kept()
         if oldest is not None:
             self.buffer.forget_durable(up_to=oldest)

@@ -250,6 +250,7 @@ def surviving_steps(run_dir: Path) -> list[dict]:
 
 
 def verify(chaos: ChaosRun, returncode: int, steps: int, max_staleness: int, published: list[int]) -> Verdict:
+    from buffer.group_ids import RELEASED_RECORD, released_group_ids
     from sr1.launch.redis_server import LocalRedis
 
     time.sleep(1.0)
@@ -260,7 +261,7 @@ def verify(chaos: ChaosRun, returncode: int, steps: int, max_staleness: int, pub
     trained = [gid for s in history for gid in s["group_ids"]]
     with LocalRedis(run_dir / "redis") as server:  # the run stopped its Redis: read the AOF it left
         client = redis.Redis.from_url(server.url)
-        released = {g.decode() for g in client.smembers("sr1:released_ids")}
+        released = released_group_ids(client, "sr1", run_dir / RELEASED_RECORD)  # Redis forgets old ones
         pending = {g.decode() for g in client.zrange("sr1:inflight", 0, -1)}
         histogram = {int(k): int(v) for k, v in client.hgetall("sr1:staleness").items()}
         dead = {fields.get(b"gid", b"").decode() for _, fields in client.xrange("sr1:dead")} & released
@@ -363,15 +364,17 @@ class FaultInjector:
     def malformed_group(self) -> None:
         """A released group whose payload arrives as garbage (as from a broken generator): released and put in one
         transaction, the way the feeder and a generator would, so no generator is involved."""
+        from buffer.group_ids import NO_POSITION
         from buffer.records import make_group_id
 
         buf = self._buffer()
         group_id = make_group_id("chaos", "malformed", self.injected)
         pipe = buf._redis.pipeline(transaction=True)
-        pipe.sadd("sr1:released_ids", group_id)
-        pipe.zadd("sr1:inflight", {group_id: buf.version()})
+        version = buf.version()
+        pipe.zadd("sr1:released_ids", {group_id: NO_POSITION})
+        pipe.zadd("sr1:inflight", {group_id: version})
         pipe.hincrby("sr1:counters", "released", 1)
-        pipe.sadd("sr1:put_ids", group_id)
+        pipe.zadd("sr1:put_ids", {group_id: version})
         pipe.xadd("sr1:groups", {"gid": group_id, "d": b"\x00 chaos: not a group"})
         pipe.execute()
         buf.close()

@@ -147,8 +147,8 @@ class NetworkCounts:
     tool_errors: int  # the generator's failed searches (report)
     recoveries: list[tuple[str, int, float]]  # (injection, version when it ended, s until the next version)
     duplicates: int  # groups put twice (a put delivered again after a cut): counted, never delivered
-    # Redis memory of a queued group (its stream entry), and what every group of the run keeps for good (its id in
-    # released_ids and put_ids), measured on the run's AOF
+    # Redis memory of a queued group (its stream entry), and of a group id kept for de-duplication (in released_ids
+    # and put_ids, until a checkpoint lets them go: buffer/group_ids.py), measured on the run's AOF
     bytes_per_group: float | None
     id_bytes_per_group: float | None
 
@@ -274,18 +274,22 @@ class NetworkInjector:
 
 
 def group_memory(run_dir: Path) -> tuple[float | None, float | None]:
-    """What one group not trained yet costs Redis (MEMORY USAGE of the groups stream / its length), and what every
-    group of the run keeps for good (its id in `released_ids` and `put_ids`), read from the run's AOF after the run:
-    the groups released past the last step are still queued there."""
+    """What one group not trained yet costs Redis (MEMORY USAGE of the groups stream / its length), and what a group
+    costs while `released_ids` and `put_ids` keep its id (each set's MEMORY USAGE / its length, added; None when
+    either is empty), read from the run's AOF after the run: the groups released past the last step are still queued
+    there."""
     from sr1.launch.redis_server import LocalRedis
 
     with LocalRedis(run_dir / "redis") as server:
         client = redis.Redis.from_url(server.url)
-        queued, released = client.xlen("sr1:groups"), client.scard("sr1:released_ids")
+        queued = client.xlen("sr1:groups")
         stream = client.memory_usage("sr1:groups", samples=0) if queued else None
-        ids = sum(client.memory_usage(k, samples=0) or 0 for k in ("sr1:released_ids", "sr1:put_ids"))
+        per_id = []
+        for key in ("sr1:released_ids", "sr1:put_ids"):
+            if length := client.zcard(key):
+                per_id.append((client.memory_usage(key, samples=0) or 0) / length)
         client.close()
-    return (stream / queued if stream else None), (ids / released if released else None)
+    return (stream / queued if stream else None), (sum(per_id) if len(per_id) == 2 else None)
 
 
 def count_network_events(run_dir: Path, injector: NetworkInjector) -> NetworkCounts:

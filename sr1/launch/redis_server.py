@@ -36,8 +36,9 @@ REDIS_USER = "sr1"
 # PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like; INFO, which the buffer reads
 # its memory and eviction policy from, is given back by name).
 SR1_COMMANDS = (
-    "info get set mget exists del unlink expire incr incrby "
-    "hget hmget hset hdel hgetall hincrby hlen sadd srem smembers scard zadd zrem zrange zremrangebyscore zcard "
+    "info get set mget exists del unlink expire incr incrby type "
+    "hget hmget hset hdel hgetall hincrby hlen sadd srem smembers scard "
+    "zadd zrem zrange zremrangebyscore zcard zscore "
     "rpush lmove lrem lindex "
     "xadd xack xclaim xautoclaim xdel xlen xpending xrange xrevrange xread xreadgroup xgroup|create "
     "eval evalsha script|load multi exec discard watch unwatch"

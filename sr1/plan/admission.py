@@ -45,7 +45,7 @@ class CountingBuffer:
     def released_count(self) -> int:
         return len(self.released)
 
-    def release_prompts(self, prompts: list[PromptRecord]) -> list[PromptRecord]:
+    def release_prompts(self, prompts: list[PromptRecord], positions=None) -> list[PromptRecord]:
         self.released += prompts
         return prompts
 

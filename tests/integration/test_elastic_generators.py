@@ -25,6 +25,8 @@ import psutil
 import pytest
 import redis
 
+from buffer.group_ids import RELEASED_RECORD, released_group_ids
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 STEPS = 16
@@ -239,7 +241,7 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
     trained = [gid for s in steps for gid in s["group_ids"]]
     assert len(trained) == len(set(trained)) == STEPS * 4
     client = redis.Redis.from_url(url)
-    released = {g.decode() for g in client.smembers(f"{NAMESPACE}:released_ids")}
+    released = released_group_ids(client, NAMESPACE, run_dir / RELEASED_RECORD)
     pending = {g.decode() for g in client.zrange(f"{NAMESPACE}:inflight", 0, -1)}
     client.close()
     server.stop()

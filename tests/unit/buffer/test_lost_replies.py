@@ -174,6 +174,28 @@ def test_a_durable_recall_sent_twice_releases_each_prompt_once(buf, lose):
     assert lose.lost == 2 and buf.durable_after(-1) == []
 
 
+def test_forgetting_ids_sent_twice_forgets_once_and_records_each_id(buf, lose, tmp_path):
+    """The trim after a checkpoint, resent after a lost reply: the watermark stays, nothing more is forgotten, each
+    forgotten released id is in the record once, and what was forgotten is still recognised."""
+    prompts = [make_prompt(i) for i in range(3)]
+    buf.release_prompts(prompts, positions=[0, 1, 2])
+    for c in buf.claim_prompts("gen-0", 3):
+        buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
+    taken = buf.take(3, block_ms=0)
+    buf.ack_durable([t.entry_id for t in taken[:2]], [t.group.group_id for t in taken[:2]], version=2)
+    record = tmp_path / "released_groups.txt"
+    lose.next_script(lua.FORGET_IDS)
+    buf.forget_ids(position=2, version=2, record=record)
+    assert lose.lost == 1 and buf.forgotten_below() == (2, 2)
+    assert record.read_text().splitlines() == [p.group_id for p in prompts[:2]]
+    raw = _raw(buf)
+    assert raw.zrange(buf.key("released_ids"), 0, -1) == [prompts[2].group_id.encode()]
+    assert raw.zrange(buf.key("put_ids"), 0, -1) == [taken[2].group.group_id.encode()]  # in flight: kept
+    assert buf.release_prompts(prompts[:1], positions=[0]) == []
+    assert not buf.put_group(make_group(prompts[0], n=2, response_len=10))
+    assert _counters(buf)["duplicate_releases"] == 1 and _counters(buf)["duplicates"] == 1
+
+
 def test_a_dead_letter_sent_twice_is_counted_and_replaced_once(buf, lose):
     buf.release_prompts([make_prompt(0)])
     buf._redis.xadd(buf.key("groups"), {"gid": make_prompt(0).group_id, "d": b"\x00 not a group"})

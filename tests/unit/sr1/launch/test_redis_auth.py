@@ -31,7 +31,7 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     """What sr1's parts do with Redis during a run: prompts, leases and their reclaim, groups, acks, heartbeats,
     stats, evaluations and the weight-sync rendezvous (Lua scripts included)."""
     buf = ReplayBuffer(url, namespace, lease_s=0.05, reconnect_s=0)
-    buf.release_prompts([make_prompt(i) for i in range(4)])
+    buf.release_prompts([make_prompt(i) for i in range(4)], positions=range(4))
     buf.claim_prompts("gen-0", 2)
     time.sleep(0.1)
     claimed = buf.claim_prompts("gen-1", 4)  # gen-0's two leases expired: reclaimed, and two new prompts
@@ -45,6 +45,8 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     buf.fail_prompt("gen-1", claimed[3].entry_id, "engine error")
     assert buf.replaced_count() == 1 and buf.dead_letters()
     buf.publish_version(1)
+    buf.forget_ids(position=4, version=1)  # after a checkpoint: the ids below the watermark leave Redis
+    assert not buf.put_group(taken[0].group)  # a late copy, recognised by the watermark: a duplicate
     buf.heartbeat("gen-0", "generator", {"rollout/groups_done": 3})
     assert buf.version() == 1 and [w["worker_id"] for w in buf.workers()] == ["gen-0"]
     assert buf.stats()["buffer/consumed"] == 2
