@@ -573,8 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=2)
-    from chaos_checkpoints import add_arguments as add_checkpoint_fault_arguments
-    from chaos_checkpoints import main as checkpoint_faults_main
+    from scripts.chaos_checkpoints import add_arguments as add_checkpoint_fault_arguments
+    from scripts.chaos_checkpoints import main as checkpoint_faults_main
 
     add_checkpoint_fault_arguments(parser)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")

@@ -26,11 +26,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import ChaosRun, Verdict, run_overrides, verify
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.chaos import ChaosRun, Verdict, run_overrides, verify  # noqa: E402
 
 CHECKPOINT_FAULTS = ("torn-checkpoint", "disk-full")
 EXIT_CHECKPOINT_FAILED = (

@@ -17,17 +17,15 @@ resume skips it, loads the one before and finishes the run; the same audit holds
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[2]
 # a kill every 2 steps or so (the last one lands at step 11 at the latest, whatever CHAOS_SEED), a checkpoint every
 # 3: the learner's and the parent's kills each lose a step or two since a checkpoint, as with longer runs
 STEPS = 12
@@ -39,13 +37,7 @@ RETRIEVER_DOWN_S = 20  # `scripts/chaos.py --faults` takes 60 by default
 
 
 def _chaos_script(name: str = "chaos"):
-    if name != "chaos":
-        _chaos_script()  # scripts/chaos_checkpoints.py imports it
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"scripts.{name}")
 
 
 def test_kill_every_part_in_turn_and_finish(tmp_path):
