@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from pathlib import Path
 
 import pytest
 
