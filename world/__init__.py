@@ -28,7 +28,9 @@ the same kind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -97,13 +99,9 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
     world = _paths(out_dir)
     marker_path = out_dir / MARKER_FILE
     wanted = _marker(seed, world_sizes)
-    complete = all(
-        p.exists() for p in (world.corpus_path, world.train_path, world.test_path, world.model_dir)
-    )
-    if complete and marker_path.exists() and json.loads(marker_path.read_text()) == wanted:
+    if _is_built(world, marker_path, wanted):
         log.info("tiny world: cached in %s", out_dir)
         return world
-    marker_path.unlink(missing_ok=True)
     if not pinned():
         # the build itself runs in a child process with the math libraries pinned (they read these at load time)
         cmd = [
@@ -117,10 +115,18 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
             "--sizes",
             json.dumps(sizes),
         ] + ([] if progress else ["--quiet"])
-        if progress:
-            print(f"[tiny world] building seed {seed} into {out_dir} (once per seed and size)", flush=True)
-        # the build dies with whoever started it (a killed `sr1 run` leaves no build running)
-        subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True, preexec_fn=die_with_parent)
+        # one build at a time per directory: a second `sr1 run` (or test) started meanwhile waits for it, then finds
+        # the world built
+        with _build_lock(out_dir, progress):
+            if _is_built(world, marker_path, wanted):
+                return world
+            marker_path.unlink(missing_ok=True)
+            if progress:
+                print(
+                    f"[tiny world] building seed {seed} into {out_dir} (once per seed and size)", flush=True
+                )
+            # the build dies with whoever started it (a killed `sr1 run` leaves no build running)
+            subprocess.run(cmd, env=os.environ | PINNED_ENV, check=True, preexec_fn=die_with_parent)
         if not marker_path.exists():
             raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")
         return world
@@ -143,6 +149,28 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
     warm_start(kb, trajectories, world.model_dir, world_sizes, seed=seed, progress=progress)
     marker_path.write_text(json.dumps(wanted, indent=2))
     return world
+
+
+def _is_built(world: TinyWorld, marker_path: Path, wanted: dict) -> bool:
+    """Whether the world's files are there and its marker says they were built with these parameters."""
+    complete = all(
+        p.exists() for p in (world.corpus_path, world.train_path, world.test_path, world.model_dir)
+    )
+    return complete and marker_path.exists() and json.loads(marker_path.read_text()) == wanted
+
+
+@contextlib.contextmanager
+def _build_lock(out_dir: Path, progress: bool):
+    """An exclusive lock on `out_dir`'s build (a file beside it), held by the process that starts the build."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"[tiny world] another process is building {out_dir}: waiting for it", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def pinned() -> bool:
