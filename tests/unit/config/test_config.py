@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -111,14 +110,11 @@ def test_every_field_is_documented():
     assert not missing, f"fields without a description: {missing}"
 
 
-def test_sr1_help_is_fast_and_lists_commands():
-    start = time.perf_counter()
+def test_sr1_help_lists_commands_without_importing_heavy_libraries():
     out = subprocess.run([sys.executable, "-m", "sr1", "--help"], capture_output=True, text=True, check=True)
-    elapsed = time.perf_counter() - start
     for command in ("run", "retrieval", "generators", "learner", "buffer", "ask", "config"):
         assert command in out.stdout
-    # generous bound: heavy libraries (torch, vllm) take several seconds to import; the dispatcher must not
-    assert elapsed < 3.0, f"sr1 --help took {elapsed:.2f}s"
+    # heavy libraries (torch, vllm) take several seconds to import; the dispatcher must not (counted, not timed)
     modules = subprocess.run(
         [
             sys.executable,
