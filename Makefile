@@ -6,8 +6,6 @@ INSTALLER ?= auto
 PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
-# test workers (pytest-xdist, a whole file per worker at a time); each slow test starts a small cluster (~4 GB)
-JOBS ?= 2
 
 .PHONY: setup run test test-fast test-gpu gpu-check lint bench
 
@@ -21,10 +19,10 @@ run:  ## the main job: `sr1 run` on the embedded tiny default (ARGS="learner.max
 test:  ## the whole test suite, slow integration tests included (the tiny world the tests run on is built beside the install)
 	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER) --world ''
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup  ## every test not marked slow: the unit tests and the faster integration tests
-	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadfile -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-gpu: setup  ## the GPU tier (tests/gpu, marked gpu): needs a CUDA GPU, skipped with the reason without one
 	$(VENV)/bin/python -m pytest -m gpu tests/gpu $(PYTEST_ARGS)

@@ -12,15 +12,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """The slow tests first, then the rest, each in their own order: with several test workers (`make test`:
-    pytest-xdist, a whole file per worker at a time) the longest files start while the short ones are left for the
-    end, so no worker is left alone with a long one."""
-    # stable: each half keeps its order
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture
 def free_port() -> int:
     from sr1.launch.supervisor import free_port as _free_port

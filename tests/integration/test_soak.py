@@ -25,7 +25,7 @@ KINDS = {"sr1-run", "redis", "retrieval", "generator", "engine-core", "learner"}
 def test_a_short_soak_samples_every_process_and_stops_the_run_cleanly(tmp_path):
     out = tmp_path / "soak"
     cmd = [sys.executable, str(ROOT / "scripts" / "soak.py"), "--out", str(out)]
-    cmd += ["--duration", "80", "--interval", "3", "--warmup", "45", "--window", "15", "--bound", "0.5"]
+    cmd += ["--duration", "100", "--interval", "4", "--warmup", "55", "--window", "20", "--bound", "0.5"]
     cmd += ["--", "eval.max_prompts=16"]
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)

@@ -75,6 +75,9 @@ def test_uv_installs_torch_from_where_pip_finds_it_under_the_pins_without_the_un
     assert pip_uv[-1] == f"uv=={setup_env.UV_VERSION}"
     assert "--dry-run" in dry_run and setup_env.TORCH_CPU in dry_run
     assert install[0] == str(setup.venv / "bin" / "uv") and install[1:3] == ["pip", "install"]
+    assert (
+        "--compile-bytecode" in install
+    )  # where Python may not write bytecode, every import compiles otherwise
     assert install[install.index("--constraints") + 1] == str(setup_env.CONSTRAINTS)
     assert runner.torch_url in install and install[-2:] == ["-e", f"{setup_env.ROOT}[cpu,dev]"]
     for name in setup_env.LEFT_OUT:
@@ -208,3 +211,17 @@ def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_
     )  # it failed: sr1 run builds the world instead
     assert (tmp_path / "args").read_text().split() == ["-m", "sr1", "world", "seed=101"]
     assert "`sr1 run` builds it instead" in out.getvalue() and "build.log" in out.getvalue()
+
+
+def test_the_projects_packages_are_compiled_to_bytecode(setup_env, tmp_path, monkeypatch):
+    """compile_project writes the bytecode of the project's packages (in a copy of one, here) even where the
+    environment tells Python not to write it on import."""
+    import sys
+
+    package = tmp_path / "buffer"
+    package.mkdir()
+    (package / "thing.py").write_text("X = 1\n")
+    monkeypatch.setattr(setup_env, "ROOT", tmp_path)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    setup_env.compile_project(sys.executable)
+    assert list((package / "__pycache__").glob("thing.*.pyc"))
