@@ -61,17 +61,25 @@ def _ray_start(*args: str, log: Path) -> subprocess.Popen:
     return proc
 
 
-def _stop_group(pgid: int) -> None:
+def _stop_groups(pgids: list[int]) -> None:
+    """SIGTERM every process group at once, then SIGKILL what is left after 10 s."""
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
+        for pgid in pgids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not [pgid for pgid in pgids if _alive(pgid)]:
                 return
             time.sleep(0.2)
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +124,7 @@ def ray_cluster(tmp_path_factory):
         )
         yield address
     finally:
-        for pgid in groups:
-            _stop_group(pgid)
+        _stop_groups(groups)
         shutil.rmtree(temp, ignore_errors=True)
 
 
