@@ -262,10 +262,24 @@ class NetworkInjector:
                 self.releases_paused_seen |= buffer.release_pause_reason() is not None
                 self._hold(0.5, "Redis at its high water")
             used = int(client.info("memory")["used_memory"])
+            refused = out_of_memory_lines(self.run.run_dir)
             client.config_set(
                 "maxmemory", str(int(used * 0.9))
             )  # full: every write that adds memory is refused
             self._hold(self.memory_s, "a full Redis")
+            # a full Redis that no write met (the generators paused after a retrieval cut, the learner between two
+            # writes) goes on until a write is refused, at most 30 s more, as a cut is held until it meets traffic
+            if out_of_memory_lines(self.run.run_dir) == refused:
+                until = time.monotonic() + 30
+                self.run.wait(
+                    lambda: (
+                        out_of_memory_lines(self.run.run_dir) > refused
+                        or time.monotonic() >= until
+                        or self.run.parent.poll() is not None
+                    ),
+                    35,
+                    "a full Redis (held until a write meets it)",
+                )
         finally:
             with contextlib.suppress(redis.RedisError):  # the run (and its Redis) may have ended meanwhile
                 client.config_set("maxmemory", before)
@@ -292,14 +306,22 @@ def group_memory(run_dir: Path) -> tuple[float | None, float | None]:
     return (stream / queued if stream else None), (sum(per_id) if len(per_id) == 2 else None)
 
 
+def out_of_memory_lines(run_dir: Path) -> int:
+    """How many lines of the run's logs say a write met a full Redis."""
+    lines = 0
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        text = log.read_text(errors="replace")
+        lines += text.count("out of memory") + text.count("the put waits")
+    return lines
+
+
 def count_network_events(run_dir: Path, injector: NetworkInjector) -> NetworkCounts:
     report = json.loads((run_dir / "report.json").read_text())
     per_group, per_id = group_memory(run_dir)
-    unreachable, oom = {}, 0
+    unreachable = {}
     for log in sorted((run_dir / "logs").glob("*.log")):
-        text = log.read_text(errors="replace")
-        unreachable[log.name] = text.count("redis unreachable")
-        oom += text.count("out of memory") + text.count("the put waits")
+        unreachable[log.name] = log.read_text(errors="replace").count("redis unreachable")
+    oom = out_of_memory_lines(run_dir)
     return NetworkCounts(
         cuts=injector.cuts,
         redis_unreachable_lines=unreachable,
