@@ -406,21 +406,29 @@ def stamp_of(extras: str, constraints: Path = CONSTRAINTS) -> str:
     return f"{digest.hexdigest()[:16]} {extras}"
 
 
-def compile_installed(venv_python: str) -> None:
-    """The bytecode of everything installed in the venv that has none yet (an existing venv reinstalled by uv gets
-    it only for the packages uv touched)."""
-    script = "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=1, workers=0)"
+def compile_bytecode(venv_python: str, directories: list[str]) -> None:
+    """The bytecode of every module under `directories` that has none yet (or an outdated one)."""
     subprocess.run(
-        [venv_python, "-c", script], check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [venv_python, "-m", "compileall", "-q", "-j", "0", *directories],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
+
+
+def compile_installed(venv_python: str) -> None:
+    """Everything installed in the venv (an existing venv reinstalled by uv gets bytecode only for the packages uv
+    touched)."""
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run(
+        [venv_python, "-c", where], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    compile_bytecode(venv_python, [site])
 
 
 def compile_project(venv_python: str) -> None:
-    """The bytecode of the project's own packages (a second or so; files already compiled are skipped)."""
-    packages = [str(ROOT / name) for name in PACKAGES if (ROOT / name).is_dir()]
-    subprocess.run(
-        [venv_python, "-m", "compileall", "-q", "-j", "0", *packages], check=False, stdout=subprocess.DEVNULL
-    )
+    """The project's own packages (a second or so; files already compiled are skipped)."""
+    compile_bytecode(venv_python, [str(ROOT / name) for name in PACKAGES if (ROOT / name).is_dir()])
 
 
 def ensure_redis(venv_python: str, reporter: Reporter) -> None:

@@ -131,6 +131,7 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
             raise RuntimeError(f"the tiny world build in {out_dir} ended without its marker file")
         return world
 
+    marker_path.unlink(missing_ok=True)  # a build cut short leaves no marker behind
     say = print if progress else (lambda *_, **__: None)
     say("[tiny world] the knowledge base, its corpus and questions, the warm-start trajectories", flush=True)
     kb = build_kb(seed, world_sizes)
