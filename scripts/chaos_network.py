@@ -8,7 +8,7 @@ process controls; the sr1 run is the real one (its own Redis with its AOF, its r
 the gloo learner), only its clients' addresses point at the proxies. The Redis proxy tells its clients apart by the
 process behind each connection, so one of them can be cut and the others not.
 
-Faults:
+Faults (the full Redis first, then the cuts):
 - cut-generator-redis: the generator's connections to Redis black-holed for each of `--cut-s` in turn (accepted,
   nothing forwarded either way, what was sent delivered when the cut ends, as after a partition: a command may run
   after the client gave up on it);
@@ -115,10 +115,12 @@ class ProxiedRun(ChaosRun):
 
 
 def injections(faults: list[str], cuts_s: list[float]) -> list[str]:
-    """What is injected, in order: each cut fault once per duration of `cuts_s` (the shorter first), as
-    "<fault> <seconds>s"; the other faults once, after them."""
+    """What is injected, in order: the faults that are not cuts once (a full Redis), then each cut fault once per
+    duration of `cuts_s` (the shorter first), as "<fault> <seconds>s". The full Redis goes first: a long cut can
+    take several versions to recover from, and a full Redis injected near the run's last step may see the run end
+    before any write meets it."""
     cuts = [f"{fault} {seconds:g}s" for seconds in sorted(cuts_s) for fault in faults if fault in CUTS]
-    return cuts + [fault for fault in faults if fault not in CUTS]
+    return [fault for fault in faults if fault not in CUTS] + cuts
 
 
 def parse_injection(injection: str) -> tuple[str, float | None]:

@@ -23,18 +23,18 @@ def _counts(
     )
 
 
-def test_every_cut_is_made_once_per_duration_the_shorter_first_and_the_memory_fault_last():
+def test_the_memory_fault_comes_first_then_every_cut_once_per_duration_the_shorter_first():
     injected = injections(list(NETWORK_FAULTS), [20, 5])
     assert injected == [
+        "redis-maxmemory",
         "cut-generator-redis 5s",
         "cut-learner-redis 5s",
         "cut-generator-retrieval 5s",
         "cut-generator-redis 20s",
         "cut-learner-redis 20s",
         "cut-generator-retrieval 20s",
-        "redis-maxmemory",
     ]
-    assert [parse_injection(i) for i in injected[2:4]] == [
+    assert [parse_injection(i) for i in injected[3:5]] == [
         ("cut-generator-retrieval", 5.0),
         ("cut-generator-redis", 20.0),
     ]
