@@ -19,6 +19,8 @@ KEYS = (
     "critic/explained_var",
 )
 
+pytestmark = pytest.mark.slow  # several processes, or many steps: `make test-fast` leaves it out
+
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
     from learner.settings import LearnerConfig

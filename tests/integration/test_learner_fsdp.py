@@ -10,6 +10,8 @@ import pytest
 
 STEPS = 3
 
+pytestmark = pytest.mark.slow  # several processes, or many steps: `make test-fast` leaves it out
+
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
     from learner.settings import LearnerConfig

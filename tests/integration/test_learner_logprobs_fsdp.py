@@ -10,6 +10,8 @@ import os
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # several processes, or many steps: `make test-fast` leaves it out
+
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str) -> None:
     os.environ.update(

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+pytestmark = pytest.mark.slow  # several processes, or many steps: `make test-fast` leaves it out
+
 NAMESPACE = "resume"
 
 

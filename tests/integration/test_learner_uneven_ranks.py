@@ -106,6 +106,7 @@ def _check_same_update(one: tuple[dict, dict], many: tuple[dict, dict], ranks: i
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_three_ranks_on_seven_groups_match_one_rank(case, one_rank, tiny_model_dir, tmp_path, free_port):

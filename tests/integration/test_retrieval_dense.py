@@ -178,6 +178,7 @@ def test_mismatched_index_and_corpus_is_refused(dense, tmp_path):
         DenseRetriever(retriever.encoder, small, retriever.store)
 
 
+@pytest.mark.slow
 def test_cli_builds_a_dense_index_and_serves_it(corpus, tmp_path):
     import subprocess
     import sys

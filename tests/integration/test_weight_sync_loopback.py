@@ -111,6 +111,7 @@ def test_publish_delivers_every_tensor_exactly_to_every_receiver(redis_url, rv, 
             assert torch.equal(got2[name], tensor.to(torch.bfloat16)), name
 
 
+@pytest.mark.slow
 def test_receiver_dying_mid_publish_makes_publish_raise_then_a_new_epoch_works(redis_url, rv, tmp_path):
     healthy = _start(redis_url, "healthy", num_updates=1)
     dying = _start(redis_url, "dying", die_after_buckets=1)
@@ -246,6 +247,7 @@ def test_engine_side_raises_within_the_timeout_when_the_learner_dies(redis_url, 
     assert learner.exitcode == 1
 
 
+@pytest.mark.slow
 def test_two_fsdp_ranks_publish_bf16_that_equals_the_full_weights_cast(
     redis_url, tmp_path, tiny_model_dir, free_port
 ):

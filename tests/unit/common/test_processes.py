@@ -37,6 +37,7 @@ def _alive(pid: int) -> bool:
         return stat.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_child_dies_with_its_killed_parent_only_when_tied(tied):
     parent = subprocess.Popen(

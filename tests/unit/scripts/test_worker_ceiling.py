@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from scripts import bench_generators
 
 
+@pytest.mark.slow
 def test_the_null_engine_bench_reports_sane_figures_and_well_formed_trajectories(
     qwen_tokenizer_dir, tmp_path, capsys
 ):
