@@ -190,11 +190,16 @@ redis.call('SET', KEYS[2], ARGV[2])
 return 1
 """
 
-# KEYS: staleness histogram, this call's idempotency key. ARGV: key ttl, then pairs (staleness, token count).
-# Run twice: the idempotency key (one per call, kept for the ttl) is set by the first run, so the second adds nothing.
+# KEYS: staleness histogram, the sorted set of recent calls (call id -> Redis time). ARGV: how long a call id is kept
+# (s), this call's id, then pairs (staleness, token count).
+# Run twice: the first run adds the call id, so the second adds nothing. One key for every call: the ids older than
+# the ttl are trimmed (last, so that ZADD is the first write and a full Redis refuses the script whole).
 RECORD_CONSUMED = """
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then return 0 end
-for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 0 end
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZADD', KEYS[2], now, ARGV[2])
+for i = 3, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))
 return 1
 """
 

@@ -22,9 +22,9 @@ from buffer.memory import MIB
 RATE_BUCKET_S = 5  # produced/consumed rates are counted in buckets of this many seconds ...
 RATE_WINDOW_BUCKETS = 6  # ... and averaged over this many of them (30 s)
 STALENESS_HIST = "buffer/staleness_hist/"  # + k: trained tokens that were k versions old
-_RECORDED_TTL_S = (
-    3600  # how long a recorded step's idempotency key is kept (a lost reply is resent well within it)
-)
+# How long a recorded step's call id is kept: a resent call comes within `buffer.reconnect_s`, and a first copy the
+# network held back arrives, at the latest, when TCP gives up retransmitting it (about 15 min with Linux's defaults)
+_RECORDED_TTL_S = 1200
 log = logging.getLogger(__name__)
 
 
@@ -117,17 +117,18 @@ class RunStats:
 
     def record_consumed(self, staleness: list[int] | np.ndarray) -> None:
         """Add one step's per-token staleness (consuming version - token version) to the histogram. Sent again after
-        a lost reply it adds nothing: the call's idempotency key is set by the first run (buffer/lua.py)."""
+        a lost reply it adds nothing: the first run records the call's id (buffer/lua.py), kept for 20 minutes in one
+        sorted set, so the keys do not grow with the steps."""
         values = np.asarray(staleness, dtype=np.int64).ravel()
         if values.size == 0:
             return
         if values.min() < 0:
             raise ValueError(f"staleness must be >= 0, got min {int(values.min())}")
         counts = np.bincount(values)
-        args: list[Any] = [_RECORDED_TTL_S]
+        args: list[Any] = [_RECORDED_TTL_S, uuid.uuid4().hex]
         for value in np.nonzero(counts)[0]:
             args += [int(value), int(counts[value])]
-        keys = [self.key("staleness"), self.key("staleness", "recorded", uuid.uuid4().hex)]
+        keys = [self.key("staleness"), self.key("staleness", "recorded")]
         self._script(lua.RECORD_CONSUMED, keys, args)
 
     def memory_gauges(self) -> dict[str, Any]:

@@ -189,6 +189,22 @@ def test_staleness_histogram_and_rates(buf):
         buf.record_consumed([-1])
 
 
+def test_recording_many_steps_keeps_one_key_of_recent_call_ids(buf, redis_url, monkeypatch):
+    """A long run records a step every few seconds: the call ids guarding against a resent record live in one sorted
+    set and leave it after their ttl, so neither the key count nor the set grows with the steps."""
+    from buffer import stats
+
+    raw = redis.Redis.from_url(redis_url)
+    for _ in range(50):
+        buf.record_consumed([0, 1])
+    assert sorted(k.decode() for k in raw.keys("t:staleness*")) == ["t:staleness", "t:staleness:recorded"]
+    assert raw.zcard("t:staleness:recorded") == 50 and buf.staleness_histogram() == {0: 50, 1: 50}
+    monkeypatch.setattr(stats, "_RECORDED_TTL_S", 1)
+    time.sleep(2.1)  # Redis TIME has whole seconds
+    buf.record_consumed([2])
+    assert raw.zcard("t:staleness:recorded") == 1 and buf.staleness_histogram() == {0: 50, 1: 50, 2: 1}
+
+
 def test_namespaces_are_isolated(redis_url):
     a, b = ReplayBuffer(redis_url, "a"), ReplayBuffer(redis_url, "b")
     a.release_prompts([make_prompt(0)])
