@@ -4,19 +4,20 @@
     sr1 launch tiny learner.total_steps=2 --on generators=node2 --on learner=node:10.0.0.1
     sr1 launch --resume runs/tiny-20261122-101500
 
-Redis, the retrieval server, one generator worker per engine and one learner process per rank each run in a slot of
-a Ray placement group (sr1/launch/ray.py): GPUs are split by the config — `generators.num_engines` bundles of
-`generators.engine.tensor_parallel_size` GPUs, `learner.num_ranks` bundles of one — and on a cluster without GPUs by
-one CPU each (`num_cpus`). `--on PART=RESOURCE` pins a part (redis, retrieval, generators, learner) to the nodes
-that have RESOURCE: a custom resource (`ray start --resources='{"node2": 1}'`) or a node's `node:<ip>`. Redis listens
-on its node's address with a password made for the run (an ACL user allowed only sr1's commands on the run's keys;
-sr1/launch/redis_server.py), the retrieval server on its node's with a bearer token made for the run (unless
-`retrieval.token` gives one); both travel to the pools in their job files, owner-only like `<run_dir>/redis/url`,
-and are never printed. Learner rank 0's node hosts torch.distributed's store and weight sync's
-(`weight_sync.master_addr`), found once the ranks are placed. Without RAY_ADDRESS (or --ray-address) it joins a Ray instance already running on this machine
-(`ray start --head`), else starts a local one with at least one logical CPU per slot. A cluster that can never hold
-the run (too few CPUs or GPUs, an `--on` resource no node has) fails at once with the numbers, before anything is
-placed; the run directory is locked before that, so a second launcher of a live run holds no Ray resource.
+Redis, the retrieval server, one generator worker per engine and one learner process per rank each run in a slot of a
+Ray placement group (sr1/launch/ray.py): GPUs are split by the config (sr1/launch/ray_placement.py) —
+`generators.num_engines` bundles of `generators.engine.tensor_parallel_size` GPUs, `learner.num_ranks` bundles of one
+— and on a cluster without GPUs by one CPU each (`num_cpus`). `--on PART=RESOURCE` pins a part (redis, retrieval,
+generators, learner) to the nodes that have RESOURCE: a custom resource (`ray start --resources='{"node2": 1}'`) or a
+node's `node:<ip>`. Redis listens on its node's address with a password made for the run (an ACL user allowed only
+sr1's commands on the run's keys; sr1/launch/redis_server.py), the retrieval server on its node's with a bearer token
+made for the run (unless `retrieval.token` gives one); both travel to the pools in their job files, owner-only like
+`<run_dir>/redis/url`, and are never printed. Learner rank 0's node hosts torch.distributed's store and weight sync's
+(`weight_sync.master_addr`), found once the ranks are placed. Without RAY_ADDRESS (or --ray-address) it joins a Ray
+instance already running on this machine (`ray start --head`), else starts a local one with at least one logical CPU
+per slot. A cluster that can never hold the run (too few CPUs or GPUs, an `--on` resource no node has) fails at once
+with the numbers, before anything is placed; the run directory is locked before that, so a second launcher of a live
+run holds no Ray resource.
 
 Everything else is `sr1 run` (sr1/run.py): the run directory and its lock, the tiny world, evaluation before and
 after, the report, `--resume`; the same supervisor restarts a dead part with the same bounded policy (a lost Ray
@@ -41,14 +42,9 @@ from buffer.settings import local_redis_dir
 from config import Config
 from config.loader import write_private
 from sr1.launch.lock import RunLock
-from sr1.launch.ray import (
-    RaySupervisor,
-    RemoteChild,
-    check_gpus,
-    generator_bundle,
-    learner_bundle,
-    place_learner,
-)
+from sr1.launch.ray import RaySupervisor, place_learner
+from sr1.launch.ray_host import RemoteChild
+from sr1.launch.ray_placement import check_gpus, generator_bundle, learner_bundle
 from sr1.launch.redis_server import LocalRedis
 from sr1.launch.supervisor import Child, RestartPolicy
 from sr1.live import LiveView

@@ -25,7 +25,8 @@ import time
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
 from sr1 import entrypoints
 from sr1.launch.lock import RunLock, RunLocked
-from sr1.launch.ray import RaySupervisor, generator_bundle, place_learner
+from sr1.launch.ray import RaySupervisor, place_learner
+from sr1.launch.ray_placement import generator_bundle
 from sr1.launch.supervisor import Child, Supervisor, free_port, python_module
 from sr1.preflight import BadInput, check_inputs
 
@@ -68,7 +69,7 @@ def rank_env(rank: int, world_size: int, addr: str, port: int, local_rank: int, 
 
 def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = False) -> list[Child]:
     """One worker process per engine, each with its job file in `<run_dir>/jobs/` and its GPU slice (with
-    `generators.use_ray`, Ray gives each engine its GPUs instead: sr1/launch/ray.py)."""
+    `generators.use_ray`, Ray gives each engine its GPUs instead: sr1/launch/ray_placement.py)."""
     run_dir = cfg.resolved_run_dir
     tp = cfg.generators.engine.tensor_parallel_size
     slices = [None] * num_engines if cfg.generators.use_ray else gpu_slices(num_engines, tp)

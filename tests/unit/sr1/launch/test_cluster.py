@@ -20,7 +20,8 @@ from sr1.launch.cluster import (
     reachable_redis_command,
 )
 from sr1.launch.lock import RunLock, RunLocked
-from sr1.launch.ray import LOST, RemoteChild, Slot, check_gpus, forwarded_env, pool_of
+from sr1.launch.ray_host import LOST, RemoteChild, Slot, forwarded_env
+from sr1.launch.ray_placement import check_gpus, pool_of
 from sr1.launch.redis_server import LocalRedis
 from sr1.launch.supervisor import Child, python_module
 
