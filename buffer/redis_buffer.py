@@ -37,7 +37,10 @@ Keys, all under `<namespace>:`
 Every write that must not be torn (put a group and finish its prompt; ack and leave the in-flight set) is one Lua
 script (buffer/lua.py), so a crash between two calls never loses or duplicates a group. Every write is also safe to
 send again when its reply was lost (each method says how; docs/network-and-redis.md, "Lost replies", lists them all).
-Heartbeats, the staleness histogram and `stats()` are in buffer/stats.py, evaluation requests in
+This module holds the streams' common steps and the group side (put, take, ack, trained, recalled). The rest is
+mixed in: prompt leases (claim, renew, fail, give back) are in buffer/prompt_leases.py, dead letters in
+buffer/dead_letters.py, releases and the remembered group ids in buffer/group_ids.py, durable groups in
+buffer/durable.py, heartbeats, the staleness histogram and `stats()` in buffer/stats.py, evaluation requests in
 buffer/evaluations.py, Redis's memory (the release pause, the eviction policy) in buffer/memory.py.
 """
 
@@ -53,12 +56,14 @@ from typing import Any
 import redis
 
 from buffer import lua
-from buffer.codec import CodecError, decode_group, decode_prompt, encode_group, encode_prompt
+from buffer.codec import CodecError, decode_group, encode_group, encode_prompt
 from buffer.connection import connect
+from buffer.dead_letters import DeadLetters
 from buffer.durable import DurableGroups
 from buffer.evaluations import EvaluationRequests
 from buffer.group_ids import GroupIds
 from buffer.memory import RedisMemory
+from buffer.prompt_leases import PromptLeases
 from buffer.records import Group, PromptRecord
 from buffer.settings import BufferConfig
 from buffer.stats import RATE_BUCKET_S, RATE_WINDOW_BUCKETS, RunStats, _s
@@ -66,15 +71,6 @@ from buffer.stats import RATE_BUCKET_S, RATE_WINDOW_BUCKETS, RunStats, _s
 log = logging.getLogger(__name__)
 
 GENERATORS, LEARNER = lua.GENERATORS, lua.LEARNER
-DEAD_LETTER_MAXLEN = 10_000
-DEAD_LETTER_HEAD_BYTES = 4096  # how much of a rejected payload the dead-letter entry keeps for debugging
-DEAD_LETTER_REASON_CHARS = 1000
-
-
-@dataclass
-class ClaimedPrompt:
-    entry_id: str
-    prompt: PromptRecord
 
 
 @dataclass
@@ -98,7 +94,9 @@ def open_buffer(cfg: BufferConfig, url: str | None = None) -> ReplayBuffer:
     return ReplayBuffer.from_config(cfg, url)
 
 
-class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups, GroupIds):
+class ReplayBuffer(
+    PromptLeases, DeadLetters, EvaluationRequests, RunStats, RedisMemory, DurableGroups, GroupIds
+):
     """One run's buffer in Redis (sync redis-py; async callers use `asyncio.to_thread`)."""
 
     def __init__(
@@ -168,7 +166,7 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups, Gro
     def _rate_key(self, name: str) -> str:
         return self.key("rate", name, str(int(time.time() // RATE_BUCKET_S)))
 
-    # -- prompts: feeder -> generators (releases: buffer/group_ids.py) ------------------------------------
+    # -- expired leases, on both streams (prompt leases: buffer/prompt_leases.py) ------------------------------
 
     def _reclaim(
         self,
@@ -203,71 +201,6 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups, Gro
             return []
         entries = self._redis.xclaim(stream, group, consumer, min_idle_ms, list(delivered))
         return [(eid, fields, delivered.get(eid, 0)) for eid, fields in entries if fields]
-
-    def claim_prompts(self, consumer: str, count: int, block_ms: int = 0) -> list[ClaimedPrompt]:
-        """Lease up to `count` prompts: expired leases of any generator first, then new prompts.
-
-        `block_ms` <= 0 does not wait; otherwise wait up to that long for new prompts (at most the client's
-        `max_block_ms`). A claim whose reply was lost leaves prompts leased to `consumer` that it never saw: the
-        worker gives them back (`leased_by`, `release_claims`) after a reconnect, else their leases expire.
-        """
-        stream = self.key("prompts")
-        entries = []
-        for eid, fields, delivered in self._reclaim(
-            stream, GENERATORS, consumer, self.lease_s, count, skip_own=False, throttle=False
-        ):
-            if delivered >= self.max_prompt_deliveries:
-                # a prompt that failed (or whose lease expired: it kills or hangs generators) on every delivery must
-                # not block the learner: it goes, with its last error, and admission releases another in its place
-                error = self._redis.hget(self.key("prompt_errors"), eid)
-                tried = f"after {delivered} deliveries (max_prompt_deliveries={self.max_prompt_deliveries})"
-                if error is not None:
-                    reason, counter = f"prompt failed {tried}: {_s(error)}", "failed_prompts"
-                else:
-                    reason, counter = f"prompt lease expired {tried}", "poison_prompts"
-                self._dead_letter(stream, GENERATORS, eid, fields, reason, counter=counter)
-            else:
-                entries.append((eid, fields))
-        if len(entries) < count:
-            new = self._read_new(stream, GENERATORS, consumer, count - len(entries), block_ms)
-            entries += [(eid, fields) for eid, fields in new if fields]
-        claimed = []
-        for eid, fields in entries:
-            try:
-                claimed.append(ClaimedPrompt(_s(eid), decode_prompt(fields.get(b"d"))))
-            except CodecError as err:
-                self._dead_letter(stream, GENERATORS, eid, fields, str(err))
-        return claimed
-
-    def renew_leases(self, consumer: str, entry_ids: list[str]) -> None:
-        """Reset the idle time of prompts this generator is still working on (long multi-turn rollouts).
-        Sent again: the idle time is reset again. Delivered late (after another generator reclaimed the lease) it
-        takes the lease back to `consumer`, which holds no task for it: the lease expires again and is reclaimed."""
-        if entry_ids:
-            self._redis.xclaim(self.key("prompts"), GENERATORS, consumer, 0, entry_ids, justid=True)
-
-    def leased_by(self, consumer: str, count: int = 10_000) -> list[str]:
-        """Entry ids of the prompts `consumer` holds a lease on (after a restart: the leases of its earlier life)."""
-        pending = self._redis.xpending_range(
-            self.key("prompts"), GENERATORS, "-", "+", count, consumername=consumer
-        )
-        return [_s(p["message_id"]) for p in pending]
-
-    def fail_prompt(self, consumer: str, entry_id: str, error: str) -> None:
-        """A generator could not finish this prompt: record the error and give the lease back, so that another try
-        starts at once; after `max_prompt_deliveries` tries the prompt is dead-lettered with this error.
-        Sent again: the same error is set again and the lease given back again (a claim, not this, counts tries)."""
-        self._redis.hset(self.key("prompt_errors"), entry_id, error[:DEAD_LETTER_REASON_CHARS])
-        self.release_claims(consumer, [entry_id])
-
-    def release_claims(self, consumer: str, entry_ids: list[str]) -> None:
-        """Give leased prompts back (shutdown): they look expired, so the next claim by anyone takes them.
-        Sent again: they look expired again (JUSTID: the delivery count is not raised)."""
-        if entry_ids:
-            idle_ms = int(self.lease_s * 1000) + 1000
-            self._redis.xclaim(
-                self.key("prompts"), GENERATORS, consumer, 0, entry_ids, idle=idle_ms, justid=True
-            )
 
     # -- groups: generators -> learner ----------------------------------------------------------------------
 
@@ -315,71 +248,6 @@ class ReplayBuffer(EvaluationRequests, RunStats, RedisMemory, DurableGroups, Gro
                 ok[i] = False
                 log.info("group %s was put before; counted as a duplicate", payloads[i][0].group_id)
         return ok
-
-    def _reject_oversized(self, pipe, group: Group, payload: bytes, prompt_entry_id: str) -> None:
-        reason = f"payload of {len(payload)} bytes exceeds max_payload_bytes={self.max_payload_bytes}"
-        log.warning("group %s rejected: %s", group.group_id, reason)
-        # the group will never arrive: its prompt is finished, it leaves the in-flight set (the learner does not wait
-        # for it) and admission releases another prompt in its place
-        self._dead_letter_script(
-            "put",
-            self.key("prompts"),
-            GENERATORS,
-            prompt_entry_id,
-            group.group_id,
-            reason,
-            payload,
-            "oversized",
-            pipe,
-        )
-
-    def _dead_letter_script(
-        self,
-        stream_name: str,
-        stream: str,
-        group: str,
-        entry_id: str,
-        gid: str,
-        reason: str,
-        payload: bytes,
-        counter: str,
-        client: Any = None,
-    ) -> Any:
-        keys = [
-            self.key("dead"),
-            self.key("counters"),
-            stream,
-            self.key("inflight"),
-            self.key("prompt_errors"),
-        ]
-        args = [
-            entry_id,
-            group,
-            gid,
-            reason,
-            payload[:DEAD_LETTER_HEAD_BYTES],
-            counter,
-            DEAD_LETTER_MAXLEN,
-            stream_name,
-        ]
-        return self._script(lua.DEAD_LETTER, keys, args, client=client)
-
-    def _dead_letter(
-        self,
-        stream: str,
-        group: str,
-        entry_id: bytes | str,
-        fields: dict,
-        reason: str,
-        counter: str = "malformed",
-    ) -> None:
-        """Move an entry aside with the reason, count it under `counter`, and finish it so nobody reads it again; a
-        group in flight leaves the in-flight set and is replaced by admission (`abandoned`). One script (buffer/lua.py
-        DEAD_LETTER); sent again after a lost reply it does nothing (the entry was acked by the first run)."""
-        gid = _s(fields.get(b"gid", b""))
-        payload = fields.get(b"d", b"") or b""
-        log.warning("dead-lettering %s entry %s (group %r): %s", stream, _s(entry_id), gid, reason)
-        self._dead_letter_script(stream, stream, group, _s(entry_id), gid, reason, payload, counter)
 
     def dead_letter_taken(self, taken: TakenGroup, reason: str) -> None:
         """A group the learner took and cannot train (e.g. a trajectory over its token budget): dead-lettered with

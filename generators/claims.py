@@ -24,7 +24,8 @@ import logging
 from typing import Any
 
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
-from buffer.redis_buffer import ClaimedPrompt, ReplayBuffer
+from buffer.prompt_leases import ClaimedPrompt
+from buffer.redis_buffer import ReplayBuffer
 from buffer.staleness import may_sample
 from generators.agent import AgentSettings, Rollout
 from generators.group import run_group
