@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from config import search_r1
+from config import search_r1, search_r1_keys
 from config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX, config_variables, env_name, meant_key
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, Config
@@ -262,7 +262,7 @@ def _translate(theirs: dict[str, tuple[str, Any]], root: type[BaseModel], build_
     except search_r1.TranslationError as err:
         raise ConfigError(f"override {err}") from None
     for key, note in translation.notes.items():
-        if not search_r1.KEYS[key].sets:  # the knob does nothing here: say what sr1 does instead
+        if not search_r1_keys.KEYS[key].sets:  # the knob does nothing here: say what sr1 does instead
             log.warning("override %r: %s", theirs[key][0], note)
     result: dict[str, Any] = {}
     for sr1_key, value in translation.values.items():

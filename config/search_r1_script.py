@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from config import search_r1
+from config import search_r1, search_r1_keys
 from config.loader import ConfigError, _fill_variant_types, _hydra_value, _read_yaml, load_config, preset_path
 from config.migrate import migrate
 from config.schema import Config
@@ -163,11 +163,11 @@ def translate_script(
     """Translate a script onto `base` (a preset; "auto": sr1's Search-R1 preset of the script's estimator; None:
     sr1's defaults). Every key must be known; a value sr1 cannot take is an error naming the key and the line."""
     script = parse_script(text, env)
-    unknown = [k for k in script.values if k not in search_r1.KEYS]
+    unknown = [k for k in script.values if k not in search_r1_keys.KEYS]
     if unknown:
         hints = [f"line {script.lines[k]}: {k} ({search_r1.unknown_key_hint(k, [])})" for k in unknown]
         raise ScriptError("unknown Search-R1 keys:\n  " + "\n  ".join(hints))
-    theirs = search_r1.resolve_interpolations(search_r1.verl_defaults() | script.values)
+    theirs = search_r1.resolve_interpolations(search_r1_keys.verl_defaults() | script.values)
     if base == "auto":
         base = BASES.get(theirs["algorithm.adv_estimator"])
     base_values = migrate(_read_yaml(preset_path(base)), str(base)) if base is not None else {}
@@ -188,8 +188,8 @@ def translate_script(
         raise ScriptError(f"{where}{err}") from None
     values = dict(translation.values)
     comments = {k: _comment(translation.origin[k], script, theirs) for k in values}
-    implied = search_r1.IMPLIED | (
-        search_r1.IMPLIED_PPO if values.get("learner.algorithm.type") == "ppo" else {}
+    implied = search_r1_keys.IMPLIED | (
+        search_r1_keys.IMPLIED_PPO if values.get("learner.algorithm.type") == "ppo" else {}
     )
     for key, (value, why) in implied.items():
         values[key] = value
@@ -200,7 +200,7 @@ def translate_script(
     _fill_variant_types(
         preset, {}
     )  # a union section the base does not give (task: format scores) names its type
-    accepted = [note for key, note in translation.notes.items() if not search_r1.KEYS[key].sets]
+    accepted = [note for key, note in translation.notes.items() if not search_r1_keys.KEYS[key].sets]
     return ScriptTranslation(preset, comments, accepted, None if base is None else str(base))
 
 
@@ -251,13 +251,14 @@ def preset_yaml(translation: ScriptTranslation, source: str) -> str:
 def search_r1_keys_doc() -> str:
     """`docs/search-r1-keys.md`: the key table rendered from `KEYS`, and what a whole script's translation sets."""
     rows = ["| Search-R1 / verl key | verl default | sr1 | note |", "|---|---|---|---|"]
-    for key, rule in search_r1.KEYS.items():
-        default = "" if rule.default is search_r1.NO_DEFAULT else f"`{rule.default!r}`"
+    for key, rule in search_r1_keys.KEYS.items():
+        default = "" if rule.default is search_r1_keys.NO_DEFAULT else f"`{rule.default!r}`"
         sets = ", ".join(f"`{s}`" for s in rule.sets) or "accepted"
         only = f" Only {' or '.join(repr(v) for v in rule.only)}." if rule.only is not None else ""
         rows.append(f"| `{key}` | {default} | {sets} | {(rule.note + only).strip().replace('|', '/')} |")
     implied = [
-        f"| `{k}` | `{v!r}` | {why} |" for k, (v, why) in (search_r1.IMPLIED | search_r1.IMPLIED_PPO).items()
+        f"| `{k}` | `{v!r}` | {why} |"
+        for k, (v, why) in (search_r1_keys.IMPLIED | search_r1_keys.IMPLIED_PPO).items()
     ]
     return _KEYS_DOC.format(table="\n".join(rows), implied="\n".join(implied))
 
@@ -265,7 +266,7 @@ def search_r1_keys_doc() -> str:
 _KEYS_DOC = """# Search-R1's keys in sr1
 
 Every key of Search-R1's (verl's) config that sr1 reads, its verl default, the sr1 key it sets and how. Generated from
-`config/search_r1.py` (`sr1 config search-r1-keys > docs/search-r1-keys.md`; a test checks that it is current); how to
+`config/search_r1_keys.py` (`sr1 config search-r1-keys > docs/search-r1-keys.md`; a test checks that it is current); how to
 use them: [coming from Search-R1](search-r1.md).
 
 ## The key table

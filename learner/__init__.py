@@ -5,6 +5,7 @@ loop.py              take -> train -> publish -> checkpoint -> ack: the coordina
 coordinator.py       the step coordinator (rank 0): prompt feeding, batches, heartbeats, the bound, publishing, acks
 steps.py             what every rank does in a step: train, stop vote, checkpoint, metrics row; its setup
 trainer.py           one optimisation step on all ranks
+step_metrics.py      the step's statistics, reduced over ranks, and the metrics it returns
 algorithms/          GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO, the off-policy corrections, KL, shaping
 model.py             the HF model under fully_shard, AdamW
 packing.py           token-budget packed micro-batches

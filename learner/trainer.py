@@ -12,7 +12,8 @@ the algorithm's loss (global token mean over the mini-batch on all ranks) and ba
 skipped with its gradients cleared: `loss/nonfinite_skipped`) -> warmup schedules, the KL controller -> version + 1.
 The version counts batches, not optimizer updates: one publish per batch. All ranks run the same number of
 forward/backward passes (FSDP2 collectives must line up), so a rank with fewer micro-batches runs an empty one with
-zero weight.
+zero weight. The statistics each micro-batch adds, their reduction over ranks and the metrics the step returns are
+learner/step_metrics.py's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from buffer.records import Group
 from buffer.staleness import StepBounds, check_staleness, largest_bound
 from learner.algorithms import AdvantageBatch, TokenAdvantages, TrajectoryTokens, build_algorithm, kl_estimate
-from learner.algorithms.corrections import effective_sample_size, offpolicy_stats
+from learner.algorithms.corrections import offpolicy_stats
 from learner.algorithms.settings import NoCorrection
 from learner.algorithms.shaping import shaped_rewards, truncated
 from learner.critic import Critic
@@ -40,45 +41,9 @@ from learner.minibatches import MiniBatch, PackedPart, plan_updates
 from learner.model import build_optimizer, clip_and_step, load_policy, reshard
 from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
 from learner.settings import LearnerConfig
+from learner.step_metrics import StepTotals, critic_metrics, step_metrics
 
 log = logging.getLogger(__name__)
-
-# per-token statistics summed over loss tokens (then divided by their count), in all-reduce order
-_SUM_KEYS = [
-    "pg_loss",
-    "is_weight",
-    "clipped",
-    "masked",
-    "mismatch_kl",
-    "entropy",
-    "kl",
-    "staleness",
-    "start_tokens",
-    "start_kl",
-    "start_weight",
-    "start_weight_sq",
-]
-_MAX_KEYS = ["is_weight", "staleness", "ratio"]
-_CRITIC_KEYS = ["value_loss", "value_clipped", "value", "return"]
-
-
-def _mean(values: list[torch.Tensor]) -> float:
-    """The mean of 0-d device tensors, read back once (0 when there are none)."""
-    return float(torch.stack(values).double().mean()) if values else 0.0
-
-
-@dataclasses.dataclass
-class _Totals:
-    """Sums and maxima over every update of the step, reduced over ranks at its end."""
-
-    sums: torch.Tensor
-    maxes: torch.Tensor
-    critic: torch.Tensor
-    tokens: float = 0.0  # loss tokens over all updates and ranks (the denominator of `sums`)
-    model_tokens: int = 0  # tokens through the policy on this rank
-    grad_norms: list[torch.Tensor] = dataclasses.field(default_factory=list)  # 0-d, on the device
-    critic_grad_norms: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    skipped_updates: int = 0  # policy updates skipped for a non-finite loss or gradient norm
 
 
 class Learner:
@@ -174,11 +139,7 @@ class Learner:
 
         # 5. ppo_epochs x mini-batches: log-probs, loss, backward, clip, AdamW (the critic's update beside)
         train_policy = self.critic is None or version >= algorithm.cfg.critic_warmup
-        totals = _Totals(
-            sums=torch.zeros(len(_SUM_KEYS), dtype=torch.float64, device=world.device),
-            maxes=torch.full((len(_MAX_KEYS),), -1e30, dtype=torch.float64, device=world.device),
-            critic=torch.zeros(len(_CRITIC_KEYS), dtype=torch.float64, device=world.device),
-        )
+        totals = StepTotals.zeros(world.device)
         for epoch in range(cfg.ppo_epochs):
             for i, mini in enumerate(updates):  # the first update runs at the step's starting weights
                 self._update(mini, version, totals, train_policy, at_start=epoch == 0 and i == 0)
@@ -198,64 +159,26 @@ class Learner:
         self.version += 1
 
         # 7. metrics, reduced over ranks
-        all_reduce(totals.sums, world, "sum")
-        all_reduce(totals.maxes, world, "max")
-        all_reduce(totals.critic, world, "sum")
-        model_tokens = torch.tensor([totals.model_tokens], dtype=torch.float64, device=world.device)
-        all_reduce(model_tokens, world, "sum")
-        denominator = max(totals.tokens, 1.0)
-        sums = dict(zip(_SUM_KEYS, totals.sums.tolist(), strict=True))
-        mean = {k: float(v) / denominator for k, v in sums.items()}
-        peak = dict(zip(_MAX_KEYS, totals.maxes.tolist(), strict=True))
+        reduced = totals.reduce(world)
         if self.reference is not None and train_policy:
-            algorithm.kl_controller.update(mean["kl"], sum(len(g.trajectories) for g in groups))
-        elapsed = time.perf_counter() - start
-        raw = np.concatenate([g.rewards for g in groups]) if groups else np.zeros(1)
-        shaped = np.concatenate(rewards) if groups else np.zeros(1)
-        trajectories = [t for g in groups for t in g.trajectories]
-        metrics = {
-            "loss/pg": mean["pg_loss"],
-            "loss/entropy": mean["entropy"],
-            "loss/kl_ref": mean["kl"],
-            "loss/mismatch_kl": mean["mismatch_kl"],
-            "loss/clipped_frac": mean["clipped"],
-            "loss/masked_frac": mean["masked"],
-            "loss/ratio_max": peak["ratio"],
-            "is/weight_mean": mean["is_weight"],
-            "is/weight_max": peak["is_weight"],
-            "loss/offpolicy_kl": sums["start_kl"] / max(sums["start_tokens"], 1.0),
-            "loss/is_ess": effective_sample_size(
-                sums["start_weight"], sums["start_weight_sq"], sums["start_tokens"]
-            ),
-            "loss/grad_norm": _mean(totals.grad_norms),
-            "loss/nonfinite_skipped": 1.0 if totals.skipped_updates else 0.0,
-            "loss/lr": lr,
-            "kl/coef": algorithm.kl_controller.value,
-            "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
-            "staleness/max": int(staleness.max()) if staleness.size else 0,
-            "staleness/bound": bounds.in_force,
-            "batch/reward_mean": float(raw.mean()),
-            "batch/overlong_penalty_mean": float((shaped - raw).mean()),
-            "batch/truncated_frac": float(np.mean([truncated(t) for t in trajectories]))
-            if trajectories
-            else 0.0,
-            "batch/zero_adv_groups": adv.zero_adv_groups,
-            "batch/groups": len(groups),
-            "batch/loss_tokens": int(max(sum(m.loss_tokens for m in updates), 1.0)),
-            "batch/tool_calls_per_traj": float(np.mean([t.info.get("tool_calls", 0) for t in trajectories]))
-            if trajectories
-            else 0.0,
-            "batch/response_len_mean": float(np.mean([len(t.response_ids) for t in trajectories]))
-            if trajectories
-            else 0.0,
-            "perf/train_s": elapsed,
-            "perf/tokens_per_s": float(model_tokens.item()) / elapsed,
-            "perf/micro_batches": sum(len(m.micro_batches) for m in updates),
-            "perf/updates": len(updates) * cfg.ppo_epochs,
-            "learner/version": self.version,
-        }
+            algorithm.kl_controller.update(reduced.mean["kl"], sum(len(g.trajectories) for g in groups))
+        metrics = step_metrics(
+            reduced,
+            totals,
+            lr=lr,
+            kl_coef=algorithm.kl_controller.value,
+            staleness=staleness,
+            bounds=bounds,
+            groups=groups,
+            rewards=rewards,
+            zero_adv_groups=adv.zero_adv_groups,
+            updates=updates,
+            ppo_epochs=cfg.ppo_epochs,
+            elapsed=time.perf_counter() - start,
+            version=self.version,
+        )
         if self.critic is not None:
-            metrics |= self._critic_metrics(totals, critic_lr, updates, denominator)
+            metrics |= critic_metrics(totals, critic_lr, updates, reduced.denominator, self._sum_over_ranks)
         return metrics
 
     # -- the parts of the step --------------------------------------------------------------------------------
@@ -366,7 +289,7 @@ class Learner:
         return result
 
     def _update(
-        self, mini: MiniBatch, version: int, totals: _Totals, train_policy: bool, at_start: bool = False
+        self, mini: MiniBatch, version: int, totals: StepTotals, train_policy: bool, at_start: bool = False
     ) -> None:
         """One optimizer update on a mini-batch: backward per micro-batch (gradient sync on the last), then step.
         `at_start`: the weights are still the step's starting ones (its first update)."""
@@ -386,22 +309,13 @@ class Learner:
                     (loss * scale).backward()
                     nonfinite[0] += (~torch.isfinite(loss.detach())).float()
                     totals.model_tokens += mb.num_tokens
-                    self._accumulate(totals.sums, totals.maxes, stats)
+                    totals.add(stats)
                 if self.critic is not None:
                     loss_mask = mb.loss_mask[mb.keep]
                     value_loss, stats = self.critic.loss(mb, part.old_values, part.returns, loss_mask)
                     (value_loss * scale).backward()
                     nonfinite[1] += (~torch.isfinite(value_loss.detach())).float()
-                    mask = loss_mask > 0
-                    totals.critic += torch.stack(
-                        [
-                            value_loss.detach().double(),
-                            *(
-                                torch.where(mask, stats[k].double(), 0.0).sum()
-                                for k in ("value_clipped", "value", "return")
-                            ),
-                        ]
-                    )
+                    totals.add_critic(value_loss, stats, loss_mask)
         totals.tokens += mini.loss_tokens
         all_reduce(nonfinite, world, "sum")
         nonfinite = nonfinite > 0
@@ -427,42 +341,6 @@ class Learner:
             model.set_requires_gradient_sync(last or not self.execution.defer_grad_sync)
             if self.execution.keep_unsharded:
                 model.set_reshard_after_backward(last)
-
-    def _critic_metrics(
-        self, totals: _Totals, lr: float | None, updates: list[MiniBatch], denominator: float
-    ) -> dict[str, float]:
-        """The value loss and the critic's fit: explained variance of the returns by the values before the step."""
-        mean = {k: float(v) / denominator for k, v in zip(_CRITIC_KEYS, totals.critic.tolist(), strict=True)}
-        moments = np.zeros(5)  # count, sum R, sum R^2, sum (R - V), sum (R - V)^2 over sampled tokens
-        for mini in updates:
-            for part in mini.micro_batches:
-                mask = part.mb.loss_mask[part.mb.keep].to(part.returns.device) > 0
-                returns, values = part.returns[mask].double(), part.old_values[mask].double()
-                error = returns - values
-                moments += np.array(
-                    [
-                        mask.sum().item(),
-                        returns.sum().item(),
-                        returns.square().sum().item(),
-                        error.sum().item(),
-                        error.square().sum().item(),
-                    ]
-                )
-        count, r_sum, r_sq, e_sum, e_sq = self._sum_over_ranks(moments)
-        explained = 0.0
-        if count > 1:
-            var_returns = (r_sq - r_sum * r_sum / count) / (count - 1)
-            var_error = (e_sq - e_sum * e_sum / count) / (count - 1)
-            explained = float(1.0 - var_error / var_returns) if var_returns > 1e-12 else 0.0
-        return {
-            "critic/value_loss": mean["value_loss"],
-            "critic/clipped_frac": mean["value_clipped"],
-            "critic/value_mean": mean["value"],
-            "critic/return_mean": mean["return"],
-            "critic/explained_var": explained,
-            "critic/grad_norm": _mean(totals.critic_grad_norms),
-            "critic/lr": lr,
-        }
 
     def _micro_batch_loss(
         self, mb: MicroBatch, version: int, part: PackedPart, at_start: bool = False
@@ -498,17 +376,6 @@ class Learner:
         )
         stats |= offpolicy_stats(start, mb.behavior_logprobs[keep])
         return per_token.sum(), stats
-
-    @staticmethod
-    def _accumulate(sums: torch.Tensor, maxes: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
-        """Add a micro-batch's statistics over its loss tokens, on the device (no value is read back here)."""
-        mask = stats["loss_mask"] > 0
-        if mask.numel() == 0:
-            return
-        for i, key in enumerate(_SUM_KEYS):
-            sums[i] += torch.where(mask, stats[key].double(), 0.0).sum()
-        for i, key in enumerate(_MAX_KEYS):
-            maxes[i] = torch.maximum(maxes[i], torch.where(mask, stats[key].double(), -torch.inf).max())
 
     # -- state a checkpoint keeps beside the weights ----------------------------------------------------------
     def resume_extra(self) -> dict:

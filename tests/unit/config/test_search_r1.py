@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from config import ConfigError, load_config, load_job
-from config.search_r1 import IMPLIED, KEYS, resolve_interpolations, translate, verl_defaults
+from config.search_r1 import resolve_interpolations, translate
+from config.search_r1_keys import IMPLIED, KEYS, verl_defaults
 from config.search_r1_script import (
     ScriptError,
     parse_script,
