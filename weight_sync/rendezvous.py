@@ -135,12 +135,26 @@ class Rendezvous:
         missing = _INFO_KEYS - set(info)
         if missing:
             raise ValueError(f"rendezvous info lacks {sorted(missing)}; got keys {sorted(info)}")
+        epoch = int(info["epoch"])
         pipe = self._redis.pipeline()
-        # A fresh epoch starts with a fresh rank counter and member table.
-        pipe.delete(self._key("rank", info["epoch"]), self._key("members", info["epoch"]))
+        # A fresh epoch starts with a fresh rank counter and member table; the previous epochs' are nobody's any more
+        # (the learner keeps its group's members itself): a run that re-forms its group at every evaluation would
+        # otherwise keep two keys per epoch for the TTL.
+        stale = {epoch, epoch - 1, *self._published_epochs()} - {0}
+        pipe.delete(
+            *(self._key(kind, e) for e in sorted(stale) if e <= epoch for kind in ("rank", "members"))
+        )
         pipe.set(self._key("rendezvous"), json.dumps(info), ex=_TTL_S)
         self._add_event(pipe, "rendezvous", info["epoch"])
         pipe.execute()
+
+    def _published_epochs(self) -> set[int]:
+        """The epoch of the rendezvous published now, if any (empty when there is none or it does not parse)."""
+        try:
+            current = self.read()
+        except MalformedJSON:
+            return set()
+        return {int(current["epoch"])} if current else set()
 
     def read(self) -> dict | None:
         """The current rendezvous info, or None when no learner has published one."""

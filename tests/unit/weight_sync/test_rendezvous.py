@@ -272,3 +272,25 @@ def test_a_completed_versions_ack_set_goes_when_the_next_version_completes(other
     rv.wait_acks(7, 1, timeout_s=5)  # ... and version 5, completed before 7, is deleted
     assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:6", b"wsackgc:ws:acks:7"]
     client.close()
+
+
+def test_a_new_epoch_deletes_the_rank_counter_and_members_of_the_ones_before(other_ns, redis_url):
+    """The learner re-forms its group whenever an engine leaves it (every evaluation pins an engine's weights): in a
+    soak each epoch left its rank counter and member table for the TTL, two keys per evaluation."""
+    import redis
+
+    rv = other_ns("wsepochgc")
+    client = redis.Redis.from_url(redis_url)
+    for epoch in range(1, 8):
+        rv.publish({**INFO, "epoch": epoch})
+        rv.claim_rank(epoch, "g0")
+        assert rv.members(epoch) == {1: "g0"}
+    assert sorted(client.keys("wsepochgc:ws:rank:*") + client.keys("wsepochgc:ws:members:*")) == [
+        b"wsepochgc:ws:members:7",
+        b"wsepochgc:ws:rank:7",
+    ]
+    rv.claim_rank(9, "late")  # a claim in an epoch handed out but never published (a learner restarted)
+    rv.publish({**INFO, "epoch": 10})  # deletes the one published before (7) and the one just before it (9)
+    assert client.keys("wsepochgc:ws:rank:*") + client.keys("wsepochgc:ws:members:*") == []
+    assert rv.claim_rank(10, "g0") == 1 and rv.members(10) == {1: "g0"}
+    client.close()
