@@ -46,6 +46,14 @@ from learner.step_metrics import StepTotals, critic_metrics, step_metrics
 log = logging.getLogger(__name__)
 
 
+def _count_batch(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Step a warmup schedule once per batch, also after a batch whose update was skipped (a non-finite loss or
+    gradient norm: torch then warns that the scheduler stepped before the optimizer, which is meant here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+        scheduler.step()
+
+
 class Learner:
     def __init__(
         self,
@@ -149,13 +157,11 @@ class Learner:
         # 6. warmup schedules (the policy's waits through the critic's warmup), the KL controller, version + 1
         lr = self.scheduler.get_last_lr()[0]
         if train_policy:
-            with warnings.catch_warnings():  # the schedule counts batches, also one whose update was skipped
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
-                self.scheduler.step()
+            _count_batch(self.scheduler)
         critic_lr = None
         if self.critic is not None:
             critic_lr = self.critic.scheduler.get_last_lr()[0]
-            self.critic.scheduler.step()
+            _count_batch(self.critic.scheduler)
         self.version += 1
 
         # 7. metrics, reduced over ranks
