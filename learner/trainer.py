@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 import warnings
 from pathlib import Path
@@ -50,7 +51,7 @@ def _count_batch(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
     """Step a warmup schedule once per batch, also after a batch whose update was skipped (a non-finite loss or
     gradient norm: torch then warns that the scheduler stepped before the optimizer, which is meant here)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
         scheduler.step()
 
 
