@@ -555,7 +555,7 @@ def _network_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     verdict, counts = run_network_faults(
         args.out / f"network-{time.strftime('%Y%m%d-%H%M%S')}",
         faults,
-        steps=args.steps,
+        steps=args.steps or 4 * len(injected) + 20,
         seed=args.seed,
         cuts_s=cuts_s,
         memory_s=args.memory_s,
@@ -570,7 +570,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts to kill")
     parser.add_argument("--sequence", action="store_true", help="one run, the parts killed in turn")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps of the run (default 30; with --network 4 per injection plus 20: a full Redis or a long cut can "
+        "take several versions to recover from, and every injection needs steps after it)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=2)
     from scripts.chaos_checkpoints import add_arguments as add_checkpoint_fault_arguments
@@ -611,8 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-s", type=float, default=20.0, help="how long Redis stays at its high water, then full"
     )
     args = parser.parse_args(argv)
-    if args.network is not None:
+    if args.network is not None:  # its own default for --steps
         return _network_main(args, parser)
+    args.steps = args.steps or 30
     if args.faults is not None:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         if unknown := sorted(set(faults) - set(FAULTS)):
