@@ -190,15 +190,16 @@ redis.call('SET', KEYS[2], ARGV[2])
 return 1
 """
 
-# KEYS: staleness histogram, the sorted set of recent calls (call id -> Redis time). ARGV: how long a call id is kept
-# (s), this call's id, then pairs (staleness, token count).
+# KEYS: staleness histogram, the sorted set of recent calls (call id -> the caller's clock). ARGV: how long a call id
+# is kept (s), this call's id, the caller's time (s), then pairs (staleness, token count).
 # Run twice: the first run adds the call id, so the second adds nothing. One key for every call: the ids older than
-# the ttl are trimmed (last, so that ZADD is the first write and a full Redis refuses the script whole).
+# the ttl are trimmed (last, so that ZADD is the first write and a full Redis refuses the script whole). The time is
+# the caller's, sent with the call (a resent call sends the same), not Redis's TIME: the run's ACL does not grant it.
 RECORD_CONSUMED = """
 if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 0 end
-local now = tonumber(redis.call('TIME')[1])
+local now = tonumber(ARGV[3])
 redis.call('ZADD', KEYS[2], now, ARGV[2])
-for i = 3, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 4, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))
 return 1
 """

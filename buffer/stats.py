@@ -125,7 +125,7 @@ class RunStats:
         if values.min() < 0:
             raise ValueError(f"staleness must be >= 0, got min {int(values.min())}")
         counts = np.bincount(values)
-        args: list[Any] = [_RECORDED_TTL_S, uuid.uuid4().hex]
+        args: list[Any] = [_RECORDED_TTL_S, uuid.uuid4().hex, f"{time.time():.3f}"]
         for value in np.nonzero(counts)[0]:
             args += [int(value), int(counts[value])]
         keys = [self.key("staleness"), self.key("staleness", "recorded")]

@@ -45,6 +45,7 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     buf.fail_prompt("gen-1", claimed[3].entry_id, "engine error")
     assert buf.replaced_count() == 1 and buf.dead_letters()
     buf.publish_version(1)
+    buf.record_consumed([0, 1])  # the staleness histogram, guarded against a resent record
     buf.forget_ids(position=4, version=1)  # after a checkpoint: the ids below the watermark leave Redis
     assert not buf.put_group(taken[0].group)  # a late copy, recognised by the watermark: a duplicate
     buf.heartbeat("gen-0", "generator", {"rollout/groups_done": 3})
@@ -64,6 +65,7 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     rv.announce_update({"version": 1, "epoch": epoch, "buckets": [], "dtype": "float32"})
     rv.ack_update(1, "gen-0")
     rv.wait_acks(1, 1, timeout_s=2, expected=rv.members(epoch))
+    rv.publish({"addr": "127.0.0.1", "port": 1, "backend": "gloo", "epoch": rv.next_epoch(), "timeout_s": 5})
     rv.close()
 
 
