@@ -21,6 +21,7 @@ import torch
 
 from buffer.records import Group
 from buffer.staleness import StepBounds
+from common.heap import release_free_heap
 from common.model_paths import resolve_model_path, resolve_tokenizer_path
 from learner.checkpoint import Checkpointer, CheckpointWriteError, Resumed, ResumeState
 from learner.distributed import World, all_reduce
@@ -255,6 +256,9 @@ class RankSteps:
         )
         if version % self.log_every == 0 or self.done or self.net.failed_in_a_row != failed:
             self.tracker.log(row, step=version)
+        # Batches of a different packed length every step: give the pages freed since back, so that this process's
+        # resident memory shows what it holds (`common/heap.py`).
+        release_free_heap()
         if failing is not None:
             raise failing
         return stopping

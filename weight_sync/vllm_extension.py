@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from common.heap import release_free_heap
 from weight_sync.process_group import WeightSyncError, make_group, open_store
 from weight_sync.receiver import receive_update
 
@@ -96,6 +97,9 @@ class WeightSyncExtension:
             self.ws_leave()
             raise
         self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        # A reload re-materializes every layer and re-packs its weights: tensors of the same sizes, thousands of
+        # times a day; without this the worker's resident memory keeps the freed pages and creeps up for hours.
+        release_free_heap()
         log.info("weight sync: loaded %d tensors of version %s", len(named), update["version"])
         return len(named)
 
