@@ -14,12 +14,14 @@ launcher, Redis, the retrieval server and its workers, the generator workers and
 learner ranks): resident memory (RSS), open file descriptors and threads; and Redis's `used_memory` and key count
 (DBSIZE).
 
-The verdict (growth): for each series, the samples after `--warmup` (600 s) are taken, and the median of the first
-`--window` seconds of them (300) is compared with the median of the last `--window` seconds. A series fails when it
-grew by more than `--bound` (5 %) of its first median *and* by more than the metric's absolute floor (`FLOOR`:
-2 file descriptors, threads or keys: counts that small move with ordinary churn; memory has none). Medians of windows,
-not a fitted slope: a process that allocates in bursts (a checkpoint, an evaluation) then frees is flat, one that keeps
-what it allocated is not. A process of the run that exits or is restarted during the measured span fails the soak too.
+The verdict (growth): for each series, the samples after `--warmup` (600 s) are taken, and the first `--window`
+seconds of them (300) are compared with the last `--window` seconds, each window summed up by its median for memory
+and its maximum for counts (`STATISTIC`). A series fails when it grew by more than `--bound` (5 %) *and* by more
+than the metric's absolute floor (`FLOOR`: 2 file descriptors, threads or keys: counts that small move with ordinary
+churn; memory has none). Windows, not a fitted slope: a process that allocates in bursts (a checkpoint, an
+evaluation) then frees is flat, one that keeps what it allocated is not; a server whose connections swing between two
+levels is flat, one that keeps a descriptor is not. A process of the run that exits or is restarted during the
+measured span fails the soak too.
 
 Written to `--out`: samples.jsonl (one object per sample), samples.csv (one row per process, metric and sample),
 verdict.json, redis_keys.json (every key at the end: type, length, bytes), soak.png (one panel per metric) and

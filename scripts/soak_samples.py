@@ -18,6 +18,12 @@ PROCESS_METRICS = ("rss_mib", "fds", "threads")
 REDIS_METRICS = ("used_memory_mib", "keys")
 REDIS_SERIES = "redis-db"  # Redis's own figures (INFO, DBSIZE); the redis-server process is `redis[<pid>]`
 FLOOR = {"rss_mib": 0.0, "fds": 2.0, "threads": 2.0, "used_memory_mib": 0.0, "keys": 2.0}
+# How a window is summed up. Memory: the median (a burst that is freed again passes, memory that is kept does not).
+# Counts: the maximum. A server's descriptors swing between two levels as connections open and close (an
+# evaluation's, a search's), and a window that falls in a dip has a low median while nothing leaked; a leaked
+# descriptor, thread or key raises the maximum for good.
+STATISTIC = {"rss_mib": "median", "fds": "max", "threads": "max", "used_memory_mib": "median", "keys": "max"}
+_SUMMARY = {"median": statistics.median, "max": max}
 UNITS = {
     "rss_mib": "RSS (MiB)",
     "fds": "open file descriptors",
@@ -44,16 +50,16 @@ _KINDS = (
 class Growth:
     series: str  # "<process label> <metric>" or "redis-db <metric>"
     metric: str
-    first: float  # median of the first window after warm-up
-    last: float  # median of the last window
+    first: float  # the first window after warm-up, summed up by STATISTIC[metric]
+    last: float  # the last window, the same way
     growth: float  # (last - first) / first
     failed: bool
 
     def describe(self) -> str:
         what = "grew" if self.failed else "held"
         return (
-            f"{self.series}: {what} {self.growth:+.1%} ({self.first:.4g} -> {self.last:.4g}, median of the first "
-            f"and last windows after warm-up)"
+            f"{self.series}: {what} {self.growth:+.1%} ({self.first:.4g} -> {self.last:.4g}, "
+            f"{STATISTIC.get(self.metric, 'median')} of the first and last windows after warm-up)"
         )
 
 
@@ -76,7 +82,8 @@ def growth(
     last = [v for t, v in after if t > end - window_s]
     if not first or not last or end - start < window_s:
         return None
-    a, b = statistics.median(first), statistics.median(last)
+    summary = _SUMMARY[STATISTIC.get(metric, "median")]
+    a, b = summary(first), summary(last)
     rel = (b - a) / a if a > 0 else (0.0 if b <= a else float("inf"))
     failed = rel > bound and b - a > FLOOR.get(metric, 0.0)
     return Growth(series, metric, a, b, rel, failed)

@@ -26,7 +26,14 @@ def soak():
 
 
 def _samples(
-    rss, *, duration=3600.0, interval=30.0, redis_keys=lambda t: 20, pid=100, present=lambda t: True
+    rss,
+    *,
+    duration=3600.0,
+    interval=30.0,
+    redis_keys=lambda t: 20,
+    fds=lambda t: 30,
+    pid=100,
+    present=lambda t: True,
 ):
     """One sample every `interval` s of one learner process with RSS `rss(t)` and a Redis with `redis_keys(t)`."""
     samples = []
@@ -38,7 +45,7 @@ def _samples(
                 "kind": "learner",
                 "pid": pid,
                 "rss_mib": rss(t),
-                "fds": 30,
+                "fds": fds(t),
                 "threads": 12,
             }
         redis = {"used_memory_mib": 1.5, "keys": redis_keys(t), "version": i}
@@ -90,6 +97,22 @@ def test_small_counts_move_within_their_floor_but_a_growing_key_count_fails(soak
     assert problems == []  # +2 keys (10 %) is churn at this size: within the floor of 2
     _, problems = _judge(soak, _samples(lambda t: 800.0, redis_keys=lambda t: 20 + int(t // 120)))
     assert len(problems) == 1 and "redis-db keys" in problems[0]
+
+
+def test_descriptors_that_swing_between_two_levels_pass_but_a_descriptor_leak_fails(soak):
+    # a server's connections swing between ~40 and ~130 open; in a quieter spell (the first window, 600-900 s) they
+    # are at 130 in a third of the samples, elsewhere in two thirds: the medians of the windows are 40 and 130
+    def swinging(t):
+        peak = int(t // 30) % 3 == 0
+        return (130 if peak else 40) if 600 <= t < 900 else (40 if peak else 130)
+
+    results, problems = _judge(soak, _samples(lambda t: 800.0, fds=swinging))
+    assert problems == []
+    fds = next(r for r in results if r.metric == "fds")
+    assert fds.first == fds.last == 130  # counts are judged by the maxima of the windows
+    # one descriptor kept every 2 minutes on top of the same swing: the maximum climbs
+    _, problems = _judge(soak, _samples(lambda t: 800.0, fds=lambda t: swinging(t) + int(t // 120)))
+    assert len(problems) == 1 and "learner[100] fds" in problems[0] and "max of the first" in problems[0]
 
 
 def test_a_process_that_exits_or_appears_during_the_measured_span_is_named(soak):
