@@ -140,7 +140,7 @@ class Rendezvous:
         # A fresh epoch starts with a fresh rank counter and member table; the previous epochs' are nobody's any more
         # (the learner keeps its group's members itself): a run that re-forms its group at every evaluation would
         # otherwise keep two keys per epoch for the TTL.
-        stale = {epoch, epoch - 1, *self._published_epochs()} - {0}
+        stale = {epoch, epoch - 1, self._published_epoch()} - {0, None}
         pipe.delete(
             *(self._key(kind, e) for e in sorted(stale) if e <= epoch for kind in ("rank", "members"))
         )
@@ -148,13 +148,13 @@ class Rendezvous:
         self._add_event(pipe, "rendezvous", info["epoch"])
         pipe.execute()
 
-    def _published_epochs(self) -> set[int]:
-        """The epoch of the rendezvous published now, if any (empty when there is none or it does not parse)."""
+    def _published_epoch(self) -> int | None:
+        """The epoch of the rendezvous published now (None when there is none or it does not parse)."""
         try:
             current = self.read()
         except MalformedJSON:
-            return set()
-        return {int(current["epoch"])} if current else set()
+            return None
+        return int(current["epoch"]) if current else None
 
     def read(self) -> dict | None:
         """The current rendezvous info, or None when no learner has published one."""
