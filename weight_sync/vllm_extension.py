@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from common.heap import release_free_heap
+from common.heap import heap_usage, release_free_heap
 from weight_sync.process_group import WeightSyncError, make_group, open_store
 from weight_sync.receiver import receive_update
 
@@ -102,6 +102,13 @@ class WeightSyncExtension:
         release_free_heap()
         log.info("weight sync: loaded %d tensors of version %s", len(named), update["version"])
         return len(named)
+
+    def ws_memory(self) -> dict:
+        """This worker's memory, in MiB: resident (`rss_mib`) and malloc's `in_use_mib` / `free_mib` (absent without
+        glibc's `mallinfo2`). `scripts/worker_memory.py` samples it between updates."""
+        import psutil
+
+        return {"rss_mib": psutil.Process().memory_info().rss / 2**20, **(heap_usage() or {})}
 
     def ws_leave(self) -> None:
         """Drop this worker's membership (idempotent)."""

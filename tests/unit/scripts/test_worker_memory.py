@@ -1,0 +1,36 @@
+"""scripts/worker_memory.py's growth figure, from samples (the measurement itself: tests/integration/test_worker_memory.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def worker_memory():
+    spec = importlib.util.spec_from_file_location("worker_memory", ROOT / "scripts" / "worker_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_growth_needs_two_samples_after_the_warm_up(worker_memory):
+    samples = [{"update": 0, "rss_mib": 1.0}, {"update": 150, "rss_mib": 2.0}]
+    with pytest.raises(ValueError, match="fewer than two samples after the warm-up of 150"):
+        worker_memory.growth(samples, warmup=150)
+    assert worker_memory.growth(samples, warmup=0)["rss_mib"] == {
+        "mib": 1.0,
+        "mib_per_1000_updates": pytest.approx(1000 / 150),
+    }
+
+
+def test_arguments_that_leave_nothing_to_compare_are_refused(worker_memory, capsys):
+    with pytest.raises(SystemExit):
+        worker_memory.main(["--updates", "200", "--every", "100", "--warmup", "150"])
+    assert "exceeds --updates 200" in capsys.readouterr().err
