@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -34,3 +35,23 @@ def test_arguments_that_leave_nothing_to_compare_are_refused(worker_memory, caps
     with pytest.raises(SystemExit):
         worker_memory.main(["--updates", "200", "--every", "100", "--warmup", "150"])
     assert "exceeds --updates 200" in capsys.readouterr().err
+
+
+def test_saved_runs_are_drawn_into_one_figure_and_a_wrong_file_is_named(worker_memory, tmp_path, capsys):
+    runs = []
+    for kept in (True, False):
+        samples = [
+            {"update": u, "rss_mib": 100.0 + u * (0.1 if kept else 0.01), "in_use_mib": 80.0}
+            for u in (0, 10, 20)
+        ]
+        path = tmp_path / f"run-{kept}.json"
+        path.write_text(json.dumps({"args": {"keep_freed_heap": str(kept)}, "samples": samples}))
+        runs.append(path)
+    png = tmp_path / "both.png"
+    assert worker_memory.main(["--plot", *map(str, runs), "--png", str(png), "--warmup", "10"]) == 0
+    assert png.stat().st_size > 10_000
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"samples": []}')
+    with pytest.raises(SystemExit):
+        worker_memory.main(["--plot", str(bad), "--png", str(png)])
+    assert "bad.json: not a saved run of this script (no 'args' and 'samples')" in capsys.readouterr().err
