@@ -40,6 +40,7 @@ NOTES = {
     "docs/contributing.md": "adding a task, a retriever or an algorithm; tests, fakes, lint, docs",
     "docs/deployment.md": "Ray clusters, tensor-parallel engines, elastic generators, Redis at scale, the 8xH100 recipe",
     "docs/files.md": "one line per file (generated)",
+    "docs/memory-over-hours.md": "the soak test, and the freed heap memory the vLLM worker and the learner give back",
     "docs/metrics.md": "every metric key, what it means and which part reports it",
     "docs/parts.md": "each package in depth: tasks, the replay buffer, the generators",
     "docs/reliability.md": "crash anything, lose nothing: what happens when each part dies, the chaos test",
