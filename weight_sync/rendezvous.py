@@ -110,6 +110,9 @@ class Rendezvous:
         # rides out a Redis restart or a network cut; no reply is waited for longer than socket_timeout_s
         self._redis, self.reconnects = connect(redis_url, reconnect_s, socket_timeout_s)
         self._completed_version: int | None = None  # the last version whose acks `wait_acks` saw complete
+        self._waited_versions: set[int] = (
+            set()
+        )  # versions `wait_acks` waited on since then (their waits failed)
 
     def close(self) -> None:
         """Close the Redis client's connections."""
@@ -282,6 +285,7 @@ class Rendezvous:
         `expected` (rank -> worker id, e.g. from `members`) lets the error name the engines that did not ack.
         """
         deadline = time.monotonic() + timeout_s
+        self._waited_versions.add(version)
         acks_stream = self._key("ack_events")
         # taken before looking: an ack landing meanwhile still wakes the wait
         cursor = self._stream_cursor(acks_stream)
@@ -313,12 +317,15 @@ class Rendezvous:
             cursor = self._wait_stream(acks_stream, cursor, wait_s)
 
     def _forget_acks_before(self, version: int) -> None:
-        """Delete the ack set of the version completed before `version`: nobody reads it any more. Without this a
-        run kept one ack set per published version for `_ACKS_TTL_S` (an hour: hundreds of keys when a step takes
-        seconds); now one or two (a publish that failed leaves its set to the TTL)."""
-        if self._completed_version is not None and self._completed_version != version:
-            self._redis.delete(self._key("acks", self._completed_version))
+        """Delete the ack sets of the version completed before `version` and of every version waited on since whose
+        wait failed: nobody reads them any more. Without this a run kept one ack set per published version for
+        `_ACKS_TTL_S` (an hour: hundreds of keys when a step takes seconds), and a publish that timed out (an engine
+        too slow to ack, on a busy machine) still kept its set for the hour; now one stays, the last completed."""
+        stale = (self._waited_versions | {self._completed_version}) - {version, None}
+        if stale:
+            self._redis.delete(*(self._key("acks", v) for v in sorted(stale)))
         self._completed_version = version
+        self._waited_versions = set()
 
     def _announced(self, worker_ids: list[str]) -> bool:
         """Whether these engines ever announced themselves (engines without announcements, e.g. benchmark

@@ -267,10 +267,21 @@ def test_a_completed_versions_ack_set_goes_when_the_next_version_completes(other
         rv.wait_acks(version, 1, timeout_s=5)
         assert client.exists(f"wsackgc:ws:acks:{version}")
     assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:5"]
-    rv.ack_update(6, "g0")  # a publish whose acks never completed keeps its set (to the TTL) ...
+    rv.ack_update(6, "g0")  # a publish whose wait timed out (one of two engines acked) ...
+    with pytest.raises(TimeoutError):
+        rv.wait_acks(6, 2, timeout_s=0.2)
+    rv.ack_update(
+        8, "g0"
+    )  # ... and an ack of a version this learner never waited on (another learner's, late)
     rv.ack_update(7, "g0")
-    rv.wait_acks(7, 1, timeout_s=5)  # ... and version 5, completed before 7, is deleted
-    assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:6", b"wsackgc:ws:acks:7"]
+    rv.wait_acks(7, 1, timeout_s=5)  # 5 (completed before 7) and 6 (waited on, failed) are deleted
+    assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:7", b"wsackgc:ws:acks:8"]
+    rv.ack_update(9, "g0")
+    rv.wait_acks(9, 1, timeout_s=5)
+    assert sorted(client.keys("wsackgc:ws:acks:*")) == [
+        b"wsackgc:ws:acks:8",
+        b"wsackgc:ws:acks:9",
+    ]  # 8 to the TTL
     client.close()
 
 
