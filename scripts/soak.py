@@ -14,14 +14,15 @@ launcher, Redis, the retrieval server and its workers, the generator workers and
 learner ranks): resident memory (RSS), open file descriptors and threads; and Redis's `used_memory` and key count
 (DBSIZE).
 
-The verdict (growth): for each series, the samples after `--warmup` (600 s) are taken, and the first `--window`
-seconds of them (300) are compared with the last `--window` seconds, each window summed up by its median for memory
-and its maximum for counts (`STATISTIC`). A series fails when it grew by more than `--bound` (5 %) *and* by more
-than the metric's absolute floor (`FLOOR`: 2 file descriptors, threads or keys: counts that small move with ordinary
-churn; memory has none). Windows, not a fitted slope: a process that allocates in bursts (a checkpoint, an
-evaluation) then frees is flat, one that keeps what it allocated is not; a server whose connections swing between two
-levels is flat, one that keeps a descriptor is not. A process of the run that exits or is restarted during the
-measured span fails the soak too.
+The verdict (growth): for each series, a Theil-Sen line is fitted through the samples after `--warmup` (600 s): the
+median of the slopes between every two samples. Its rise from the first of them to the last, against its value at the
+first, is the growth. A series fails when it grew by more than `--bound` (5 %) *and* by more than the metric's
+absolute floor (`FLOOR`: 2 file descriptors, threads or keys: counts that small move with ordinary churn; memory has
+none). A robust line, not window medians or a least-squares fit: bursts (a checkpoint, an evaluation), a server whose
+descriptors swing with its connections and a process sampled sometimes mid-step and sometimes between steps (one
+that gives freed memory back after each step) do not tilt it; memory or descriptors that are kept do. A series must
+span `--window` seconds (300) after the warm-up to be judged. A process of the run that exits or is restarted during
+the measured span fails the soak too.
 
 Written to `--out`: samples.jsonl (one object per sample), samples.csv (one row per process, metric and sample),
 verdict.json, redis_keys.json (every key at the end: type, length, bytes), soak.png (one panel per metric) and
@@ -279,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds to run (default: 3600)")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples (default: 30)")
     parser.add_argument("--warmup", type=float, default=600.0, help="seconds not judged (default: 600)")
-    parser.add_argument("--window", type=float, default=300.0, help="seconds in each compared window (300)")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=300.0,
+        help="the shortest span after warm-up a series is judged over (300)",
+    )
     parser.add_argument("--bound", type=float, default=0.05, help="largest growth allowed (default: 0.05)")
     parser.add_argument("--stop-timeout", type=float, default=300.0, help="seconds to wait for a clean stop")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/soak-<time>)")

@@ -18,12 +18,6 @@ PROCESS_METRICS = ("rss_mib", "fds", "threads")
 REDIS_METRICS = ("used_memory_mib", "keys")
 REDIS_SERIES = "redis-db"  # Redis's own figures (INFO, DBSIZE); the redis-server process is `redis[<pid>]`
 FLOOR = {"rss_mib": 0.0, "fds": 2.0, "threads": 2.0, "used_memory_mib": 0.0, "keys": 2.0}
-# How a window is summed up. Memory: the median (a burst that is freed again passes, memory that is kept does not).
-# Counts: the maximum. A server's descriptors swing between two levels as connections open and close (an
-# evaluation's, a search's), and a window that falls in a dip has a low median while nothing leaked; a leaked
-# descriptor, thread or key raises the maximum for good.
-STATISTIC = {"rss_mib": "median", "fds": "max", "threads": "max", "used_memory_mib": "median", "keys": "max"}
-_SUMMARY = {"median": statistics.median, "max": max}
 UNITS = {
     "rss_mib": "RSS (MiB)",
     "fds": "open file descriptors",
@@ -50,17 +44,28 @@ _KINDS = (
 class Growth:
     series: str  # "<process label> <metric>" or "redis-db <metric>"
     metric: str
-    first: float  # the first window after warm-up, summed up by STATISTIC[metric]
-    last: float  # the last window, the same way
+    first: float  # the fitted line at the first sample after warm-up
+    last: float  # the fitted line at the last sample
     growth: float  # (last - first) / first
     failed: bool
 
     def describe(self) -> str:
         what = "grew" if self.failed else "held"
         return (
-            f"{self.series}: {what} {self.growth:+.1%} ({self.first:.4g} -> {self.last:.4g}, "
-            f"{STATISTIC.get(self.metric, 'median')} of the first and last windows after warm-up)"
+            f"{self.series}: {what} {self.growth:+.1%} ({self.first:.4g} -> {self.last:.4g}, a robust line through "
+            f"the samples after warm-up)"
         )
+
+
+def theil_sen(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """The Theil-Sen line through (t, v) points: the median of the slopes between every two points, and the median
+    intercept for that slope. A third of the points can be anything (bursts, a process sampled mid-step or between
+    steps) without moving it; a series that keeps what it takes still tilts it."""
+    slopes = [
+        (v2 - v1) / (t2 - t1) for i, (t1, v1) in enumerate(points) for t2, v2 in points[i + 1 :] if t2 > t1
+    ]
+    slope = statistics.median(slopes) if slopes else 0.0
+    return slope, statistics.median(v - slope * t for t, v in points)
 
 
 def growth(
@@ -72,18 +77,14 @@ def growth(
     window_s: float,
     bound: float,
 ) -> Growth | None:
-    """The growth of one series of (seconds since launch, value) points; None when it has no sample in either
-    window after the warm-up (a process that was not there for the whole measured span: see `coverage`)."""
+    """The growth of one series of (seconds since launch, value) points over the samples after the warm-up, from a
+    Theil-Sen line through them; None when they span less than `window_s` (a process that was not there for the
+    measured span: `verdict` names it)."""
     after = [(t, v) for t, v in points if t >= warmup_s]
-    if not after:
+    if len(after) < 3 or after[-1][0] - after[0][0] < window_s:
         return None
-    start, end = after[0][0], after[-1][0]
-    first = [v for t, v in after if t < start + window_s]
-    last = [v for t, v in after if t > end - window_s]
-    if not first or not last or end - start < window_s:
-        return None
-    summary = _SUMMARY[STATISTIC.get(metric, "median")]
-    a, b = summary(first), summary(last)
+    slope, intercept = theil_sen(after)
+    a, b = intercept + slope * after[0][0], intercept + slope * after[-1][0]
     rel = (b - a) / a if a > 0 else (0.0 if b <= a else float("inf"))
     failed = rel > bound and b - a > FLOOR.get(metric, 0.0)
     return Growth(series, metric, a, b, rel, failed)

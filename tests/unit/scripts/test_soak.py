@@ -70,9 +70,7 @@ def test_a_steadily_growing_series_fails_naming_the_process_and_metric(soak):
     assert len(problems) == 1
     assert "learner[100] rss_mib" in problems[0] and "grew" in problems[0]
     rss = next(r for r in results if r.metric == "rss_mib")
-    assert (
-        rss.failed and 0.06 < rss.growth < 0.10
-    )  # medians of 5-minute windows: less than the end-to-end 10 %
+    assert rss.failed and rss.growth == pytest.approx(0.10)  # the line through the samples: the whole 10 %
 
 
 def test_growth_just_inside_the_bound_passes(soak):
@@ -99,20 +97,22 @@ def test_small_counts_move_within_their_floor_but_a_growing_key_count_fails(soak
     assert len(problems) == 1 and "redis-db keys" in problems[0]
 
 
-def test_descriptors_that_swing_between_two_levels_pass_but_a_descriptor_leak_fails(soak):
-    # a server's connections swing between ~40 and ~130 open; in a quieter spell (the first window, 600-900 s) they
-    # are at 130 in a third of the samples, elsewhere in two thirds: the medians of the windows are 40 and 130
+def test_a_series_that_swings_between_two_levels_passes_but_one_that_also_keeps_some_fails(soak):
+    # a server's descriptors with its connections (~40 open, ~130 at an evaluation), or a process that gives its
+    # freed memory back after each step, sampled mid-step or between steps: in a quieter spell (600-900 s) the high
+    # level is seen in a third of the samples, elsewhere in two thirds, so window medians would say 40 -> 130
     def swinging(t):
-        peak = int(t // 30) % 3 == 0
-        return (130 if peak else 40) if 600 <= t < 900 else (40 if peak else 130)
+        high = int(t // 30) % 3 == 0
+        return (130 if high else 40) if 600 <= t < 900 else (40 if high else 130)
 
     results, problems = _judge(soak, _samples(lambda t: 800.0, fds=swinging))
     assert problems == []
-    fds = next(r for r in results if r.metric == "fds")
-    assert fds.first == fds.last == 130  # counts are judged by the maxima of the windows
-    # one descriptor kept every 2 minutes on top of the same swing: the maximum climbs
+    assert abs(next(r for r in results if r.metric == "fds").growth) < BOUND
+    results, problems = _judge(soak, _samples(lambda t: 4 * swinging(t) + 400))  # RSS swinging 560-920 MiB
+    assert problems == []
+    # one descriptor kept every 2 minutes on top of the same swing
     _, problems = _judge(soak, _samples(lambda t: 800.0, fds=lambda t: swinging(t) + int(t // 120)))
-    assert len(problems) == 1 and "learner[100] fds" in problems[0] and "max of the first" in problems[0]
+    assert len(problems) == 1 and "learner[100] fds" in problems[0] and "grew" in problems[0]
 
 
 def test_a_process_that_exits_or_appears_during_the_measured_span_is_named(soak):
