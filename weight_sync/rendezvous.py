@@ -110,9 +110,8 @@ class Rendezvous:
         # rides out a Redis restart or a network cut; no reply is waited for longer than socket_timeout_s
         self._redis, self.reconnects = connect(redis_url, reconnect_s, socket_timeout_s)
         self._completed_version: int | None = None  # the last version whose acks `wait_acks` saw complete
-        self._waited_versions: set[int] = (
-            set()
-        )  # versions `wait_acks` waited on since then (their waits failed)
+        # versions `wait_acks` waited on since then (their waits failed): their ack sets go with the next completion
+        self._waited_versions: set[int] = set()
 
     def close(self) -> None:
         """Close the Redis client's connections."""
