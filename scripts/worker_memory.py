@@ -25,6 +25,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = asyncio.run(_start_and_measure(args, model_dir, server.url))
     finally:
         server.stop()
+        shutil.rmtree(redis_dir, ignore_errors=True)
     result = growth(samples, args.warmup)
     print(f"growth from update {args.warmup} to {args.updates}:")
     for figure, change in result.items():
