@@ -3,24 +3,16 @@ generation between them, and the worker's memory sampled through the extension's
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.script_modules import load_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 
 @pytest.fixture(scope="module")
 def worker_memory():
-    spec = importlib.util.spec_from_file_location("worker_memory", ROOT / "scripts" / "worker_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("worker_memory")
 
 
 async def test_updates_are_applied_and_the_worker_sampled_every_n(

@@ -3,11 +3,12 @@ of `docs/`, and the two generated blocks (`python scripts/update_docs.py` writes
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -15,10 +16,7 @@ DOCS = ROOT / "docs"
 
 
 def _update_docs():
-    spec = importlib.util.spec_from_file_location("update_docs", ROOT / "scripts" / "update_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("update_docs")
 
 
 def _generated(page: str) -> str:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check_layers():
-    spec = importlib.util.spec_from_file_location("check_layers", ROOT / "scripts" / "check_layers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_layers")
 
 
 def test_every_import_points_down_the_layers_and_none_runs_in_a_circle():

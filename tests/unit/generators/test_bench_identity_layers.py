@@ -3,21 +3,13 @@ compute-bound figures rest on it), while really having the extra layers."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.script_modules import load_script
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location(
-        "bench_generators", ROOT / "scripts" / "bench_generators.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_generators")
 
 
 def test_identity_layers_leave_the_logits_unchanged(tiny_model_dir, tmp_path):

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def bench_all():
-    spec = importlib.util.spec_from_file_location("bench_all", ROOT / "scripts" / "bench_all.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_all")
 
 
 def test_the_table_gives_the_lowest_and_highest_round_and_counts_failures(bench_all):

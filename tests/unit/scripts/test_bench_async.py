@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.script_modules import load_script
 
 
 @pytest.fixture
 def bench_async():
-    spec = importlib.util.spec_from_file_location("bench_async", ROOT / "scripts" / "bench_async.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_async")
 
 
 def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(

@@ -4,10 +4,7 @@ tests/integration/test_chaos.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 from buffer.admission import PromptFeeder
@@ -15,16 +12,11 @@ from buffer.group_ids import RELEASED_RECORD
 from buffer.redis_buffer import ReplayBuffer
 from sr1.launch.redis_server import LocalRedis
 from tests.fakes.groups import make_group, make_prompt
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.script_modules import load_script
 
 
 def _chaos():
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("chaos")
 
 
 def test_the_audit_finds_every_released_group_including_those_redis_forgot(tmp_path):

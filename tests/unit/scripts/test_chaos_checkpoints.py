@@ -4,21 +4,14 @@ expectation it missed (the run itself: tests/integration/test_chaos.py)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.script_modules import load_script
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up; chaos_checkpoints imports chaos
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ fails, and progress lines while each step runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import subprocess
@@ -13,16 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load_script
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def setup_env():
-    spec = importlib.util.spec_from_file_location("setup_env", ROOT / "scripts" / "setup_env.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["setup_env"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("setup_env")
 
 
 class FakeRunner:

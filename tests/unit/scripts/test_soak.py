@@ -3,26 +3,18 @@ says about processes that come and go during the measured span."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.script_modules import load_script
+
 WARMUP, WINDOW, BOUND = 600.0, 300.0, 0.05
 
 
 @pytest.fixture(scope="module")
 def soak():
-    spec = importlib.util.spec_from_file_location(
-        "soak", ROOT / "scripts" / "soak.py"
-    )  # imports soak_samples
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("soak")  # imports soak_samples
 
 
 def _samples(

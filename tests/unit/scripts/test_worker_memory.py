@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def worker_memory():
-    spec = importlib.util.spec_from_file_location("worker_memory", ROOT / "scripts" / "worker_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("worker_memory")
 
 
 def test_growth_needs_two_samples_after_the_warm_up(worker_memory):
