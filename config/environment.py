@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from common.heap import KEEP_FREED_ENV
 from generators.engine import DIE_WITH_PARENT_ENV
 
 ENV_PREFIX = "SR1_"
@@ -24,6 +25,7 @@ ENV_NESTED_DELIMITER = "__"
 # sr1's variables that are not config keys -> who sets them, for whom
 NOT_CONFIG: dict[str, str] = {
     DIE_WITH_PARENT_ENV: "a generator worker, for its vLLM engine's processes (generators/engine.py)",
+    KEEP_FREED_ENV: "a user or scripts/worker_memory.py: processes keep their freed heap pages (common/heap.py)",
 }
 
 
