@@ -72,7 +72,7 @@ async def measure(
 ) -> list[dict]:
     """Publish `updates` weight updates into `engine` (a `VLLMEngine` with weight sync); the worker's memory every
     `every` updates and after the last, each a dict with `update` and the `ws_memory` figures (of the first worker)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from weight_sync.engine_side import EngineWeightSync
     from weight_sync.publisher import WeightPublisher
@@ -85,8 +85,8 @@ async def measure(
         learner_rv, WeightSyncConfig(backend="gloo", bucket_mb=32, timeout_s=60), num_engines=1
     )
     sync = EngineWeightSync(engine_rv, worker_id="worker-memory")
-    named = list(AutoModelForCausalLM.from_pretrained(str(model_dir)).named_parameters())
-    vocab_size = AutoConfig.from_pretrained(str(model_dir)).vocab_size
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    named, vocab_size = list(model.named_parameters()), model.config.vocab_size
     rng = random.Random(seed)
     samples: list[dict] = []
     start = time.perf_counter()
