@@ -71,32 +71,44 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> World:
 
 def shutdown_distributed(wait_for_peers: bool = True, timeout_s: float = 60.0) -> None:
     """Leave the process group. After a normal end the ranks leave together: a gloo rank that tears its connections
-    down while a peer is still inside its last collective aborts that peer ("terminate called without an active
-    exception"), and a barrier alone does not prevent it (rank 0 may return from the barrier before rank 1 has). So
-    after the barrier each rank says so in the rendezvous store and waits for all the others to have said it, and
-    rank 0, whose process may host that store, leaves last. After an error (`wait_for_peers=False`) nobody waits for
-    ranks that may never come."""
+    down while a peer is still inside gloo aborts that peer ("terminate called without an active exception"), and a
+    barrier alone does not prevent it (rank 0 may return from the barrier before rank 1 has). So after the barrier
+    each rank says so in the rendezvous store and waits for all the others to have said it; then every other rank
+    destroys its process group and says so, and rank 0, whose process may host that store, destroys its own only
+    after all of them. After an error (`wait_for_peers=False`) nobody waits for ranks that may never come."""
     if not dist.is_initialized():
         return
     if wait_for_peers and dist.get_world_size() > 1:
         dist.barrier()
         _leave_together(timeout_s)
-    dist.destroy_process_group()
+    else:
+        dist.destroy_process_group()
 
 
 def _leave_together(timeout_s: float) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    store = dist.distributed_c10d._get_default_store()  # no public accessor; stable since torch 1.x
+    # no public accessor; stable since torch 1.x. Kept past destroy_process_group: rank 0 still serves it
+    store = dist.distributed_c10d._get_default_store()
     timeout = timedelta(seconds=timeout_s)
     try:
         store.set(f"sr1/shutdown/past_last_collective/{rank}", b"1")
         store.wait([f"sr1/shutdown/past_last_collective/{r}" for r in range(world_size)], timeout)
-        if rank == 0:
-            store.wait([f"sr1/shutdown/done_with_store/{r}" for r in range(1, world_size)], timeout)
-        else:
-            store.set(f"sr1/shutdown/done_with_store/{rank}", b"1")
     except RuntimeError as err:  # a peer died after the barrier: leave anyway, it cannot be aborted any more
         log.warning("leaving the process group without every peer's goodbye: %s", err)
+        dist.destroy_process_group()
+        return
+    if rank != 0:
+        dist.destroy_process_group()
+        try:
+            store.set(f"sr1/shutdown/destroyed/{rank}", b"1")
+        except RuntimeError as err:  # rank 0 gone already: nothing is left to wait for us
+            log.warning("could not tell rank 0 this rank has left: %s", err)
+        return
+    try:
+        store.wait([f"sr1/shutdown/destroyed/{r}" for r in range(1, world_size)], timeout)
+    except RuntimeError as err:
+        log.warning("leaving the process group before every peer had left it: %s", err)
+    dist.destroy_process_group()
 
 
 def broadcast_bytes(payload: bytes | None, world: World, src: int = 0) -> bytes:

@@ -124,6 +124,9 @@ def fsdp_learner_rank(
     None: the weights' own); rank 0 hands the DTensors to `WeightPublisher.publish`, the others call
     `gather_in_step`.
     """
+    import faulthandler
+
+    faulthandler.enable()  # a native abort (gloo's teardown) shows every thread's Python stack in the test's output
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(master_port)

@@ -1,5 +1,5 @@
-"""Two gloo ranks leave the process group together: rank 0 leaves last, and a peer that died after the final barrier
-costs the survivor a warning, not a hang."""
+"""Two gloo ranks leave the process group together: rank 0 leaves last, after its peer has destroyed its group, and
+a peer that died after the final barrier costs the survivor a warning, not a hang."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def _rank(rank: int, port: int, peer_dies: bool, out: str) -> None:
     def timed_destroy() -> None:
         times["destroy"] = time.time()
         destroy()
+        times["destroyed"] = time.time()
 
     if rank == 1:
         dist.barrier = slow_barrier
@@ -64,6 +65,8 @@ def test_rank_0_tears_down_only_after_its_peer_is_past_the_last_collective(tmp_p
     assert codes == [0, 0]
     # rank 1 lingered 1 s after its barrier returned; a bare barrier would let rank 0 tear down at once
     assert times[0]["destroy"] >= times[1]["barrier_returned"] + 0.9
+    # and rank 0 tears its connections down only once rank 1 has torn its own down
+    assert times[0]["destroy"] >= times[1]["destroyed"]
 
 
 def test_a_peer_gone_after_the_barrier_costs_a_timeout_not_a_hang(tmp_path, free_port):
