@@ -209,13 +209,9 @@ async def test_later_turns_reuse_the_prompt_kv_in_whole_blocks(engine, tokenizer
 
 
 async def test_the_engine_curve_bench_measures_decode_at_each_concurrency(engine, tokenizer):
-    import importlib.util
-    from pathlib import Path
+    from tests.script_modules import load_script
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_generators.py"
-    spec = importlib.util.spec_from_file_location("bench_generators", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_generators")
     prompts = [
         tokenizer(f"who founded {w} harbor?")["input_ids"] for w in ("alpha", "delta", "garnet", "juniper")
     ]

@@ -156,15 +156,13 @@ def test_no_split_fits_exits_1_with_the_reasons(capsys):
 
 
 def _calibration_harness(monkeypatch):
-    """scripts/calibrate_plan.py, imported as a module."""
-    import importlib.util
+    """scripts/calibrate_plan.py, imported as a module (and forgotten after the test)."""
     import sys
 
-    spec = importlib.util.spec_from_file_location("calibrate_plan", ROOT / "scripts" / "calibrate_plan.py")
-    calibrate = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "calibrate_plan", calibrate)  # its dataclasses look their module up
-    spec.loader.exec_module(calibrate)
-    return calibrate
+    from tests.script_modules import load_script
+
+    monkeypatch.setitem(sys.modules, "calibrate_plan", None)  # the module is forgotten again when the test ends
+    return load_script("calibrate_plan")
 
 
 def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):
