@@ -161,7 +161,8 @@ def _calibration_harness(monkeypatch):
 
     from tests.script_modules import load_script
 
-    monkeypatch.setitem(sys.modules, "calibrate_plan", None)  # the module is forgotten again when the test ends
+    # the module is forgotten again when the test ends
+    monkeypatch.setitem(sys.modules, "calibrate_plan", None)
     return load_script("calibrate_plan")
 
 
