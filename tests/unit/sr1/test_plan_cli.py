@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,7 +11,6 @@ from sr1.cli import main as sr1_main
 from sr1.plan.profile import PROFILES_DIR, load_profile
 from tests.unit.sr1.test_plan_profile import write_run_dir
 
-ROOT = Path(__file__).resolve().parents[3]
 QUICK = ["--steps", "4", "--warmup", "1"]
 # the 8xH100 preset shrunk so that a unit test simulates it in seconds (same shapes per trajectory)
 SMALL_QWEN = [
