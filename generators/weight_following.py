@@ -101,8 +101,7 @@ class WeightFollower:
                 await sync.ensure_joined(self.engine.llm)
             started = time.monotonic()
             loaded = await self.engine.apply_update(update)
-            sync.mark_applied(update)
-            await asyncio.to_thread(rendezvous.ack_update, int(update["version"]), self.worker_id)
+            await asyncio.to_thread(sync.acknowledge, update)
             log.info(
                 "worker %s: weights v%d (%d tensors) in %.2fs",
                 self.worker_id,

@@ -115,8 +115,7 @@ async def measure(
                     raise RuntimeError(f"version {version} was published but this engine was not offered it")
                 await asyncio.sleep(0.002)
             await asyncio.wait_for(engine.apply_update(update), timeout=STEP_TIMEOUT_S)
-            sync.mark_applied(update)
-            engine_rv.ack_update(version, sync.worker_id)
+            sync.acknowledge(update)
             await publish
             if generate:  # bounded: a request the engine dropped must not hang the measurement
                 await asyncio.wait_for(_generate_batch(engine, rng, vocab_size), timeout=STEP_TIMEOUT_S)

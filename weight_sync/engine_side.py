@@ -8,8 +8,7 @@ Used by the process that owns a vLLM `AsyncLLM` built with `WeightSyncExtension`
     if await sync.ensure_joined(llm):               # claim a rank per vLLM worker, collective_rpc("ws_join")
         if update := sync.pending_update(current_version):  # a newer announced update, or None
             ...                                     # pause -> collective_rpc("ws_receive", args=(update,)) -> resume
-            sync.mark_applied(update)
-            rv.ack_update(int(update["version"]), "gen-0")
+            sync.acknowledge(update)                # loaded: remembered, and acked to the learner
     cursor = rv.wait_for_event(cursor, poll_s)      # wakes on the learner's next announcement
 
 `ensure_joined` returns False until a learner published a rendezvous, and after a failed sync until the learner
@@ -86,6 +85,9 @@ class EngineWeightSync:
             return None
         return update
 
-    def mark_applied(self, update: dict) -> None:
-        """Record that `update` is loaded (after `ws_receive` returned; then ack it)."""
+    def acknowledge(self, update: dict) -> None:
+        """`update` is loaded (`ws_receive` returned on every worker): remember it, so that `pending_update` does not
+        offer it again, and ack it to the learner, whose publish waits for every engine's ack. Blocks on Redis: from
+        an event loop, run it in a thread."""
         self._applied = (update["epoch"], int(update["version"]))
+        self.rendezvous.ack_update(int(update["version"]), self.worker_id)

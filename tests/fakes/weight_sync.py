@@ -60,7 +60,7 @@ async def engine_greedy(engine, prompts: list[list[int]], max_new_tokens: int) -
 
 async def receive_and_ack(engine, sync, update: dict) -> int:
     """Load `update` into `engine` the way a generator worker does: pause generation (in-flight requests frozen,
-    caches cleared), `ws_receive`, resume (always), then `sync.mark_applied` and ack. Returns tensors loaded.
+    caches cleared), `ws_receive`, resume (always), then `sync.acknowledge`. Returns tensors loaded.
 
     `sync` is the engine's `EngineWeightSync`; a failed receive leaves its epoch (the worker left the group)."""
     await engine.pause_generation(mode="keep", clear_cache=True)
@@ -71,8 +71,7 @@ async def receive_and_ack(engine, sync, update: dict) -> int:
         raise
     finally:
         await engine.resume_generation()
-    sync.mark_applied(update)
-    sync.rendezvous.ack_update(int(update["version"]), sync.worker_id)
+    sync.acknowledge(update)
     return int(sum(x or 0 for x in loaded))
 
 
