@@ -17,31 +17,17 @@ Checked at the end of every run, from the files and the Redis AOF the run leaves
 The time to recover is printed per kill: until a new process of the killed part runs, and until the learner publishes
 the next version.
 
-    python scripts/chaos.py --checkpoint-faults            # a torn checkpoint, then a full disk (chaos_checkpoints.py)
-    python scripts/chaos.py --faults                       # the faults that kill nothing, in one synchronous run
-    python scripts/chaos.py --faults poison-prompt,retriever-down --retriever-down-s 60
+Three other kinds of fault, each in one run checked the same way, live in their own modules:
 
-Faults (`--faults`, one synchronous run, `learner.max_staleness=0`, where one lost group would stop training):
-poison-prompt (a prompt every generator fails on: retried, dead-lettered with its error, replaced), malformed-group
-(a released group's payload replaced by garbage: dead-lettered, replaced), malformed-eval (an evaluation request that
-is not JSON and one with a bad field: counted, answered with an error), retriever-down (the retrieval server frozen
-with SIGSTOP for `--retriever-down-s`: tool errors counted, sampling paused, resumed after). Checked as above, with
-dead-lettered prompts accounted for (not lost), and each event counted where the run reports it (report.json,
-metrics.jsonl, Redis).
-
-    python scripts/chaos.py --network                      # network cuts (5, 20, 60 s) and a full Redis, in one run
-    python scripts/chaos.py --network cut-learner-redis,redis-maxmemory --cut-s 60
-
-Network faults (`--network`, scripts/chaos_network.py): the generator or the learner cut from Redis, the generator cut
-from the retrieval server (through fault proxies, once for each duration of `--cut-s`; `--cut-mode blackhole` keeps the
-connections open and answers nothing, `drop` resets them), and Redis's maxmemory lowered under the run (`--memory-s`
-at its high water, then as long full). Checked as above, and each fault must be seen where the run reports it.
+    python scripts/chaos.py --checkpoint-faults      # a torn checkpoint, then a full disk (chaos_checkpoints.py)
+    python scripts/chaos.py --faults                 # a poison prompt, a malformed group and evaluation request, a
+                                                     # frozen retriever, under synchronous training (chaos_faults.py)
+    python scripts/chaos.py --network                # network cuts (5, 20, 60 s) and a full Redis (chaos_network.py)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -59,9 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PARTS = ("generator", "learner", "redis", "retrieval", "parent")
-FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
 # the module each part runs (sr1/entrypoints/), found in its command line
-_MODULE_OF = {
+PART_MODULES = {
     "generator": "sr1.entrypoints.generators",
     "learner": "sr1.entrypoints.learner",
     "retrieval": "sr1.entrypoints.retrieval",
@@ -149,7 +134,7 @@ class ChaosRun:
                 "",
             )
         else:
-            needle, scope = _MODULE_OF.get(part, ""), str(self.run_dir)
+            needle, scope = PART_MODULES.get(part, ""), str(self.run_dir)
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             argv = proc.info["cmdline"] or []
@@ -323,206 +308,6 @@ def run_chaos(
     return recoveries, verify(chaos, returncode, steps, max_staleness, published)
 
 
-class FaultInjector:
-    """Faults that kill nothing, injected into a run through its own Redis and processes (`ChaosRun`)."""
-
-    def __init__(self, chaos: ChaosRun, retriever_down_s: float):
-        self.chaos = chaos
-        self.retriever_down_s = retriever_down_s
-        self.injected = 0
-
-    def _buffer(self):
-        from buffer.redis_buffer import ReplayBuffer
-
-        return ReplayBuffer((self.chaos.run_dir / "redis" / "url").read_text().strip(), "sr1")
-
-    def inject(self, fault: str) -> None:
-        getattr(self, fault.replace("-", "_"))()
-        self.injected += 1
-
-    def poison_prompt(self) -> None:
-        """Release a prompt whose text is empty: nothing can be sampled from it, so every try fails."""
-        from buffer.records import PromptRecord, make_group_id
-
-        buf = self._buffer()
-        index = self.injected
-        buf.release_prompts(
-            [
-                PromptRecord(
-                    group_id=make_group_id("chaos", "train", index),
-                    question="",
-                    prompt=[{"role": "user", "content": ""}],
-                    ground_truth=["nothing"],
-                    data_source="chaos",
-                    index=index,
-                    release_version=buf.version(),
-                )
-            ]
-        )
-        buf.close()
-
-    def malformed_group(self) -> None:
-        """A released group whose payload arrives as garbage (as from a broken generator): released and put in one
-        transaction, the way the feeder and a generator would, so no generator is involved."""
-        from buffer.group_ids import NO_POSITION
-        from buffer.records import make_group_id
-
-        buf = self._buffer()
-        group_id = make_group_id("chaos", "malformed", self.injected)
-        pipe = buf._redis.pipeline(transaction=True)
-        version = buf.version()
-        pipe.zadd("sr1:released_ids", {group_id: NO_POSITION})
-        pipe.zadd("sr1:inflight", {group_id: version})
-        pipe.hincrby("sr1:counters", "released", 1)
-        pipe.zadd("sr1:put_ids", {group_id: version})
-        pipe.xadd("sr1:groups", {"gid": group_id, "d": b"\x00 chaos: not a group"})
-        pipe.execute()
-        buf.close()
-
-    def malformed_eval(self) -> None:
-        """One evaluation request that is not JSON, one whose shard field is not a pair."""
-        buf = self._buffer()
-        client = buf._redis
-        client.set("sr1:eval:shards:chaos-eval", 1)
-        client.rpush("sr1:eval:requests", b"{chaos: not json")
-        bad = {"id": "chaos-eval#0", "eval_id": "chaos-eval", "shard": "first", "step": 0, "version": 0}
-        client.rpush("sr1:eval:requests", json.dumps(bad))
-        buf.close()
-
-    def retriever_down(self) -> None:
-        """Freeze the retrieval server and its worker processes (SIGSTOP) for `retriever_down_s`, then let them go
-        on (SIGCONT): connections are accepted and never answered, as from a hung host."""
-        (server,) = self.chaos.processes("retrieval")
-        frozen = [server, *server.children(recursive=True)]
-        for proc in frozen:
-            proc.send_signal(signal.SIGSTOP)
-        up_at = time.monotonic() + self.retriever_down_s
-        try:
-            self.chaos.wait(
-                lambda: time.monotonic() >= up_at, self.retriever_down_s + 5, "the retriever's outage"
-            )
-        finally:
-            for proc in frozen:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.send_signal(signal.SIGCONT)
-
-
-@dataclass
-class FaultCounts:
-    """Each fault's events as the run reports them."""
-
-    failed_prompts: int
-    malformed_groups: int
-    replaced: int
-    malformed_eval_requests: int
-    eval_error_answers: int
-    generator_tool_errors: int
-    tool_pauses: int
-
-    def missing(self, faults: list[str]) -> list[str]:
-        """The faults injected whose events the run did not count."""
-        expected = {
-            "poison-prompt": self.failed_prompts >= 1,
-            "malformed-group": self.malformed_groups >= 1,
-            "malformed-eval": self.malformed_eval_requests >= 1 and self.eval_error_answers >= 1,
-            "retriever-down": self.generator_tool_errors >= 1,
-        }
-        replaced = sum(f in faults for f in ("poison-prompt", "malformed-group"))
-        missing = [f for f in faults if not expected[f]]
-        return missing + ([f"replaced ({self.replaced} < {replaced})"] if self.replaced < replaced else [])
-
-
-def count_faults(run_dir: Path) -> FaultCounts:
-    """Read the events back from the run's report (report.json) and, for evaluation requests, its Redis AOF."""
-    from sr1.launch.redis_server import LocalRedis
-
-    report = json.loads((run_dir / "report.json").read_text())
-    buffer = report["extra"]["buffer"]
-    with LocalRedis(run_dir / "redis") as server:
-        client = redis.Redis.from_url(server.url)
-        malformed_eval = int(client.get("sr1:eval:malformed") or 0)
-        answer = client.get("sr1:eval:result:chaos-eval#0")
-        client.close()
-    return FaultCounts(
-        failed_prompts=buffer.get("buffer/failed_prompts", 0) + buffer.get("buffer/poison_prompts", 0),
-        malformed_groups=buffer.get("buffer/malformed", 0),
-        replaced=buffer.get("buffer/abandoned_groups", 0),
-        malformed_eval_requests=malformed_eval,
-        eval_error_answers=int(answer is not None and "error" in json.loads(answer)),
-        generator_tool_errors=report["generator_tool_errors"],
-        tool_pauses=report["generator_tool_pauses"],
-    )
-
-
-def run_faults(
-    run_dir: Path,
-    faults: list[str],
-    *,
-    steps: int,
-    seed: int,
-    retriever_down_s: float,
-    first_step: int = 2,
-    spacing: int = 2,
-) -> tuple[Verdict, FaultCounts]:
-    """One synchronous run (max_staleness 0) with `faults` injected in turn, one every `spacing` steps or so."""
-    at_steps = fault_steps(len(faults), steps, seed, first_step, spacing)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    overrides = [
-        f"learner.total_steps={steps}",
-        "learner.max_staleness=0",
-        "eval.max_prompts=8",
-        "eval.every_steps=0",
-        "buffer.lease_s=30",
-        "buffer.max_prompt_deliveries=2",
-        *FAST_TOOL_FAILURES,
-    ]
-    chaos = ChaosRun(run_dir, overrides)
-    returncode = inject_in_turn(chaos, faults, at_steps, FaultInjector(chaos, retriever_down_s).inject)
-    return verify(chaos, returncode, steps, 0, []), count_faults(run_dir)
-
-
-# a frozen or cut retriever fails calls in a second (not after four 10 s attempts); sampling pauses after 4 failures
-FAST_TOOL_FAILURES = (
-    "retrieval.client.timeout_s=1",
-    "retrieval.client.max_retries=0",
-    "generators.tool_pause.min_calls=4",
-    "generators.tool_pause.probe_s=2",
-)
-
-
-def fault_steps(count: int, steps: int, seed: int, first_step: int, spacing: int) -> list[int]:
-    """The versions at which `count` faults are injected: one every `spacing` steps from `first_step`, each one
-    step later or not (`seed` picks)."""
-    rng = random.Random(seed)
-    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(count)]
-    if at_steps and at_steps[-1] >= steps:
-        raise ValueError(f"{count} faults need more than {steps} steps (the last lands at {at_steps[-1]})")
-    return at_steps
-
-
-def inject_in_turn(chaos: ChaosRun, faults: list[str], at_steps: list[int], inject) -> int:
-    """Inject each fault once the run published its version, wait for the run to end; its exit status. Whatever
-    is left of the run is killed in any case."""
-    try:
-        for fault, step in zip(faults, at_steps, strict=True):
-            chaos.wait(lambda s=step: (chaos.version() or 0) >= s, 900, f"version {step}")
-            print(f"injecting {fault} at version {chaos.version()}", flush=True)
-            inject(fault)
-        return chaos.finish()
-    finally:
-        chaos.kill_everything_left()
-
-
-def print_verdict(verdict: Verdict, counts, faults: list[str]) -> int:
-    """Print a fault run's verdict and what it reported; 0 when it passed and every fault was seen."""
-    print(verdict)
-    print(counts)
-    missing = counts.missing(faults)
-    if missing:
-        print(f"not seen where the run reports it: {', '.join(missing)}")
-    return 0 if verdict.ok and not missing else 1
-
-
 def table(rows: list[tuple[Recovery, Verdict]]) -> str:
     lines = [
         "| killed | at version | new process after (s) | next version after (s) | completed | lost | "
@@ -539,32 +324,17 @@ def table(rows: list[tuple[Recovery, Verdict]]) -> str:
     return "\n".join(lines)
 
 
-def _network_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from scripts.chaos_network import NETWORK_FAULTS, injections, run_network_faults
-
-    faults = [f.strip() for f in args.network.split(",") if f.strip()]
-    if unknown := sorted(set(faults) - set(NETWORK_FAULTS)):
-        parser.error(f"unknown network fault(s) {unknown}; choose from {', '.join(NETWORK_FAULTS)}")
-    try:
-        cuts_s = [float(s) for s in args.cut_s.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--cut-s takes seconds separated by commas (like 5,20,60), got {args.cut_s!r}")
-    if not cuts_s or min(cuts_s) <= 0:
-        parser.error(f"--cut-s needs at least one duration, each above 0 s, got {args.cut_s!r}")
-    injected = injections(faults, cuts_s)
-    verdict, counts = run_network_faults(
-        args.out / f"network-{time.strftime('%Y%m%d-%H%M%S')}",
-        faults,
-        steps=args.steps or 4 * len(injected) + 20,
-        seed=args.seed,
-        cuts_s=cuts_s,
-        memory_s=args.memory_s,
-        cut_mode=args.cut_mode,
-    )
-    return print_verdict(verdict, counts, injected)
+def chosen(value: str, known: tuple[str, ...], what: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The names in a comma-separated option (`--parts`, `--faults`, `--network`); an unknown one is a usage error."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if unknown := sorted(set(names) - set(known)):
+        parser.error(f"unknown {what}(s) {unknown}; choose from {', '.join(known)}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
+    from scripts import chaos_checkpoints, chaos_faults, chaos_network
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -579,70 +349,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=2)
-    from scripts.chaos_checkpoints import add_arguments as add_checkpoint_fault_arguments
-    from scripts.chaos_checkpoints import main as checkpoint_faults_main
-
-    add_checkpoint_fault_arguments(parser)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="where the runs go")
-    parser.add_argument(
-        "--faults",
-        nargs="?",
-        const=",".join(FAULTS),
-        default=None,
-        help=f"inject these faults (comma-separated; default all: {', '.join(FAULTS)}) in one "
-        "synchronous run instead of killing parts",
-    )
-    parser.add_argument("--retriever-down-s", type=float, default=60.0, help="how long retriever-down lasts")
-    from scripts.chaos_network import NETWORK_FAULTS
-
-    parser.add_argument(
-        "--network",
-        nargs="?",
-        const=",".join(NETWORK_FAULTS),
-        default=None,
-        help=f"inject network and memory faults (comma-separated; default all: {', '.join(NETWORK_FAULTS)}) in one run",
-    )
-    parser.add_argument(
-        "--cut-s",
-        default="5,20,60",
-        help="how long the network cuts last, in seconds, comma-separated: each cut is made once per duration "
-        "(5 s is under every lease and the socket timeout; 20 s outlives the run's 10 s leases; 60 s also "
-        "buffer.reconnect_s)",
-    )
-    parser.add_argument(
-        "--cut-mode", choices=("blackhole", "drop"), default="blackhole", help="what a cut does"
-    )
-    parser.add_argument(
-        "--memory-s", type=float, default=20.0, help="how long Redis stays at its high water, then full"
-    )
+    fault_kinds = {  # an option of chaos.py -> the module that runs that kind of fault instead of the kills
+        "checkpoint_faults": chaos_checkpoints,
+        "faults": chaos_faults,
+        "network": chaos_network,
+    }
+    for module in fault_kinds.values():
+        module.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.network is not None:  # its own default for --steps
-        return _network_main(args, parser)
-    args.steps = args.steps or 30
-    if args.faults is not None:
-        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-        if unknown := sorted(set(faults) - set(FAULTS)):
-            parser.error(f"unknown fault(s) {unknown}; choose from {', '.join(FAULTS)}")
-        run_dir = args.out / f"faults-{time.strftime('%Y%m%d-%H%M%S')}"
-        verdict, counts = run_faults(
-            run_dir, faults, steps=args.steps, seed=args.seed, retriever_down_s=args.retriever_down_s
-        )
-        return print_verdict(verdict, counts, faults)
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
-    if args.checkpoint_faults is not None:
-        return checkpoint_faults_main(args)
+    for option, module in fault_kinds.items():
+        if getattr(args, option) is not None:
+            return module.chaos_main(args, parser)
+    parts = chosen(args.parts, PARTS, "part", parser)
+    steps = args.steps or 30
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    common = dict(steps=args.steps, checkpoint_every=args.checkpoint_every, max_staleness=args.max_staleness)
+    common = dict(steps=steps, checkpoint_every=args.checkpoint_every, max_staleness=args.max_staleness)
     rows = []
     if args.sequence:
         recoveries, verdict = run_chaos(args.out / f"sequence-{stamp}", parts, seed=args.seed, **common)
         rows = [(r, verdict) for r in recoveries]
     else:
-        middle = args.steps // 2  # each part dies mid-run, between two checkpoints when the interval allows
+        middle = steps // 2  # each part dies mid-run, between two checkpoints when the interval allows
         for part in parts:
             print(f"killing the {part} (run {len(rows) + 1}/{len(parts)})", flush=True)
             recoveries, verdict = run_chaos(

@@ -227,8 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    """`chaos.py --checkpoint-faults`: the run, its audit and its report; the exit status."""
+def chaos_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`chaos.py --checkpoint-faults`: the run, its audit and its report; the exit status (`parser` for the
+    signature the other fault kinds share: nothing here needs checking beyond argparse's own types)."""
     every = args.checkpoint_faults
     verdict, faults = run_checkpoint_faults(
         args.out / f"checkpoint-faults-{time.strftime('%Y%m%d-%H%M%S')}",

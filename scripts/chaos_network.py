@@ -28,6 +28,7 @@ errors).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -41,14 +42,12 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.chaos import (  # noqa: E402
-    _MODULE_OF,
+from scripts.chaos import PART_MODULES, ChaosRun, Verdict, chosen, verify  # noqa: E402
+from scripts.chaos_faults import (  # noqa: E402
     FAST_TOOL_FAILURES,
-    ChaosRun,
-    Verdict,
     fault_steps,
     inject_in_turn,
-    verify,
+    print_verdict,
 )
 from sr1.launch.supervisor import free_port  # noqa: E402
 from tests.fakes.fault_proxy import FaultProxy, process_role  # noqa: E402
@@ -95,7 +94,7 @@ class ProxiedRun(ChaosRun):
             return "127.0.0.1", int(url_file.read_text().strip().rsplit(":", 1)[1].split("/")[0])
 
         self.retrieval_port = free_port()
-        role = functools.partial(process_role, modules=_MODULE_OF)  # the run's processes, by their modules
+        role = functools.partial(process_role, modules=PART_MODULES)  # the run's processes, by their modules
         self.redis_proxy = FaultProxy(redis_address, label=role).start()
         self.retrieval_proxy = FaultProxy(("127.0.0.1", self.retrieval_port)).start()
         super().__init__(run_dir, overrides)
@@ -373,6 +372,53 @@ def run_network_faults(
     finally:
         run.close()
     return verify(run, returncode, steps, 1, []), count_network_events(run_dir, injector)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`chaos.py`'s options for the network and memory faults."""
+    parser.add_argument(
+        "--network",
+        nargs="?",
+        const=",".join(NETWORK_FAULTS),
+        default=None,
+        help=f"inject network and memory faults (comma-separated; default all: {', '.join(NETWORK_FAULTS)}) in one "
+        "run (scripts/chaos_network.py)",
+    )
+    parser.add_argument(
+        "--cut-s",
+        default="5,20,60",
+        help="how long the network cuts last, in seconds, comma-separated: each cut is made once per duration "
+        "(5 s is under every lease and the socket timeout; 20 s outlives the run's 10 s leases; 60 s also "
+        "buffer.reconnect_s)",
+    )
+    parser.add_argument(
+        "--cut-mode", choices=("blackhole", "drop"), default="blackhole", help="what a cut does"
+    )
+    parser.add_argument(
+        "--memory-s", type=float, default=20.0, help="how long Redis stays at its high water, then full"
+    )
+
+
+def chaos_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`chaos.py --network`: the run, its audit and what it reported; the exit status."""
+    faults = chosen(args.network, NETWORK_FAULTS, "network fault", parser)
+    try:
+        cuts_s = [float(s) for s in args.cut_s.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--cut-s takes seconds separated by commas (like 5,20,60), got {args.cut_s!r}")
+    if not cuts_s or min(cuts_s) <= 0:
+        parser.error(f"--cut-s needs at least one duration, each above 0 s, got {args.cut_s!r}")
+    injected = injections(faults, cuts_s)
+    verdict, counts = run_network_faults(
+        args.out / f"network-{time.strftime('%Y%m%d-%H%M%S')}",
+        faults,
+        steps=args.steps or 4 * len(injected) + 20,
+        seed=args.seed,
+        cuts_s=cuts_s,
+        memory_s=args.memory_s,
+        cut_mode=args.cut_mode,
+    )
+    return print_verdict(verdict, counts, injected)
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,39 @@
+"""scripts/chaos.py's command line: each kind of fault is run by its own module (chaos_checkpoints, chaos_faults,
+chaos_network), and a name none of them knows is refused before any run starts."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--parts", "learner,router"], "unknown part(s) ['router']"),
+        (["--faults", "poison-prompt,flood"], "unknown fault(s) ['flood']"),
+        (["--network", "cut-everything"], "unknown network fault(s) ['cut-everything']"),
+    ],
+)
+def test_an_unknown_name_is_a_usage_error_that_names_it(argv, named, capsys, tmp_path):
+    from scripts.chaos import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no run was started
+
+
+def test_every_fault_kind_adds_its_options_and_runs_from_its_own_module(monkeypatch, tmp_path):
+    """`--faults` goes to chaos_faults.chaos_main with the options it added; the kill table does not run."""
+    from scripts import chaos, chaos_faults
+
+    seen = {}
+
+    def faults_main(args, parser):
+        seen["args"] = args
+        return 3
+
+    monkeypatch.setattr(chaos_faults, "chaos_main", faults_main)
+    monkeypatch.setattr(chaos, "run_chaos", lambda *a, **k: pytest.fail("the kills ran"))
+    assert chaos.main(["--faults", "retriever-down", "--retriever-down-s", "5", "--out", str(tmp_path)]) == 3
+    assert seen["args"].faults == "retriever-down" and seen["args"].retriever_down_s == 5.0
