@@ -227,16 +227,18 @@ class NetworkInjector:
         before = met()
         getattr(proxy, self.cut_mode)(who=who)
         try:
-            self._hold(seconds, f"the {fault} ({seconds:g} s)")
-            # a client that sent something and then went quiet for the whole cut (the learner training a step or
-            # writing a checkpoint) met nothing: the cut goes on until the client talks, at most as long again
-            if met() == before:
-                until = time.monotonic() + seconds
-                self.run.wait(
-                    lambda: met() > before or time.monotonic() >= until or self.run.parent.poll() is not None,
-                    seconds + 5,
-                    f"the {fault} (held until it meets traffic)",
-                )
+            # the cut lasts `seconds` from the first traffic it holds back or closes: a client that sent something
+            # and then went quiet (the learner training a step or writing a checkpoint, a generator paused by the
+            # staleness bound) would meet only the cut's last moment, or nothing. That traffic is waited for at
+            # most `seconds`; a cut that met none is reported as such (`NetworkCounts.missing`).
+            until = time.monotonic() + seconds
+            self.run.wait(
+                lambda: met() > before or time.monotonic() >= until or self.run.parent.poll() is not None,
+                seconds + 5,
+                f"traffic to meet the {fault}",
+            )
+            if met() > before:
+                self._hold(seconds, f"the {fault} ({seconds:g} s)")
         finally:
             proxy.restore(who=who)
         self.cuts.append(Cut(fault, seconds, met() - before))

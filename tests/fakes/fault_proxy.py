@@ -7,11 +7,11 @@
         proxy.drop()                                   # every connection is closed; new ones are closed at once
         proxy.delay(0.5)                               # every chunk waits 0.5 s before it is forwarded
 
-Each fault applies to every connection, or with `who=` only to those whose label matches: `label(peer)` names
-the client of a connection when it is accepted (`process_role` names the sr1 process behind a loopback peer, so
-one proxy in front of Redis can cut the generators and leave the learner alone). `held[label]` counts the connections
-that had traffic held back by a black hole, `dropped[label]` those a drop closed: proof that a fault met live
-traffic.
+Each fault applies to every connection, or with `who=` only to those whose label matches: `label(peer)` names the
+client of a connection when it is accepted (`process_role` names the sr1 process behind a loopback peer, so one
+proxy in front of Redis can cut the generators and leave the learner alone). `held[label]` counts the connections
+that had traffic held back by a black hole (bytes, not a connection's end), `dropped[label]` those a drop closed:
+proof that a fault met live traffic.
 
 A black hole is the nasty case: the client's connection stays open and its request unanswered, so a client
 without a socket timeout waits forever. The proxy stops reading, so what the client sent sits in the kernel's
@@ -82,7 +82,7 @@ class _Link:
                 self.close(reset=True)
                 return
             if fault.mode == BLACKHOLE:  # read nothing: the sender's bytes wait in the kernel's buffers
-                if not self.holding and select.select([src], [], [], 0)[0]:
+                if not self.holding and select.select([src], [], [], 0)[0] and _has_bytes(src):
                     self.holding = True
                     self.proxy.count("held", self.label)
                 time.sleep(_POLL_S)
@@ -227,6 +227,15 @@ class FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _has_bytes(sock: socket.socket) -> bool:
+    """Whether a readable `sock` holds bytes, not just its end: an idle pooled connection that its client (or the
+    server) closes during a black hole is readable too, and held back no traffic."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except OSError:  # reset, or gone: no traffic either
+        return False
 
 
 def _close(sock: socket.socket, reset: bool) -> None:

@@ -160,3 +160,28 @@ def test_the_proxy_cuts_only_the_clients_it_is_told_to(redis_server, redis_url):
         assert proxy.dropped == {"generator": 1}
         proxy.restore(who="generator")
         assert generator.ping()
+
+
+def test_a_connection_closed_during_a_black_hole_is_not_counted_as_traffic_held(redis_server):
+    """`held` is the proof that a cut met live traffic: a request sent into the black hole counts, an idle pooled
+    connection that its client closes meanwhile (aiohttp's keep-alive does after 15 s) does not."""
+    import socket
+
+    with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
+        idle, busy = (socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(2))
+        busy.sendall(b"PING\r\n")
+        assert busy.recv(64) == b"+PONG\r\n"  # both connections are up before the cut
+        proxy.blackhole()
+        time.sleep(0.3)  # every pump of the proxy has seen the cut (it looks every _POLL_S)
+        idle.close()
+        time.sleep(0.5)
+        assert proxy.held["client"] == 0
+        busy.sendall(b"PING\r\n")
+        deadline = time.monotonic() + 5
+        while proxy.held["client"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.held["client"] == 1
+        proxy.restore()
+        busy.settimeout(5)
+        assert busy.recv(64) == b"+PONG\r\n"  # what was held is delivered when the cut ends
+        busy.close()
