@@ -276,6 +276,18 @@ def run_overrides(steps: int, checkpoint_every: int, max_staleness: int) -> list
     ]
 
 
+def injection_steps(count: int, steps: int, seed: int, first_step: int, spacing: int) -> list[int]:
+    """The versions at which `count` kills or faults are injected into a run of `steps`: one every `spacing` steps
+    from `first_step`, each one step later or not (`seed` picks)."""
+    rng = random.Random(seed)
+    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(count)]
+    if at_steps and at_steps[-1] >= steps:
+        raise ValueError(
+            f"{count} injections need more than {steps} steps (the last lands at {at_steps[-1]})"
+        )
+    return at_steps
+
+
 def run_chaos(
     run_dir: Path,
     parts: list[str],
@@ -288,12 +300,7 @@ def run_chaos(
     spacing: int = 3,
 ) -> tuple[list[Recovery], Verdict]:
     """One run with `parts` killed in turn, one every `spacing` steps or so (each at a random one of two steps)."""
-    rng = random.Random(seed)
-    kill_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(len(parts))]
-    if kill_steps and kill_steps[-1] >= steps:
-        raise ValueError(
-            f"{len(parts)} kills need more than {steps} steps (the last lands at {kill_steps[-1]})"
-        )
+    kill_steps = injection_steps(len(parts), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     chaos = ChaosRun(run_dir, run_overrides(steps, checkpoint_every, max_staleness))
     recoveries, published = [], []

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import random
 import signal
 import sys
 import time
@@ -32,7 +31,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.chaos import ChaosRun, Verdict, chosen, verify  # noqa: E402
+from scripts.chaos import ChaosRun, Verdict, chosen, injection_steps, verify  # noqa: E402
 
 FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
 
@@ -179,7 +178,7 @@ def run_faults(
     spacing: int = 2,
 ) -> tuple[Verdict, FaultCounts]:
     """One synchronous run (max_staleness 0) with `faults` injected in turn, one every `spacing` steps or so."""
-    at_steps = fault_steps(len(faults), steps, seed, first_step, spacing)
+    at_steps = injection_steps(len(faults), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"learner.total_steps={steps}",
@@ -202,16 +201,6 @@ FAST_TOOL_FAILURES = (
     "generators.tool_pause.min_calls=4",
     "generators.tool_pause.probe_s=2",
 )
-
-
-def fault_steps(count: int, steps: int, seed: int, first_step: int, spacing: int) -> list[int]:
-    """The versions at which `count` faults are injected: one every `spacing` steps from `first_step`, each one
-    step later or not (`seed` picks)."""
-    rng = random.Random(seed)
-    at_steps = [first_step + spacing * i + rng.randint(0, 1) for i in range(count)]
-    if at_steps and at_steps[-1] >= steps:
-        raise ValueError(f"{count} faults need more than {steps} steps (the last lands at {at_steps[-1]})")
-    return at_steps
 
 
 def inject_in_turn(chaos: ChaosRun, faults: list[str], at_steps: list[int], inject) -> int:

@@ -42,10 +42,9 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.chaos import PART_MODULES, ChaosRun, Verdict, chosen, verify  # noqa: E402
+from scripts.chaos import PART_MODULES, ChaosRun, Verdict, chosen, injection_steps, verify  # noqa: E402
 from scripts.chaos_faults import (  # noqa: E402
     FAST_TOOL_FAILURES,
-    fault_steps,
     inject_in_turn,
     print_verdict,
 )
@@ -353,7 +352,7 @@ def run_network_faults(
     """One run (max_staleness 1, short leases) with `injections(faults, cuts_s)` injected in turn, one every
     `spacing` steps or so. The counts' `missing(...)` of those injections must be empty."""
     injected = injections(faults, cuts_s)
-    at_steps = fault_steps(len(injected), steps, seed, first_step, spacing)
+    at_steps = injection_steps(len(injected), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"learner.total_steps={steps}",
