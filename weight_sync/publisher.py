@@ -228,10 +228,19 @@ class WeightPublisher:
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         version: int,
         dtype: torch.dtype | None = None,
+        adapter: dict | None = None,
+        probe: dict | None = None,
     ) -> dict:
-        """Broadcast full weights as `version` to every engine and wait for their acks; returns stats.
+        """Broadcast `named_tensors` as `version` to every engine and wait for their acks; returns stats.
 
-        Raises WeightSyncError or TimeoutError when an engine fails; the gathers are finished first either way."""
+        Full weights by default. With `adapter` (the PEFT `adapter_config.json` contents), the tensors are a LoRA
+        adapter's (`peft.get_peft_model_state_dict` names) and the engines load them as a new vLLM adapter
+        `sr1-v{version}` beside the older ones, without pausing. `probe` (`{"token_ids", "logprobs"}`: the learner's
+        log-probs of tokens 1..n-1 at this version) lets each engine check that it samples from what it loaded.
+        Both travel in the update record. Raises WeightSyncError or TimeoutError when an engine fails; the gathers
+        are finished first either way."""
+        check_adapter(adapter)
+        check_probe(probe)
         items = iter([(name, tensor.detach()) for name, tensor in named_tensors])
         try:
             if self.needs_regroup(max_age_s=0.0):
@@ -260,6 +269,13 @@ class WeightPublisher:
             "buckets": to_jsonable(buckets),
             "dtype": dtype_to_str(dtype) if dtype is not None else "mixed",
         }
+        if adapter is not None:
+            update["adapter"] = adapter
+        if probe is not None:
+            update["probe"] = {
+                "token_ids": [int(t) for t in probe["token_ids"]],
+                "logprobs": [float(x) for x in probe["logprobs"]],
+            }
         self.rendezvous.announce_update(update)
         remaining = iter(items)
         try:
@@ -362,3 +378,39 @@ class WeightPublisher:
         while in_flight:
             wait_oldest()
         return sum(sizes), in_place
+
+
+_ADAPTER_KEYS = ("r", "lora_alpha", "target_modules")
+
+
+def check_adapter(adapter: dict | None) -> None:
+    """An adapter description must be a PEFT LoRA `adapter_config.json` (JSON-able dict with r, lora_alpha,
+    target_modules, peft_type "LORA"); raises ValueError naming what is wrong."""
+    if adapter is None:
+        return
+    if not isinstance(adapter, dict):
+        raise ValueError(
+            f"adapter must be a dict (PEFT adapter_config.json contents), got {type(adapter).__name__}"
+        )
+    missing = [key for key in _ADAPTER_KEYS if key not in adapter]
+    if missing:
+        raise ValueError(f"adapter config lacks {missing}; got keys {sorted(adapter)}")
+    if str(adapter.get("peft_type", "LORA")).upper() != "LORA":
+        raise ValueError(f"adapter peft_type must be 'LORA', got {adapter['peft_type']!r}")
+    if not isinstance(adapter["r"], int) or adapter["r"] <= 0:
+        raise ValueError(f"adapter rank r must be a positive int, got {adapter['r']!r}")
+
+
+def check_probe(probe: dict | None) -> None:
+    """A probe is `{"token_ids": [n ints], "logprobs": [n - 1 floats]}` (n >= 2); raises ValueError otherwise."""
+    if probe is None:
+        return
+    if not isinstance(probe, dict) or not {"token_ids", "logprobs"} <= set(probe):
+        keys = sorted(probe) if isinstance(probe, dict) else type(probe).__name__
+        raise ValueError(f"probe must be a dict with token_ids and logprobs, got {keys}")
+    n, m = len(probe["token_ids"]), len(probe["logprobs"])
+    if n < 2 or m != n - 1:
+        raise ValueError(
+            f"probe needs n >= 2 token_ids and the log-probs of tokens 1..n-1 (n - 1 values); got {n} token ids "
+            f"and {m} log-probs"
+        )
