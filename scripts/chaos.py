@@ -23,6 +23,8 @@ Three other kinds of fault, each in one run checked the same way, live in their 
     python scripts/chaos.py --faults                 # a poison prompt, a malformed group and evaluation request, a
                                                      # frozen retriever, under synchronous training (chaos_faults.py)
     python scripts/chaos.py --network                # network cuts (5, 20, 60 s) and a full Redis (chaos_network.py)
+    python scripts/chaos.py --freeze                 # hangs: each part SIGSTOPped 5 s, past the lease, past the
+                                                     # learner's collective timeout (chaos_freeze.py)
 """
 
 from __future__ import annotations
@@ -340,7 +342,7 @@ def chosen(value: str, known: tuple[str, ...], what: str, parser: argparse.Argum
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts import chaos_checkpoints, chaos_faults, chaos_network
+    from scripts import chaos_checkpoints, chaos_faults, chaos_freeze, chaos_network
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -362,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_faults": chaos_checkpoints,
         "faults": chaos_faults,
         "network": chaos_network,
+        "freeze": chaos_freeze,
     }
     for module in fault_kinds.values():
         module.add_arguments(parser)

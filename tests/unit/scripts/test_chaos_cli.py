@@ -1,5 +1,5 @@
 """scripts/chaos.py's command line: each kind of fault is run by its own module (chaos_checkpoints, chaos_faults,
-chaos_network), and a name none of them knows is refused before any run starts."""
+chaos_network, chaos_freeze), and a name none of them knows is refused before any run starts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
         (["--parts", "learner,router"], "unknown part(s) ['router']"),
         (["--faults", "poison-prompt,flood"], "unknown fault(s) ['flood']"),
         (["--network", "cut-everything"], "unknown network fault(s) ['cut-everything']"),
+        (["--freeze", "generator,gpu"], "unknown part(s) ['gpu']"),
+        (["--freeze", "--freeze-for", "5,forever"], "a freeze lasts a number of seconds"),
     ],
 )
 def test_an_unknown_name_is_a_usage_error_that_names_it(argv, named, capsys, tmp_path):
@@ -37,3 +39,14 @@ def test_every_fault_kind_adds_its_options_and_runs_from_its_own_module(monkeypa
     monkeypatch.setattr(chaos, "run_chaos", lambda *a, **k: pytest.fail("the kills ran"))
     assert chaos.main(["--faults", "retriever-down", "--retriever-down-s", "5", "--out", str(tmp_path)]) == 3
     assert seen["args"].faults == "retriever-down" and seen["args"].retriever_down_s == 5.0
+
+
+def test_freeze_durations_name_the_lease_and_the_collective_timeout():
+    from scripts import chaos_freeze
+
+    assert chaos_freeze.freeze_seconds("lease") > chaos_freeze.LEASE_S
+    assert chaos_freeze.freeze_seconds("timeout") > chaos_freeze.COLLECTIVE_TIMEOUT_S
+    assert chaos_freeze.freeze_seconds("2.5") == 2.5
+    for bad in ("forever", "0", "-3", "7200"):
+        with pytest.raises(ValueError, match="freeze lasts"):
+            chaos_freeze.freeze_seconds(bad)
