@@ -33,6 +33,43 @@ AttentionName = Literal[
 ]
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# modules token_logprobs reads directly (the LM head's weight) or that a vLLM LoRA adapter cannot carry
+_LORA_REFUSED = ("lm_head", "embed_tokens")
+
+
+class LoraSettings(BaseModel):
+    """`learner.lora`: train low-rank adapters on a frozen base instead of every weight (docs/lora.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(16, ge=1, le=512, description="LoRA rank r of every adapter.")
+    alpha: float = Field(
+        32.0, gt=0, description="LoRA alpha: the adapter's update is scaled by alpha / rank."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input (0: none).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        description="Linear layers of each decoder layer that get an adapter (default: every one, "
+        "q/k/v/o_proj and gate/up/down_proj).",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, value: list[str]) -> list[str]:
+        refused = [name for name in value if name in _LORA_REFUSED]
+        if refused:
+            raise ValueError(
+                f"learner.lora.target_modules may not name {refused}: the learner computes log-probs from the LM "
+                f"head's own weight and vLLM adapters carry the decoder's linear layers only; pick among "
+                f"{list(LORA_TARGETS)}"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError(f"learner.lora.target_modules lists a module twice: {value}")
+        return value
+
+
 class LearnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -131,6 +168,12 @@ class LearnerConfig(BaseModel):
         description="Tokens per chunk of the LM head + log-softmax in the log-prob step: it holds about two "
         "chunk x vocab fp32 buffers instead of several tokens x vocab logits copies (the backward recomputes each "
         "chunk's logits).",
+    )
+    lora: LoraSettings | None = Field(
+        None,
+        description="LoRA: {rank, alpha, dropout, target_modules} trains adapters on a frozen base (held in "
+        "model.dtype, no gradients or optimizer state) and publishes only the adapters to the engines; None: every "
+        "weight is trained (docs/lora.md).",
     )
     cpu_offload: bool = Field(
         False,
