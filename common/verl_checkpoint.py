@@ -9,6 +9,12 @@ parameter's shards in rank order, checks the result against the global shape the
 `model.safetensors` beside a copy of `huggingface/`. The cache key is the checkpoint's path and its shards' sizes and
 times, so a checkpoint is merged once however many processes load it (each writes into a temporary directory and
 renames it into place; the first rename wins).
+
+The shards are unpickled with `torch.load(weights_only=True)`: tensors, DTensors and their placements and device
+mesh (which torch itself allows), nothing else. A full unpickler would run whatever code a file someone hands over
+holds; a shard that needs one is refused (`UnsafeCheckpointError`) with how to convert it: verl's own merger
+(`python -m verl.model_merger merge --backend fsdp --local_dir <actor> --target_dir <out>`) writes the HF directory
+that any model path takes.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ _SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
 class VerlCheckpointError(ValueError):
     """A verl checkpoint that cannot be merged: a missing shard or `huggingface/`, or shards that do not fit."""
+
+
+class UnsafeCheckpointError(VerlCheckpointError):
+    """A shard whose pickle holds more than tensors, so loading it could run code: refused, not loaded."""
 
 
 def actor_dir(path: Path) -> Path | None:
@@ -93,10 +103,9 @@ def merged_verl_checkpoint(path: Path, cache: Path | None = None) -> Path:
 
 
 def _write_merged(shards: list[Path], out: Path) -> None:
-    import torch
     from safetensors.torch import save_file
 
-    states = [torch.load(shard, map_location="cpu", weights_only=False) for shard in shards]
+    states = [_load_shard(shard) for shard in shards]
     names = list(states[0])
     for shard, state in zip(shards, states, strict=True):
         if list(state) != names:
@@ -106,6 +115,29 @@ def _write_merged(shards: list[Path], out: Path) -> None:
         tensor = _whole([state[name] for state in states], name)
         merged[name] = tensor.contiguous().clone()  # no storage shared between entries (tied weights)
     save_file(merged, str(out), metadata={"format": "pt"})
+
+
+def _load_shard(shard: Path) -> dict:
+    """One rank's state dict, unpickled with torch's weights-only unpickler (tensors and DTensors only)."""
+    import pickle
+
+    import torch
+    import torch.distributed.tensor  # noqa: F401 - registers DTensor and its placements as safe to unpickle
+
+    try:
+        state = torch.load(shard, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        what = f"it names `{found.group(1)}`" if found else str(err).strip().splitlines()[0][:200]
+        raise UnsafeCheckpointError(
+            f"{shard}: refused: this shard holds Python objects other than tensors ({what}), and unpickling them "
+            "could run any code the file carries. If you trust the file, convert the checkpoint with verl's own "
+            f"merger (`python -m verl.model_merger merge --backend fsdp --local_dir {shard.parent} --target_dir "
+            "<out>`) and pass <out> instead"
+        ) from None
+    if not isinstance(state, dict):
+        raise VerlCheckpointError(f"{shard}: expected a state dict, got {type(state).__name__}")
+    return state
 
 
 def _whole(parts: list, name: str):

@@ -77,7 +77,7 @@ def test_shards_are_sharded_and_merge_into_the_model(verl_checkpoint, tiny_model
     from torch.distributed.tensor import DTensor
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    shard = torch.load(verl_checkpoint / "actor" / "model_world_size_2_rank_1.pt", weights_only=False)
+    shard = torch.load(verl_checkpoint / "actor" / "model_world_size_2_rank_1.pt", weights_only=True)
     embed = shard["model.embed_tokens.weight"]
     assert isinstance(embed, DTensor) and embed.to_local().shape[0] < embed.shape[0]  # really a shard
 
@@ -176,3 +176,27 @@ def test_sr1_ask_merges_a_verl_checkpoint_or_names_what_is_wrong(
     shutil.rmtree(broken / "huggingface")
     assert sr1.ask.main(["who?", "--checkpoint", str(broken)]) == 2
     assert "no huggingface/config.json" in capsys.readouterr().err
+
+
+class _Touch:
+    """Unpickles as `Path(marker).touch()`: what a hostile shard could run instead (any callable, any argument)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_shard_that_would_run_code_when_unpickled_is_refused_not_run(verl_checkpoint, tmp_path, cache):
+    hostile = tmp_path / "hostile" / "actor"
+    shutil.copytree(verl_checkpoint / "actor", hostile)
+    marker = tmp_path / "code-ran"
+    shard = hostile / "model_world_size_2_rank_1.pt"
+    state = torch.load(shard, weights_only=True)  # DTensors load with the weights-only unpickler as they are
+    state["model.norm.weight"] = _Touch(marker)
+    torch.save(state, shard)
+    with pytest.raises(ModelPathError, match="refused") as caught:
+        resolve_model_path(hostile.parent)
+    assert not marker.exists()  # nothing in the file ran
+    assert "verl.model_merger merge --backend fsdp" in str(caught.value) and str(hostile) in str(caught.value)
