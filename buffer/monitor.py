@@ -3,15 +3,24 @@
 
     render(stats, workers)            a rich renderable: queue table, staleness bars, live workers
     serve_metrics(buffer, port)       Prometheus /metrics with the same gauges, read from Redis at each scrape
+    serve_configured_metrics(buffer, cfg.buffer)   the same on buffer.metrics_host:buffer.metrics_port, if set
+
+The endpoint binds 127.0.0.1 unless told otherwise (`buffer.metrics_host`, `--metrics-host`): the gauges hold no
+secret, but a port open on every interface lets anyone on the network read a run's progress and load its Redis
+with a scrape each.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from buffer.redis_buffer import ReplayBuffer
+from buffer.settings import BufferConfig
 from buffer.stats import STALENESS_HIST
+
+LOOPBACK = "127.0.0.1"
 
 # (stats key, label, help) for the queue table and the Prometheus gauges, in display order
 GAUGES: list[tuple[str, str, str]] = [
@@ -236,11 +245,42 @@ def _learner_gauges(learners: list[dict]):
         yield gauge
 
 
-def serve_metrics(buffer: ReplayBuffer, port: int, addr: str = "0.0.0.0"):
-    """Serve `/metrics` on `port` in a daemon thread; returns the registry (for tests)."""
+@dataclass
+class MetricsServer:
+    """A `/metrics` endpoint serving in a daemon thread: where it listens (`host`, `port`: the port bound, also when
+    0 asked for a free one) and its registry."""
+
+    host: str
+    port: int
+    registry: Any
+    server: Any
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve_metrics(buffer: ReplayBuffer, port: int, addr: str = LOOPBACK) -> MetricsServer:
+    """Serve `/metrics` on `addr:port` (loopback unless told otherwise; port 0: a free one) in a daemon thread."""
     from prometheus_client import CollectorRegistry, start_http_server
 
+    if not 0 <= port <= 65535:
+        raise ValueError(f"metrics port {port} is not a TCP port (0..65535; 0 picks a free one)")
     registry = CollectorRegistry()
     registry.register(BufferCollector(buffer))
-    start_http_server(port, addr=addr, registry=registry)
-    return registry
+    server, _ = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(addr, server.server_address[1], registry, server)
+
+
+def serve_configured_metrics(buffer: ReplayBuffer, cfg: BufferConfig) -> MetricsServer | None:
+    """The run's endpoint as its config asks (`buffer.metrics_port` on `buffer.metrics_host`); None when no port is
+    set. An address that cannot be bound (taken, not this machine's) is an OSError naming both settings."""
+    if cfg.metrics_port is None:
+        return None
+    try:
+        return serve_metrics(buffer, cfg.metrics_port, cfg.metrics_host)
+    except OSError as err:
+        raise OSError(
+            f"cannot serve /metrics on buffer.metrics_host={cfg.metrics_host!r} "
+            f"buffer.metrics_port={cfg.metrics_port}: {err}"
+        ) from err

@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# characters a namespace may not hold: it is the ACL key pattern `<namespace>:*` of a run's Redis user, where these
+# are glob syntax (a `*` would open other runs' keys) or would split the ACL file's line
+_NOT_IN_NAMESPACE = set("*?[]\\") | {" ", "\t", "\n", "\r"}
 
 
 def local_redis_dir(run_dir: Path | str) -> Path:
@@ -19,9 +23,15 @@ class BufferConfig(BaseModel):
     redis_url: str | None = Field(
         None,
         description="Redis URL (redis://host:port/db). None: start a local redis-server on a free loopback port with "
-        "AOF persistence in the run directory, and stop it on exit.",
+        "AOF persistence in the run directory, a password made for the run and an ACL user allowed sr1's commands on "
+        "the namespace's keys only, and stop it on exit.",
     )
-    namespace: str = Field("sr1", description="Key prefix of this run in Redis (`<namespace>:prompts`, ...).")
+    namespace: str = Field(
+        "sr1",
+        min_length=1,
+        description="Key prefix of this run in Redis (`<namespace>:prompts`, ...); the run's own Redis lets its user "
+        "touch these keys only. No spaces or glob characters (* ? [ ] \\).",
+    )
     lease_s: float = Field(
         120.0,
         gt=0,
@@ -42,7 +52,18 @@ class BufferConfig(BaseModel):
         15.0, gt=0, description="A worker is considered dead after this long without a heartbeat."
     )
     metrics_port: int | None = Field(
-        None, description="Serve Prometheus `/metrics` with the buffer gauges on this port."
+        None,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus `/metrics` with the buffer gauges on this port, from the launcher (`sr1 run`, "
+        "`sr1 launch`) while the run lives; 0: a free port (the launcher prints which). None: no endpoint.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="The address the `/metrics` endpoint (buffer.metrics_port) binds: loopback by default, so only "
+        "this machine can scrape it; `0.0.0.0` (every interface) or one interface's address for a Prometheus on "
+        "another machine (the gauges carry no secret, but anyone who reaches the port can read them).",
     )
     max_payload_mb: float = Field(
         64.0, gt=0, description="Reject (and count) group payloads larger than this."
@@ -79,3 +100,14 @@ class BufferConfig(BaseModel):
         description="fsync policy of the run's own redis-server (no redis_url): 'always' loses no acknowledged write "
         "when Redis is killed; 'everysec' may lose the last second (an ack, a put) and with it exactly-once training.",
     )
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_a_plain_prefix(cls, value: str) -> str:
+        bad = sorted(set(value) & _NOT_IN_NAMESPACE)
+        if bad:
+            raise ValueError(
+                f"namespace {value!r} holds {', '.join(map(repr, bad))}: a namespace may hold no spaces or glob "
+                "characters (* ? [ ] \\), because the run's Redis user may touch the keys `<namespace>:*` only"
+            )
+        return value

@@ -132,7 +132,8 @@ class ChaosRun:
     def processes(self, part: str) -> list[psutil.Process]:
         if part == "redis":  # redis-server sets its own process title: `redis-server 127.0.0.1:<port>`
             needle, scope = (
-                (self.run_dir / "redis" / "url").read_text().strip().split("//")[1].split("/")[0],
+                # host:port (after the user and password, which the run's Redis has)
+                (self.run_dir / "redis" / "url").read_text().strip().split("/")[2].rpartition("@")[2],
                 "",
             )
         else:

@@ -78,7 +78,8 @@ def serve_behind_proxies(argv: list[str]) -> int:
 
         def _start_redis(self, cfg):
             cfg = super()._start_redis(cfg)  # the run's own Redis, supervised, on its AOF
-            return _update(cfg, "buffer", redis_url=f"redis://127.0.0.1:{redis_proxy}/0")
+            login = cfg.buffer.redis_url.split("//", 1)[1].rpartition("@")[0]  # the run's user and password
+            return _update(cfg, "buffer", redis_url=f"redis://{login}@127.0.0.1:{redis_proxy}/0")
 
     return run_main(parse_args(build_parser(), argv[3:]), BehindProxies)
 
@@ -254,7 +255,8 @@ class NetworkInjector:
         from buffer.redis_buffer import ReplayBuffer
 
         url = (self.run.run_dir / "redis" / "url").read_text().strip()
-        client, buffer = redis.Redis.from_url(url), ReplayBuffer(url, "sr1", memory_high_water=0.9)
+        admin = (self.run.run_dir / "redis" / "admin_url").read_text().strip()  # CONFIG SET: the owner's user
+        client, buffer = redis.Redis.from_url(admin), ReplayBuffer(url, "sr1", memory_high_water=0.9)
         before = client.config_get("maxmemory")["maxmemory"]
         try:
             used = int(client.info("memory")["used_memory"])

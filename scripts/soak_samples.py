@@ -179,8 +179,9 @@ def sample_processes(root_pid: int, seen: dict[tuple[int, float], str]) -> dict[
 
 
 def redis_client(run_dir: Path) -> redis.Redis | None:
-    url_file = run_dir / "redis" / "url"
-    if not url_file.is_file():
+    # the owner's admin user where the run has one: the run's own user may not run DBSIZE, SCAN or MEMORY USAGE
+    url_file = next((f for f in (run_dir / "redis" / n for n in ("admin_url", "url")) if f.is_file()), None)
+    if url_file is None:
         return None
     url = url_file.read_text().strip()
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) if url else None

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.memory import EvictingRedis
+from buffer.monitor import serve_configured_metrics
 from buffer.redis_buffer import open_buffer
-from buffer.settings import local_redis_dir
 from config import (
     EXIT_BAD_INPUT,
     EXIT_CHECKPOINT_FAILED,
@@ -36,14 +36,15 @@ from config import (
     load_config,
     save_config,
     save_job,
+    secret_env,
 )
 from evaluation import Evaluations, read_evals
 from learner.tracking import Tracker
 from sr1 import entrypoints
-from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded
+from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded, with_embedded_world
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.pools import generator_children, learner_children
-from sr1.launch.redis_server import LocalRedis
+from sr1.launch.redis_server import run_redis
 from sr1.launch.supervisor import (
     Child,
     ChildFailed,
@@ -117,6 +118,7 @@ class Orchestrator:
         self.lock = RunLock(self.run_dir, self.command)
         self.supervisor = Supervisor()
         self.redis_server = None
+        self.metrics = None
         self.buffer = None
         self.started = time.monotonic()
         self.view = None
@@ -134,7 +136,7 @@ class Orchestrator:
             return
         cfg = self.cfg
         if cfg.model.path in EMBEDDED_MODELS:
-            cfg = self._with_embedded_world(cfg)
+            cfg = with_embedded_world(cfg)
         for note in check_inputs(cfg):
             print(f"{self.command}: {note}", flush=True)
         self.cfg, self.inputs_checked = cfg, True
@@ -159,6 +161,14 @@ class Orchestrator:
         own = cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S})
         self.buffer = self._riding_out_redis(lambda: open_buffer(own))
         self._riding_out_redis(self._withdraw_dead_learners_group)
+        try:
+            self.metrics = serve_configured_metrics(self.buffer, cfg.buffer)
+        except OSError as err:
+            raise BadInput([str(err)]) from err
+        if self.metrics is not None:
+            print(
+                f"{self.command}: Prometheus /metrics on {self.metrics.host}:{self.metrics.port}", flush=True
+            )
 
     def _withdraw_dead_learners_group(self) -> None:
         """Withdraw a weight-sync rendezvous left in the run's Redis (a resumed run's, by the learner that died with
@@ -174,58 +184,33 @@ class Orchestrator:
         return cfg.model_copy(update={"retrieval": cfg.retrieval.served_at(port)})
 
     def _start_redis(self, cfg: Config) -> Config:
-        """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised."""
-        redis_dir = local_redis_dir(self.run_dir)
-        self.redis_server = LocalRedis(
-            redis_dir,
-            appendfsync=cfg.buffer.local_appendfsync,
-            pass_fds=self.supervisor.pass_fds,
-            maxmemory_mb=cfg.buffer.local_maxmemory_mb,
-        ).start()
-        # restarted on its port and AOF when it dies; every client rides out the gap (buffer.reconnect_s)
+        """The run's own Redis (no buffer.redis_url): a local redis-server on the run's AOF, supervised, with a
+        password made for this start and an ACL user allowed the namespace's keys only (sr1/launch/redis_server.py)."""
+        self.redis_server = run_redis(self.run_dir, cfg.buffer, pass_fds=self.supervisor.pass_fds).start()
+        # restarted on its port, AOF and ACL file when it dies; every client rides out the gap (buffer.reconnect_s)
         self.redis_server.child.restart = RestartPolicy()
         self.supervisor.adopt(self.redis_server.child)
         return _update(cfg, "buffer", redis_url=self.redis_server.url)
 
-    def _with_embedded_world(self, cfg: Config) -> Config:
-        """The embedded model, and its data and corpus where the user gave none (theirs always win).
-
-        `tiny`: the tiny world (a warm-started tiny policy on its synthetic knowledge base). `tiny-qwen2.5`: a small
-        random model with Qwen2.5's real tokenizer and chat template, on the tiny knowledge base laid out as the
-        FlashRAG downloads and prepared by `sr1 data prepare` (the CPU rehearsal of the real workflow)."""
-        model_dir, files = build_embedded(cfg.model.path, cfg.seed)
-        train, test, corpus = (Path(f).resolve() for f in files)
-        cfg = _update(cfg, "model", path=str(Path(model_dir).resolve()))
-        given = cfg.data.model_fields_set
-        retriever = cfg.retrieval.retriever
-        given_corpus = "corpus_path" in retriever.model_fields_set
-        fill = {"train_files": [train], "test_files": [test]}
-        cfg = _update(cfg, "data", **{k: v for k, v in fill.items() if k not in given})
-        if "corpus_path" in type(retriever).model_fields and not given_corpus:
-            cfg = _update(cfg, "retrieval", retriever=retriever.model_copy(update={"corpus_path": corpus}))
-        kept = sorted(
-            {f"data.{k}" for k in fill if k in given}
-            | ({"retrieval.retriever.corpus_path"} if given_corpus else set())
-        )
-        if kept:
-            print(
-                f"sr1 run: the embedded model with your {', '.join(kept)} (the embedded world fills in the rest)"
-            )
-        return cfg
-
-    def _child(self, name: str, cmd: list[str], restart: RestartPolicy | None = None) -> Child:
+    def _child(
+        self,
+        name: str,
+        cmd: list[str],
+        restart: RestartPolicy | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        return self.supervisor.start(Child(name, cmd, log_path, restart=restart))
+        return self.supervisor.start(Child(name, cmd, log_path, env or {}, restart=restart))
 
     def launch_retrieval(self) -> None:
         """Start the run's retrieval server (when it serves locally); `wait_for_retrieval` waits for its health."""
         if not self.cfg.retrieval.serves_locally:
             return  # online engines need no local server
-        job = save_job(self.cfg.retrieval_job(), self.run_dir / "jobs" / "retrieval.yaml")
+        job = self.cfg.retrieval_job()
+        job_file = save_job(job, self.run_dir / "jobs" / "retrieval.yaml")  # its token masked: given in env
         # while it restarts, searches fail after the client's retries and agents read "Search unavailable"
-        self._child(
-            "retrieval", python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job)), RestartPolicy()
-        )
+        cmd = python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job_file))
+        self._child("retrieval", cmd, RestartPolicy(), env=secret_env(job))
 
     def wait_for_retrieval(self) -> None:
         if not self.cfg.retrieval.serves_locally:
@@ -372,6 +357,8 @@ class Orchestrator:
         self.supervisor.stop(
             ["learner", "generator", "retrieval", "redis"], grace_s={"learner": learner_grace}
         )
+        if self.metrics is not None:
+            self.metrics.close()
         if self.buffer is not None:
             self.buffer.close()
         if self.redis_server is not None:

@@ -38,14 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from buffer.connection import mask_url
-from buffer.settings import local_redis_dir
 from config import Config
 from config.loader import write_private
 from sr1.launch.lock import RunLock
 from sr1.launch.ray import RaySupervisor, place_learner
 from sr1.launch.ray_host import RemoteChild
 from sr1.launch.ray_placement import check_gpus, generator_bundle, learner_bundle
-from sr1.launch.redis_server import LocalRedis
+from sr1.launch.redis_server import run_redis
 from sr1.launch.supervisor import Child, RestartPolicy
 from sr1.live import LiveView
 from sr1.run import Orchestrator, _update, build_parser, parse_args, run_main
@@ -200,14 +199,7 @@ class ClusterOrchestrator(Orchestrator):
     def _start_redis(self, cfg: Config) -> Config:
         """redis-server in its slot, on the run's AOF (`<run_dir>/redis` on that node), restarted when it dies."""
         slot = self.supervisor.slots("redis")[0]
-        server = LocalRedis(
-            local_redis_dir(self.run_dir),
-            port=self.supervisor.free_port(slot),
-            appendfsync=cfg.buffer.local_appendfsync,
-            password=secrets.token_urlsafe(32),
-            namespace=cfg.buffer.namespace,
-            maxmemory_mb=cfg.buffer.local_maxmemory_mb,
-        )
+        server = run_redis(self.run_dir, cfg.buffer, port=self.supervisor.free_port(slot))  # `sr1 run`'s ACL
         cmd = reachable_redis_command(server.command(), slot.ip)
         self.supervisor.start(
             Child("redis", cmd, server.data_dir / "redis.stdout.log", restart=RestartPolicy())

