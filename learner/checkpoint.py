@@ -9,14 +9,17 @@
         resume/state.json  version, data cursor, groups used since the previous checkpoint (acked at resume)
         sr1-manifest.json  every file's size and CRC-32 (learner/checkpoint_files.py)
     <run_dir>/checkpoints/.step_<N>.partial/   the same while it is written; renamed to step_<N> once complete
+    <run_dir>/checkpoints/.step_<N>.stale/     a checkpoint being deleted: renamed aside first, so no step_<N> is
+                                               ever half-deleted (leftovers of a crash are cleared at start and prune)
     <run_dir>/checkpoints/latest               name of the newest complete checkpoint (written last)
 
 Saving (every rank): rank 0 streams the HF weights (learner/hf_weights.py) and copies the model's files, every
 rank writes its DCP shards and RNG state and checksums the files it wrote, then rank 0 writes the manifest, fsyncs
 the directory tree, renames the directory to `step_<N>` and points `latest` at it; only then are older checkpoints
-pruned (`keep`). The ranks agree after each phase (one all-gather): when any rank failed to write (no space, an I/O
-error), every rank raises `CheckpointWriteError`, the partial directory is removed, and the previous checkpoints are
-as they were.
+pruned (`keep`: the newest good ones, the one just written among them; one that `resume` skipped does not count, so
+after a fallback resume the next prune keeps the checkpoint it resumed from). The ranks agree after each phase (one
+all-gather): when any rank failed to write (no space, an I/O error), every rank raises `CheckpointWriteError`, the
+partial directory is removed, and the previous checkpoints are as they were.
 
 Resuming (`resume`): the newest `step_<N>` whose files match their manifest (each rank checksums a share) and load
 is used; each one skipped is named with why. None left: `CheckpointLoadError` (deterministic: not worth a restart).
@@ -43,11 +46,13 @@ from learner.checkpoint_files import (
     atomic_write_text,
     check_sizes,
     checksum_files,
+    clear_stale,
     files_under,
     fsync_dir,
     fsync_tree,
     is_no_space,
     read_manifest,
+    remove_tree,
     storage_error,
     verify_files,
     write_durably,
@@ -163,10 +168,14 @@ class Checkpointer:
         self.tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
         self.save_dtype = save_dtype
         self.keep = keep
+        # checkpoints `resume` skipped (failed verification or load): prune does not count them toward `keep`
+        self.failed: set[str] = set()
         if world.is_main and self.root.is_dir():
             for partial in self.root.glob(".step_*.partial"):  # a save a crash interrupted
                 log.warning("removing %s: a checkpoint that was never completed", partial)
                 shutil.rmtree(partial, ignore_errors=True)
+            for stale in clear_stale(self.root):
+                log.warning("removed %s: a checkpoint whose removal a crash interrupted", stale)
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.root)
@@ -298,16 +307,20 @@ class Checkpointer:
         return text, cause is not None or full, full
 
     def _prune(self, newest: Path) -> None:
-        """Keep the newest `keep` complete checkpoints (the one just written among them); remove older ones."""
+        """Keep the newest `keep` good checkpoints (the one just written among them); remove older ones, each renamed
+        aside before it is deleted. Good: complete and not skipped by `resume`, which read every byte of them."""
+        self.failed.discard(newest.name)  # replaced by a good one
         kept = [newest]
         for path in checkpoint_dirs(self.root):
-            if len(kept) < self.keep and path != newest and looks_complete(path):
+            good = path.name not in self.failed and looks_complete(path)
+            if len(kept) < self.keep and path != newest and good:
                 kept.append(path)
         oldest = min(step_of(p) for p in kept)
         for path in checkpoint_dirs(self.root):
             if path not in kept and step_of(path) < oldest:
                 log.info("removing checkpoint %s (learner.keep_checkpoints=%d)", path.name, self.keep)
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
+        clear_stale(self.root)
 
     def oldest_kept(self) -> int | None:
         """The version of the oldest checkpoint kept: groups made durable at or before it are needed no more."""
@@ -381,6 +394,7 @@ class Checkpointer:
                     )
                 return Resumed(path, state, skipped)
             skipped.append((path.name, why))
+            self.failed.add(path.name)
             if self.world.is_main:
                 log.warning("resume: skipping checkpoint %s: %s", path, why)
         if skipped:
@@ -419,7 +433,7 @@ class Checkpointer:
         rng_path = path / "resume" / f"rng_rank{self.world.rank}.pt"
         if not rng_path.is_file():
             rng_path = path / "resume" / "rng_rank0.pt"  # resumed under a larger world
-        extra = torch.load(rng_path, weights_only=False)
+        extra = torch.load(rng_path, weights_only=True)  # tensors and plain values: nothing in it can run
         torch.set_rng_state(extra["torch"])
         scheduler.load_state_dict(extra["scheduler"])
         if critic is not None:

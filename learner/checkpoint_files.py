@@ -4,6 +4,7 @@
     write_manifest(directory, entries)           # sr1-manifest.json: every file's size and CRC-32
     problems = verify_files(directory, entries)  # [] when every file has its size and checksum
     fsync_tree(directory); atomic_write_text(path, text)
+    remove_tree(root / "step_4")                 # renamed to .step_4.stale (atomic), then deleted
 
 The manifest is one more JSON file beside `config.json`: transformers, vLLM and Search-R1's scripts load the
 directory as before (they read the files they know and ignore the rest).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -173,6 +175,25 @@ def atomic_write_text(path: Path, text: str) -> None:
     write_durably(tmp, text.encode())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory without ever leaving it half-deleted under its own name: it is renamed aside (atomic; the
+    parent fsynced), then deleted. A reader listing `step_*` sees it whole or not at all; a crash mid-delete leaves
+    only the `.stale` name, which the next start clears."""
+    moved = path.with_name(f".{path.name}.stale")
+    shutil.rmtree(moved, ignore_errors=True)
+    path.rename(moved)
+    fsync_dir(path.parent)
+    shutil.rmtree(moved, ignore_errors=True)
+
+
+def clear_stale(root: Path) -> list[Path]:
+    """Delete what a crash left of `remove_tree`s under `root` (`.<name>.stale`); returns what it deleted."""
+    stale = sorted(root.glob(".*.stale"))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 class WriteBudget:
