@@ -219,7 +219,15 @@ class StepCoordinator(StepHooks):
             f"; releases paused: {self.feeder.paused}" if self.feeder.paused else "",
         )
 
-    def publish(self, named, version: int, dtype: torch.dtype, sink: WeightSink | None) -> dict:
+    def publish(
+        self,
+        named,
+        version: int,
+        dtype: torch.dtype,
+        sink: WeightSink | None,
+        adapter: dict | None = None,
+        probe: dict | None = None,
+    ) -> dict:
         """Push `version` to every engine (or the sink), then publish the version. A failed push is survived: the
         engines that missed it rejoin and get the current weights at the next regroup (they claim no prompt before:
         see generators/worker.py)."""
@@ -228,7 +236,7 @@ class StepCoordinator(StepHooks):
             sink(version, ((name, gather_for_wire(t.detach(), dtype)) for name, t in named))
         else:
             try:
-                stats = self.publisher.publish(named, version, dtype)
+                stats = self.publisher.publish(named, version, dtype, adapter=adapter, probe=probe)
             except (WeightSyncError, TimeoutError) as err:
                 log.warning(
                     "weight sync of version %d failed (%s); the group is re-formed next", version, err

@@ -26,6 +26,7 @@ from learner.attention_choice import choose_attention
 from learner.compiled import resolve_compile
 from learner.distributed import World
 from learner.fused_head import resolve_logprob_head
+from learner.lora import lora_parameters
 from learner.memory import (
     MemoryPlan,
     MemorySettings,
@@ -99,6 +100,13 @@ def _host_holds_a_copy(shape: StepShape | None, compute: torch.dtype) -> bool:
     return shape.layers * shape.layer_parameters * compute.itemsize < 0.1 * psutil.virtual_memory().available
 
 
+def _lora_parameters(cfg: LearnerConfig, shape: StepShape | None) -> int:
+    """The adapters' parameters under learner.lora (0 without it, or for a model the estimate does not know)."""
+    if cfg.lora is None or shape is None:
+        return 0
+    return lora_parameters(shape.hidden, shape.kv, shape.intermediate, shape.layers, cfg.lora)
+
+
 def plan_execution(
     cfg: LearnerConfig,
     model_path: str | Path,
@@ -144,6 +152,7 @@ def plan_execution(
         keep_unsharded=world.world_size == 1
         and (device.type == "cuda" or _host_holds_a_copy(shape, compute)),
         defer_grad_sync=True,
+        lora_parameters=_lora_parameters(cfg, shape),
     )
     plan = None
     if device.type == "cuda" and shape is not None:

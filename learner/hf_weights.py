@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +77,20 @@ def save_hf_weights(
     dtype: torch.dtype,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     budget: WriteBudget | None = None,
+    weights: list[tuple[str, torch.Size, Callable[[], torch.Tensor]]] | None = None,
 ) -> OSError | None:
     """Stream the model's full weights into safetensors files (collective: call on every rank). Returns rank 0's
     write error (None on success and on the other ranks): after one, rank 0 writes nothing more but goes on taking
     part in every gather, so that no rank waits for it in a collective. Each file is fsynced and its size checked
-    against its plan."""
+    against its plan. `weights`: (HF name, global shape, gather) to write instead of the model's own parameters
+    (a LoRA model's merged weights, learner/lora.py's `merged_entries`)."""
     budget = budget or WriteBudget()
-    named = list(named_weights(model, skip_tied=True))  # sharded tensors: no memory beyond the shards
-    entries = [(name, tensor.shape, dtype) for name, tensor in named]
+    if weights is None:  # sharded tensors: no memory beyond the shards
+        weights = [
+            (name, tensor.shape, lambda t=tensor: full_tensor(t.detach()))
+            for name, tensor in named_weights(model, skip_tied=True)
+        ]
+    entries = [(name, shape, dtype) for name, shape, _ in weights]
     shards = _plan_shards(entries, max_shard_bytes)
     names = (
         ["model.safetensors"]
@@ -102,7 +109,7 @@ def save_hf_weights(
             except OSError as err:
                 error = err
         for i in shard:
-            tensor = full_tensor(named[i][1].detach())  # every rank joins the gather
+            tensor = weights[i][2]()  # every rank joins the gather
             if handle is not None and error is None:
                 data = tensor.to(device="cpu", dtype=dtype).contiguous()
                 try:

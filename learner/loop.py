@@ -34,7 +34,7 @@ from buffer.codec import decode_group
 from learner.coordinator import StepCoordinator, WeightSink
 from learner.distributed import World, broadcast_frames
 from learner.job import LearnerJob
-from learner.model import DTYPES, named_weights
+from learner.model import DTYPES
 from learner.steps import RankSteps, StepHooks
 from learner.stop import StopFlag
 from weight_sync.publisher import gather_in_step
@@ -82,7 +82,10 @@ def _coordinate(
     learner, world, stop = steps.learner, steps.world, steps.stop
 
     def publish() -> dict:
-        return coordinator.publish(named_weights(learner.model), learner.version, publish_dtype, weight_sink)
+        extras = learner.publish_extras()  # LoRA's adapter config and the probe (collective: every rank)
+        return coordinator.publish(
+            learner.published_weights(), learner.version, publish_dtype, weight_sink, **extras
+        )
 
     published = steps.agree_on_version(coordinator.buffer.version())
     checkpoint = steps.state.version if steps.has_checkpoint else None
@@ -141,8 +144,9 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
     hooks = StepHooks()  # a follower adds nothing of its own to the collective parts
 
     def publish() -> dict:
-        # take part in the coordinator's gathers: same order, same wire dtype; only the coordinator sends
-        gather_in_step(named_weights(learner.model), publish_dtype)
+        # take part in the coordinator's probe and gathers: same order, same wire dtype; only the coordinator sends
+        learner.publish_extras()
+        gather_in_step(learner.published_weights(), publish_dtype)
         return {}
 
     steps.agree_on_version(0)  # only the coordinator reads the published version

@@ -9,7 +9,9 @@ budget that would fit, when nothing does.
 
 The model of the peak (per rank, FSDP2 with each decoder layer a unit, the chunked or fused log-prob head):
 - static: fp32 parameter shards, their gradients and AdamW's two moments (16 bytes per parameter / world size; 0 on
-  the GPU with cpu_offload), the frozen reference's fp32 shards (4 bytes), the critic's like the policy's; unsharded
+  the GPU with cpu_offload), the frozen reference's fp32 shards (4 bytes), the critic's like the policy's (with
+  `learner.lora`: the frozen base's shards in the compute dtype, 16 bytes per adapter parameter, no reference copy
+  and no head gradient; the adapters' r-wide activations, under 1 % of a layer's for r <= 64, are left out); unsharded
   parameters in the compute dtype: two decoder layers (the one computing and the one prefetched) and the root unit
   (embeddings, LM head), or every layer when they stay unsharded through the update (`keep_unsharded`); with
   gradient sync deferred to an update's last micro-batch on several ranks, FSDP2's unsharded fp32 gradient
@@ -138,6 +140,9 @@ class MemorySettings:
     reference: bool = False
     critic: bool = False
     keep_unsharded: bool = False  # every layer's compute-dtype parameters stay through the update
+    lora_parameters: int = (
+        0  # learner.lora: the adapters' parameters (the base is frozen in the compute dtype)
+    )
     defer_grad_sync: bool = False  # FSDP2's unsharded fp32 accumulators (several ranks and micro-batches)
 
 
@@ -169,20 +174,26 @@ def memory_of(shape: StepShape, settings: MemorySettings) -> StepMemory:
     """The parts of one rank's peak during the policy's forward/backward (see the module docstring)."""
     s, c, h = settings, settings.compute_bytes, shape.hidden
     modes = checkpointed_layers(s.checkpointing, shape.layers, s.every)
-    models = 1 + s.critic  # models trained beside each other, each with its own state and activations
-    sharded = 0.0 if s.cpu_offload else (16 * models + 4 * s.reference) * shape.parameters / s.world_size
+    params, lora = shape.parameters, s.lora_parameters
+    # the policy's state: every weight trained (16 bytes each), or with LoRA the frozen base in the compute dtype
+    # and the adapters trained; the critic beside it like a full policy; the reference a frozen fp32 copy
+    policy = c * params + 16 * lora if lora else 16 * params
+    state = policy + 16 * params * s.critic + 4 * params * s.reference
+    sharded = 0.0 if s.cpu_offload else state / s.world_size
     layers_unsharded = shape.layers if s.keep_unsharded else 2
     unsharded = layers_unsharded * shape.layer_parameters * c + shape.vocab * h * c
-    accumulators = 4 * shape.parameters * models if s.defer_grad_sync and s.world_size > 1 else 0.0
+    trained = (lora or params) + params * s.critic
+    accumulators = 4 * trained if s.defer_grad_sync and s.world_size > 1 else 0.0
     resident = sum(layer_activation_bytes(shape, c, mode, s.compiled) for mode in modes)
     recompute = layer_activation_bytes(shape, c, "none", s.compiled) if "full" in modes else 0.0
+    head_grad = 0 if lora else 1  # LoRA leaves the head frozen: no weight gradient
     if (
         s.fused_head
     ):  # compute-dtype logits and their gradient, a chunk's worth at a time; the weight's gradient in
         # the compute dtype, the hidden states' in fp32
-        head = 2 * s.chunk_tokens * shape.vocab * c + shape.vocab * h * c + s.tokens * h * 4
+        head = 2 * s.chunk_tokens * shape.vocab * c + head_grad * shape.vocab * h * c + s.tokens * h * 4
     else:  # two fp32 [chunk x vocab] buffers and the fp32 weight gradient
-        head = 2 * s.chunk_tokens * shape.vocab * 4 + shape.vocab * h * 4
+        head = 2 * s.chunk_tokens * shape.vocab * 4 + head_grad * shape.vocab * h * 4
     return StepMemory(
         static=sharded + unsharded + accumulators,
         resident_per_token=resident,
@@ -238,6 +249,7 @@ def estimate_peak_bytes(
     fused_head: bool = False,
     keep_unsharded: bool = False,
     defer_grad_sync: bool = False,
+    lora_parameters: int = 0,
 ) -> float:
     """One rank's estimated peak bytes for a transformers config (or a StepShape): what the GPU check compares with
     torch.cuda.max_memory_allocated. `dtype`: the compute dtype's name (model.dtype)."""
@@ -258,6 +270,7 @@ def estimate_peak_bytes(
         critic=critic,
         keep_unsharded=keep_unsharded,
         defer_grad_sync=defer_grad_sync,
+        lora_parameters=lora_parameters,
     )
     return memory_of(shape, settings).peak(micro_batch_tokens)
 

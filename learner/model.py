@@ -26,8 +26,10 @@ import torch
 from learner.attention import attention_implementation
 from learner.compiled import compiled_forward
 from learner.distributed import World
+from learner.lora import inject_lora
 from learner.memory import checkpointed_layers
 from learner.recompute import checkpointed_forward
+from learner.settings import LoraSettings
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ def load_policy(
     attention: str = "auto",
     compile: bool = False,
     reshard_after_forward: bool = True,
+    lora: LoraSettings | None = None,
 ) -> torch.nn.Module:
     """Load an HF model in fp32 and shard it over the world with FSDP2 (optionally offloaded to CPU memory).
 
@@ -75,7 +78,9 @@ def load_policy(
     learner/recompute.py (`full`, `every_n` with `checkpointing_every`, `selective`, `none`; true/false mean
     full/none), applied to each decoder layer's forward, which `compile` then compiles (learner/compiled.py), both
     before FSDP2 wraps the layer. `reshard_after_forward`: whether each layer frees its gathered (compute-dtype)
-    parameters after the forward; False keeps them for the backward (no second all-gather and cast)."""
+    parameters after the forward; False keeps them for the backward (no second all-gather and cast). `lora`
+    (learner.lora): adapters injected before the layers are wrapped and sharded, the rest frozen in `dtype`
+    (learner/lora.py)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -93,6 +98,19 @@ def load_policy(
         **head,
     )
     model.config.use_cache = False
+    if lora is not None:
+        trainable = inject_lora(model, lora, DTYPES[dtype])
+        if world.is_main:
+            total = sum(p.numel() for p in model.parameters())
+            log.info(
+                "LoRA rank %d on %s: %d trainable parameters (%.2f%% of %d), the base frozen in %s",
+                lora.rank,
+                ",".join(lora.target_modules),
+                trainable,
+                100 * trainable / total,
+                total,
+                dtype,
+            )
     layers = prepare_layers(
         model, gradient_checkpointing if trainable else "none", every=checkpointing_every, compile=compile
     )

@@ -149,6 +149,7 @@ class RankSteps:
             keep=self.cfg.keep_checkpoints,
             # a tokenizer kept apart from the model is copied beside the model's files
             tokenizer_dir=tokenizer_dir if tokenizer_dir != model_dir else None,
+            lora=self.cfg.lora,
         )
         self.state = ResumeState(version=0)
         self.resumed = Resumed(None, None)
@@ -301,7 +302,7 @@ class RankSteps:
         hooks.checkpoint_state(state)
         try:
             self.checkpointer.save(
-                learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic
+                learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic, export=last
             )
         except CheckpointWriteError as err:
             self.net.failed(err, learner.version, learner.model, last=last)

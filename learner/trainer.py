@@ -23,6 +23,7 @@ import logging
 import re
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,11 @@ from learner.critic import Critic
 from learner.device import synchronisation_check
 from learner.distributed import World, all_reduce
 from learner.execution import plan_execution
+from learner.lora import adapter_config, adapter_weights, adapters_disabled
 from learner.minibatches import MiniBatch, PackedPart, plan_updates
-from learner.model import build_optimizer, clip_and_step, load_policy, reshard
+from learner.model import build_optimizer, clip_and_step, load_policy, named_weights, reshard
 from learner.packing import MicroBatch, Sequence, sequences_from_groups, token_logprobs
+from learner.probe import ProbeSource
 from learner.settings import LearnerConfig
 from learner.step_metrics import StepTotals, critic_metrics, step_metrics
 
@@ -87,7 +90,7 @@ class Learner:
             model_path,
             world,
             model_dtype,
-            reference=self.algorithm.needs_reference,
+            reference=self.algorithm.needs_reference and cfg.lora is None,
             critic=self.algorithm.needs_values,
             attention=attention,
         )
@@ -95,8 +98,11 @@ class Learner:
         self.sync_check: str | None = None
         self.head_options = {"chunk_tokens": cfg.logprob_chunk_tokens, "head": self.execution.logprob_head}
         options = self.execution.load_options()
-        self.model = load_policy(model_path, world, dtype=model_dtype, cpu_offload=cfg.cpu_offload, **options)
+        self.model = load_policy(
+            model_path, world, dtype=model_dtype, cpu_offload=cfg.cpu_offload, lora=cfg.lora, **options
+        )
         self.model.train()
+        # the KL reference: with LoRA the same model with its adapters off (learner/lora.py), else a frozen copy
         self.reference = (
             load_policy(
                 model_path,
@@ -106,9 +112,10 @@ class Learner:
                 cpu_offload=cfg.cpu_offload,
                 **options,
             )
-            if self.algorithm.needs_reference
+            if self.algorithm.needs_reference and cfg.lora is None
             else None
         )
+        self.probe = ProbeSource(self.model, self.head_options)
         self.critic = (
             Critic(
                 cfg.algorithm.critic,
@@ -136,6 +143,7 @@ class Learner:
         staleness = check_staleness(groups, version, bounds)
         rewards = shaped_rewards(groups, algorithm.cfg.overlong, self.max_response_tokens)
         sequences, owners = self._sequences(groups)
+        self.probe.take(sequences)  # the tokens whose log-probs go with the next publish (learner/probe.py)
 
         # 2. the updates: mini-batches, each split over the ranks and packed (equal counts on every rank)
         updates = plan_updates(
@@ -167,7 +175,7 @@ class Learner:
 
         # 7. metrics, reduced over ranks
         reduced = totals.reduce(world)
-        if self.reference is not None and train_policy:
+        if algorithm.needs_reference and train_policy:
             algorithm.kl_controller.update(reduced.mean["kl"], sum(len(g.trajectories) for g in groups))
         metrics = step_metrics(
             reduced,
@@ -212,16 +220,15 @@ class Learner:
     def _before_updates(self, updates: list[MiniBatch], several_updates: bool) -> None:
         """No-gradient forward passes at the step's starting weights, kept beside each packed micro-batch."""
         policy_pass = self._needs_policy_pass(several_updates)
-        if self.reference is None and self.critic is None and not policy_pass:
+        reference = self.algorithm.needs_reference
+        if not reference and self.critic is None and not policy_pass:
             return
         with torch.no_grad(), synchronisation_check(self.sync_check, self.world.device):
             for mini in updates:
                 for part in mini.micro_batches:
                     mb = part.mb.to(self.world.device)
-                    if self.reference is not None:
-                        part.ref_logprobs, _ = token_logprobs(
-                            self.reference, mb, self.temperature, with_entropy=False, **self.head_options
-                        )
+                    if reference:
+                        part.ref_logprobs = self._reference_logprobs(mb)
                     if policy_pass:
                         part.proximal_logprobs, _ = token_logprobs(
                             self.model, mb, self.temperature, with_entropy=False, **self.head_options
@@ -230,6 +237,17 @@ class Learner:
                         part.old_values = self.critic.values(mb)
         if self.reference is not None and self.execution.keep_unsharded:
             reshard(self.reference)  # kept gathered across its micro-batches only
+
+    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """The KL reference's log-probs: the frozen copy, or with LoRA the policy with its adapters off."""
+        if self.reference is not None:
+            return token_logprobs(
+                self.reference, mb, self.temperature, with_entropy=False, **self.head_options
+            )[0]
+        with adapters_disabled(self.model):
+            return token_logprobs(self.model, mb, self.temperature, with_entropy=False, **self.head_options)[
+                0
+            ]
 
     def _sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=self.world.device)
@@ -383,6 +401,19 @@ class Learner:
         )
         stats |= offpolicy_stats(start, mb.behavior_logprobs[keep])
         return per_token.sum(), stats
+
+    # -- what the engines get ----------------------------------------------------------------------------------
+    def published_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The sharded tensors a publish sends (every rank, same order): the adapters under their PEFT names with
+        LoRA, else every weight under its HF name."""
+        return adapter_weights(self.model) if self.cfg.lora is not None else named_weights(self.model)
+
+    def publish_extras(self) -> dict:
+        """The update record's `adapter` (LoRA's adapter_config.json) and `probe` (the learner's log-probs of the
+        last batch's first trajectory at this version, learner/probe.py). A collective (an FSDP forward): every
+        rank calls it before each publish."""
+        adapter = adapter_config(self.cfg.lora, str(self.model_path)) if self.cfg.lora is not None else None
+        return {"adapter": adapter, "probe": self.probe.at(self.version)}
 
     # -- state a checkpoint keeps beside the weights ----------------------------------------------------------
     def resume_extra(self) -> dict:
