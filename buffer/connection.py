@@ -34,10 +34,11 @@ import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.client
+
+from common.secrets import mask_url  # noqa: F401 (the one masking; callers import it from here too)
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +117,6 @@ class _ReconnectingRedis(redis.Redis):
         pipe = _ReconnectingPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
         pipe.reconnect_s, pipe.counter = self.reconnect_s, self.counter
         return pipe
-
-
-def mask_url(url: str) -> str:
-    """`url` with its password replaced by `***` (`redis://sr1:***@host:6379/0`): what may be printed or logged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def connect(
