@@ -13,6 +13,7 @@ from config.loader import (
     save_job,
 )
 from config.schema import Config
+from config.secret_env import secret_env
 from generators.job import GeneratorJob
 from learner.job import LearnerJob
 from retrieval.job import RetrievalJob
@@ -31,5 +32,6 @@ __all__ = [
     "parse_overrides",
     "save_config",
     "save_job",
+    "secret_env",
     "load_job",
 ]

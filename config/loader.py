@@ -23,10 +23,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from common.secrets import mask_config
 from config import search_r1, search_r1_keys
 from config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX, config_variables, env_name, meant_key
 from config.migrate import migrate, renamed_key
 from config.schema import _PRESET_VALUES, Config
+from config.secret_env import masked_keys, masked_message, unmasked
 from config.strict import boolean_numbers, non_finite_numbers
 from config.unions import section_models, union_tag
 from generators.job import GeneratorJob
@@ -351,7 +353,12 @@ def load_config(preset: str | Path | None = "tiny", overrides: list[str] | None 
             theirs, Config, lambda: _build(preset_values, copy.deepcopy(cli_values), origin)
         )
         cli_values = _deep_merge(translated, cli_values)  # sr1's own keys win
-    return _build(preset_values, cli_values, origin)
+    cfg = _build(preset_values, cli_values, origin)
+    # a run's config.yaml holds its secrets masked: they come again from SR1_* variables or overrides
+    masked = masked_keys(cfg.model_dump(mode="json"))
+    if masked:
+        raise ConfigError(masked_message(masked, origin))
+    return cfg
 
 
 def _build(preset_values: dict[str, Any], cli_values: dict[str, Any], origin: str) -> Config:
@@ -370,7 +377,8 @@ def _build(preset_values: dict[str, Any], cli_values: dict[str, Any], origin: st
 
 
 def config_to_yaml(cfg: BaseModel) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """`cfg` as YAML with its secrets masked (common/secrets.py): what is written or shown (config/secret_env.py)."""
+    return yaml.safe_dump(mask_config(cfg.model_dump(mode="json")), sort_keys=False)
 
 
 def write_private(path: Path, text: str) -> Path:
@@ -399,8 +407,8 @@ def save_config(cfg: Config, run_dir: Path) -> Path:
 
 
 def save_job(job: BaseModel, path: Path) -> Path:
-    """Write a process's job config (what a launcher hands to the process it starts), owner-only: it carries the
-    run's Redis URL with its password and the retrieval token."""
+    """Write a process's job config (what a launcher hands to the process it starts), owner-only, its secrets
+    masked: the launcher gives them to the process in its environment (`secret_env`, config/secret_env.py)."""
     return write_private(path, config_to_yaml(job))
 
 
@@ -440,7 +448,9 @@ def load_job(job_cls: type[JobT], config: str | Path | None, overrides: list[str
 def _build_job(job_cls: type[JobT], values: dict[str, Any], update: dict[str, Any], path: Path) -> JobT:
     """A job config from its file's values (read from `path`) and the parsed overrides."""
     _fill_variant_types(update, values, job_cls)
-    merged = _deep_merge(values, update)
+    merged, masked = unmasked(_deep_merge(values, update))  # the secrets its launcher put in its environment
+    if masked:
+        raise ConfigError(masked_message(masked, str(path)))
     return _strictly(lambda: job_cls(**merged), (values, job_cls, str(path)), (update, job_cls, "override"))
 
 

@@ -247,7 +247,7 @@ def _print_table(rows: list[dict]) -> None:
 def _retrieval_for(args, cfg, supervisor) -> str | None:
     """A retrieval endpoint that answers: the given/configured one, or a local server started for the evaluation."""
     # torch, through config (the supervisor imports it too): not for --help
-    from config import save_job
+    from config import save_job, secret_env
     from sr1.launch.supervisor import Child, free_port, http_ok, python_module
 
     if args.mode == "direct":
@@ -260,14 +260,14 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
     port = free_port()
     local = cfg.retrieval.served_at(port)
     out = args.out_dir
-    job = save_job(
-        cfg.model_copy(update={"retrieval": local, "run_dir": out}).retrieval_job(), out / "retrieval.yaml"
-    )
+    job = cfg.model_copy(update={"retrieval": local, "run_dir": out}).retrieval_job()
+    job_file = save_job(job, out / "retrieval.yaml")  # its token masked: given in the environment
     supervisor.start(
         Child(
             "retrieval",
-            python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job)),
+            python_module(entrypoints.RETRIEVAL, "serve", "--config", str(job_file)),
             out / "retrieval.log",
+            secret_env(job),
         )
     )
     print(

@@ -22,8 +22,9 @@ import socket
 import sys
 import time
 
-from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job
+from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job, secret_env
 from sr1 import entrypoints
+from sr1.entrypoints.learner import LAUNCHER_ENV, launcher_owner
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.ray import RaySupervisor, place_learner
 from sr1.launch.ray_placement import generator_bundle
@@ -76,8 +77,11 @@ def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = 
     children = []
     for i, gpus in enumerate(slices):
         worker_id = f"{prefix}{i}"
-        job_file = save_job(cfg.generator_job(worker_id, i), run_dir / "jobs" / f"{worker_id}.yaml")
-        env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+        job = cfg.generator_job(worker_id, i)
+        job_file = save_job(job, run_dir / "jobs" / f"{worker_id}.yaml")
+        env = secret_env(job)  # what the job file masks (the Redis password, the retrieval token)
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         cores = cfg.generators.cpu_cores
         if cores:  # vLLM's CPU backend would otherwise bind its OpenMP threads to cores of its own choosing
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
@@ -90,14 +94,17 @@ def generator_children(cfg: Config, num_engines: int, prefix: str, logs: bool = 
 def learner_children(cfg: Config, resume: bool, logs: bool = False) -> list[Child]:
     """The learner's ranks on this machine, with its job file in `<run_dir>/jobs/learner.yaml`."""
     run_dir = cfg.resolved_run_dir
-    job_file = save_job(cfg.learner_job(), run_dir / "jobs" / "learner.yaml")
+    job = cfg.learner_job()
+    job_file = save_job(job, run_dir / "jobs" / "learner.yaml")  # its secrets masked: they go in `env`
     n, port = cfg.learner.num_ranks, free_port()
     children = []
     for rank in range(n):
         cmd = python_module(entrypoints.LEARNER, "--config", str(job_file), *(["--resume"] if resume else []))
         name = "learner" if n == 1 else f"learner-{rank}"
         log_path = run_dir / "logs" / f"{name}.log" if logs else None
-        env = rank_env(rank, n, "127.0.0.1", port, rank, n)
+        env = rank_env(rank, n, "127.0.0.1", port, rank, n) | secret_env(job)
+        # this launcher holds the run lock: the learner takes none itself
+        env[LAUNCHER_ENV] = launcher_owner()
         cores = tuple(cfg.learner.cpu_cores or ()) or None
         children.append(Child(name, cmd, log_path, env, cpus=cores))
     return children
@@ -201,7 +208,9 @@ def generators_main(argv: list[str] | None = None) -> int:
     sup = Supervisor()
     for child in generator_children(cfg, num_engines, prefix):
         log.info(
-            "starting %s%s", child.name, f" on GPUs {child.env['CUDA_VISIBLE_DEVICES']}" if child.env else ""
+            "starting %s%s",
+            child.name,
+            f" on GPUs {child.env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in child.env else "",
         )
         sup.start(child)
     return _supervise(sup, on_failure="report", drain_s=cfg.generators.drain_timeout_s + 30)

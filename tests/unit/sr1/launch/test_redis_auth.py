@@ -13,7 +13,7 @@ import redis
 
 from buffer.connection import mask_url
 from buffer.redis_buffer import ReplayBuffer
-from config import load_config, save_job
+from config import load_config, save_job, secret_env
 from sr1.launch.cluster import reachable_redis_command
 from sr1.launch.redis_server import LocalRedis, find_redis_server
 from sr1.launch.supervisor import Child
@@ -105,7 +105,9 @@ def test_secrets_are_owner_only_and_the_acl_file_holds_no_password(protected, tm
     assert PASSWORD not in " ".join(protected.command())  # `ps` shows command lines
     cfg = load_config("tiny", [f"buffer.redis_url={protected.url}", "retrieval.token=tok"])
     job = save_job(cfg.generator_job(), tmp_path / "jobs" / "gen-0.yaml")
-    assert _owner_only(job) and PASSWORD in job.read_text()
+    # the job file holds it masked: the worker gets it in its environment (config/secret_env.py)
+    assert _owner_only(job) and PASSWORD not in job.read_text()
+    assert secret_env(cfg.generator_job())["SR1_BUFFER__REDIS_URL"] == protected.url
 
 
 def test_urls_are_masked_where_shown():
