@@ -12,6 +12,7 @@ There are no exceptions: the processes' entry points, which load a job through `
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 from collections import defaultdict
@@ -149,7 +150,11 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.parse_args(argv)
     graph = import_graph()
     problems = layer_violations(graph)
     problems += ["modules that import each other: " + " <-> ".join(c) for c in circles(graph)]
