@@ -8,8 +8,7 @@
         resume/rng_rank<r>.pt   each rank's torch RNG state and learning-rate schedules
         resume/state.json  version, data cursor, groups used since the previous checkpoint (acked at resume)
         sr1-manifest.json  every file's size and CRC-32 (learner/checkpoint_files.py)
-        adapter/           with learner.lora: the adapter in PEFT's layout; the DCP state holds the adapters and their
-                           AdamW state only, and the HF weights (the merged model) are in the final checkpoint only
+        adapter/           learner.lora: the PEFT adapter; DCP holds it and its AdamW state, the merged model is exported
     <run_dir>/checkpoints/.step_<N>.partial/   the same while it is written; renamed to step_<N> once complete
     <run_dir>/checkpoints/.step_<N>.stale/     a checkpoint being deleted: renamed aside first, so no step_<N> is
                                                ever half-deleted (leftovers of a crash are cleared at start and prune)
@@ -61,8 +60,8 @@ from learner.checkpoint_files import (
     write_manifest,
 )
 from learner.distributed import World, all_gather_objects
-from learner.hf_weights import copy_hf_files, hf_weight_bytes, save_hf_weights
-from learner.lora_checkpoint import check_resumable, save_lora_weights, state_dict_options
+from learner.hf_weights import copy_hf_files, hf_weight_bytes
+from learner.lora_checkpoint import check_resumable, save_weights, state_dict_options
 from learner.model import DTYPES
 from learner.settings import LoraSettings
 
@@ -188,13 +187,10 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def save(
-        self, model, optimizer, scheduler, state: ResumeState, critic=None, export: bool = False
-    ) -> Path:
+    def save(self, model, optimizer, scheduler, state: ResumeState, critic=None, export=False) -> Path:
         """Every rank calls this. Returns the checkpoint directory, complete and renamed into place; raises
         CheckpointWriteError (on every rank) when a rank could not write its part. `critic` (learner/critic.py) is
-        saved with the policy's resume state. With LoRA the HF weights are written only to `export` (the merged
-        model, beside the adapter that every LoRA checkpoint holds: learner/lora_checkpoint.py)."""
+        saved with the policy's resume state; with LoRA, the merged model only to `export`."""
         from torch.distributed.checkpoint import save as dcp_save
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -214,12 +210,8 @@ class Checkpointer:
                 error = err
         self._agree(error, partial, state.version)
         # 1. HF weights, streamed parameter by parameter (collective), and the model's files
-        if self.lora is not None:  # the adapter; the merged model when exporting
-            error = save_lora_weights(
-                model, partial, world, self.lora, self.model_dir, DTYPES[self.save_dtype], budget, export
-            )
-        else:
-            error = save_hf_weights(model, partial, world, DTYPES[self.save_dtype], budget=budget)
+        dtype = DTYPES[self.save_dtype]
+        error = save_weights(model, partial, world, self.lora, self.model_dir, dtype, budget, export)
         if world.is_main and error is None and (self.lora is None or export):
             try:
                 copy_hf_files(self.model_dir, partial, self.save_dtype, self.tokenizer_dir, budget)
@@ -348,8 +340,7 @@ class Checkpointer:
             size = checkpoint_bytes(path)
             if size and looks_complete(path):
                 return size, f"the size of {path.name}"
-        # global numel (DTensors report their full shape); the trained ones: LoRA's frozen base has no resume state
-        params = sum(t.numel() for t in model.parameters() if t.requires_grad)
+        params = sum(t.numel() for t in model.parameters() if t.requires_grad)  # global numel; no frozen base
         estimate = hf_weight_bytes(model, DTYPES[self.save_dtype]) + _RESUME_BYTES_PER_PARAM * params
         return estimate, "estimated from the model's parameters"
 
@@ -438,13 +429,8 @@ class Checkpointer:
                 )
             target["critic_model"], target["critic_optim"] = get_state_dict(critic.model, critic.optimizer)
         dcp_load(target, checkpoint_id=str(path / "resume" / "dcp"))
-        set_state_dict(
-            model,
-            optimizer,
-            model_state_dict=target["model"],
-            optim_state_dict=target["optim"],
-            options=state_dict_options(self.lora),
-        )
+        states = {"model_state_dict": target["model"], "optim_state_dict": target["optim"]}
+        set_state_dict(model, optimizer, **states, options=state_dict_options(self.lora))
         if critic is not None:
             set_state_dict(
                 critic.model,

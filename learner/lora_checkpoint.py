@@ -29,20 +29,23 @@ from learner.settings import LoraSettings
 ADAPTER_DIR = "adapter"  # vLLM's --lora-modules and PEFT's from_pretrained load it
 
 
-def save_lora_weights(
+def save_weights(
     model: torch.nn.Module,
     out_dir: Path,
     world: World,
-    settings: LoraSettings,
+    settings: LoraSettings | None,
     base_model: Path,
     dtype: torch.dtype,
     budget: WriteBudget | None,
-    final: bool,
+    export: bool,
 ) -> OSError | None:
-    """The adapter under `out_dir/adapter`, and when `final` the merged model's HF weights in `dtype` (collective:
-    every rank). Returns rank 0's write error, None elsewhere."""
+    """A checkpoint's weights (collective: every rank): without LoRA the model's HF weights in `dtype`; with it the
+    adapter under `out_dir/adapter` and, when `export`, the merged model's HF weights. Returns rank 0's write error,
+    None elsewhere."""
+    if settings is None:
+        return save_hf_weights(model, out_dir, world, dtype, budget=budget)
     error = save_adapter(model, out_dir / ADAPTER_DIR, world.is_main, settings, str(base_model), budget)
-    if final:
+    if export:
         weights = merged_entries(model, settings, tied_names(model))
         error = save_hf_weights(model, out_dir, world, dtype, budget=budget, weights=weights) or error
     return error
