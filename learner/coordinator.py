@@ -40,6 +40,7 @@ from learner.checkpoint import Checkpointer, CheckpointWriteError, ResumeState
 from learner.job import LearnerJob
 from learner.steps import StepHooks
 from learner.stop import StopFlag
+from learner.tracking import append_line
 from weight_sync.process_group import WeightSyncError
 from weight_sync.publisher import WeightPublisher, gather_for_wire
 from weight_sync.rendezvous import Rendezvous
@@ -280,9 +281,9 @@ class StepCoordinator(StepHooks):
         checkpoints skipped (name, why)."""
         self._groups_file = open(self.groups_path, "a", buffering=1)  # noqa: SIM115 (closed by `close`)
         skipped_rows = [{"checkpoint": name, "why": why} for name, why in skipped]
-        self._groups_file.write(
-            json.dumps(start | {"recalled": self.recalled, "skipped": skipped_rows}) + "\n"
-        )
+        row = start | {"recalled": self.recalled, "skipped": skipped_rows}
+        # a full disk: RecordsFailing, the clean stop of a full disk under checkpoints (learner/tracking.py)
+        append_line(self._groups_file, json.dumps(row), self.groups_path)
 
     def step_header(self, taken, version: int) -> dict:
         """What every rank does next, as `next_batch`'s answer says: stop, publish (re-form the group), or train
@@ -308,8 +309,10 @@ class StepCoordinator(StepHooks):
         self.consumed_groups += len(taken)
         self.heartbeat(version, "training")
         self.unacked += [(t.entry_id, t.group.group_id) for t in taken]
-        self._groups_file.write(
-            json.dumps({"version": version, "group_ids": [t.group.group_id for t in taken]}) + "\n"
+        append_line(
+            self._groups_file,
+            json.dumps({"version": version, "group_ids": [t.group.group_id for t in taken]}),
+            self.groups_path,
         )
 
     def checkpoint_state(self, state: ResumeState) -> None:

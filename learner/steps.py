@@ -14,8 +14,10 @@ parts, rank 0 adds its own duties (the resume state it writes, acks, heartbeats,
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,13 +76,43 @@ class NonFiniteStreak:
         )
 
 
+_TOOL_INFO_KEYS = ("tool_calls", "tool_errors", "tool_seconds")
+
+
+def _tool_figures(info: Any) -> tuple[float, float, float] | None:
+    """A trajectory's (calls, errors, seconds) from its `info`, or None when they are not finite numbers >= 0."""
+    if not isinstance(info, dict):
+        return None
+    values = [info.get(key, 0) for key in _TOOL_INFO_KEYS]
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        for v in values
+    ):
+        return None
+    return values[0], values[1], values[2]
+
+
 def tool_metrics(groups: list[Group]) -> dict[str, float]:
     """The batch's tool calls (searches) as the generators recorded them per trajectory: how many, how many failed
-    (the model saw an error text instead of results), and their mean latency."""
-    infos = [t.info for g in groups for t in g.trajectories]
-    calls = sum(int(i.get("tool_calls", 0)) for i in infos)
-    errors = sum(int(i.get("tool_errors", 0)) for i in infos)
-    seconds = sum(float(i.get("tool_seconds", 0.0)) for i in infos)
+    (the model saw an error text instead of results), and their mean latency. A trajectory whose figures are
+    malformed (another writer's records) is left out of them, with a warning naming its group: it is still trained
+    on, and the learner never stops over a figure it only reports."""
+    calls = errors = seconds = 0.0
+    malformed: set[str] = set()
+    for group in groups:
+        for trajectory in group.trajectories:
+            figures = _tool_figures(trajectory.info)
+            if figures is None:
+                malformed.add(group.group_id)
+                continue
+            calls, errors, seconds = calls + figures[0], errors + figures[1], seconds + figures[2]
+    if malformed:
+        log.warning(
+            "tool figures (%s) left out of the step's metrics for malformed trajectory infos in group(s) %s",
+            ", ".join(_TOOL_INFO_KEYS),
+            ", ".join(sorted(malformed)[:8])
+            + (f" and {len(malformed) - 8} more" if len(malformed) > 8 else ""),
+        )
     return {
         "tools/calls": float(calls),
         "tools/errors": float(errors),
@@ -253,7 +285,7 @@ class RankSteps:
             step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
             self.net.metrics(),
             tool_metrics(groups),
-            hooks.step_metrics(),
+            self._own_metrics(hooks, version),
         )
         if version % self.log_every == 0 or self.done or self.net.failed_in_a_row != failed:
             self.tracker.log(row, step=version)
@@ -263,6 +295,21 @@ class RankSteps:
         if failing is not None:
             raise failing
         return stopping
+
+    @staticmethod
+    def _own_metrics(hooks: StepHooks, version: int) -> dict:
+        """The hooks' metrics for the step's row (rank 0: the buffer's gauges, the pool's figures from the workers'
+        heartbeats). Those come from other processes' records: a malformed one leaves them out of this row, with a
+        warning, instead of stopping the learner on every step."""
+        try:
+            return hooks.step_metrics()
+        except (TypeError, ValueError, AttributeError, KeyError) as err:
+            log.warning(
+                "buffer and pool metrics left out of step %d: a worker's record is malformed (%r)",
+                version,
+                err,
+            )
+            return {}
 
     def final_checkpoint(self, hooks: StepHooks) -> None:
         """The last checkpoint of this process (the run's end, or a stop), unless the last step already saved one:

@@ -15,7 +15,13 @@ dashboard built on Search-R1's runs shows an sr1 run beside them; docs/search-r1
 
 wandb: one wandb run per sr1 run. Its id is kept in `<run_dir>/wandb_run_id` and reused by every later process of
 the run (a resumed learner, `sr1 run`'s final evaluation), so a resumed run goes on as the same wandb run.
-Evaluations are charted against `eval/step`, the version they evaluated.
+Evaluations are charted against `eval/step`, the version they evaluated. The run's config goes to wandb with its
+secrets masked (common/secrets.py): the Redis URL's password and the retrieval token never reach wandb's servers
+nor its `wandb/` folder.
+
+A full disk (ENOSPC, EDQUOT) under a record of the run (`metrics.jsonl`, the coordinator's `learner_groups.jsonl`,
+through `append_line`) stops the learner as a full disk under its checkpoints does (`RecordsFailing`: exit 74,
+which supervisors do not restart), instead of a crash that a restart repeats.
 """
 
 from __future__ import annotations
@@ -23,11 +29,36 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
+import string
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from common.secrets import mask_config
+from learner.checkpoint_files import NO_SPACE_ERRNOS
+from learner.safety_net import CheckpointsFailing
 
 log = logging.getLogger(__name__)
+
+
+class RecordsFailing(CheckpointsFailing):
+    """A record of the run (`metrics.jsonl`, `learner_groups.jsonl`) cannot be written: its disk is full. The learner
+    stops as it does when its checkpoints cannot be written (`config.EXIT_CHECKPOINT_FAILED`, not restarted: a
+    restart would fail on the same disk)."""
+
+
+def append_line(file: IO[str], line: str, path: Path) -> None:
+    """Write one line to a run's record; a full disk raises RecordsFailing, saying what to do."""
+    try:
+        file.write(line + "\n")
+    except OSError as err:
+        if err.errno not in NO_SPACE_ERRNOS:
+            raise
+        raise RecordsFailing(
+            f"cannot write {path}: {err.strerror or err}. The learner stops (a restart would fail the same way): "
+            "free space there, then resume the run with --resume; it goes on from the last good checkpoint"
+        ) from err
 
 
 def _plain(value: Any) -> Any:
@@ -98,13 +129,14 @@ class Tracker:
         self._file = None
         self._wandb = None
         self._last_step = 0
+        self._path = Path(run_dir or ".") / "metrics.jsonl"
         if not self.active:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         if metrics_file:
             # line-buffered (readers see whole lines); open for the tracker's life, closed in close()
-            self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+            self._file = open(self._path, "a", buffering=1)  # noqa: SIM115
         if logging_cfg is not None and logging_cfg.wandb:
             self._wandb = _wandb_run(run_dir, logging_cfg, config or {})
 
@@ -112,7 +144,7 @@ class Tracker:
         """A line `{"segment": info}` where a learner process starts (info: its start version, the checkpoint it
         resumed from, ...): readers of the file drop the rows of steps that a later segment trained again."""
         if self._file is not None:
-            self._file.write(json.dumps({"segment": info}) + "\n")
+            append_line(self._file, json.dumps({"segment": info}), self._path)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.active:
@@ -120,7 +152,7 @@ class Tracker:
         values = {k: _plain(v) for k, v in metrics.items()}
         record = {"step": int(step), "time": time.time()} | merge_metrics(values, metric_aliases(values))
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+            append_line(self._file, json.dumps(record), self._path)
         if self._wandb is not None:
             self._last_step = max(self._last_step, int(step))
             self._wandb.log(
@@ -134,15 +166,22 @@ class Tracker:
         values = {k: _plain(v) for k, v in result.items() if k.startswith("eval/")}
         values = merge_metrics(values, metric_aliases(values))
         if self._file is not None:
-            self._file.write(json.dumps({"eval_step": int(step), "time": time.time()} | values) + "\n")
+            append_line(
+                self._file, json.dumps({"eval_step": int(step), "time": time.time()} | values), self._path
+            )
         if self._wandb is not None:
             # charted against eval/step; logged at the latest training step (wandb's own steps only go up)
             self._wandb.log(values | {"eval/step": int(step)}, step=self._last_step)
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except (
+                OSError
+            ) as err:  # line-buffered: every whole line was written; a full disk here loses nothing
+                log.warning("closing %s: %s", self._path, err)
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
@@ -156,7 +195,7 @@ def _wandb_run(run_dir: Path, logging_cfg, config: dict) -> Any:
     if id_file.exists():
         run_id = id_file.read_text().strip()
     else:
-        run_id = wandb.util.generate_id()
+        run_id = new_run_id()
         tmp = id_file.with_suffix(".tmp")
         tmp.write_text(run_id + "\n")
         tmp.replace(id_file)
@@ -165,7 +204,7 @@ def _wandb_run(run_dir: Path, logging_cfg, config: dict) -> Any:
         entity=logging_cfg.wandb_entity,
         mode=logging_cfg.wandb_mode,
         dir=str(run_dir),
-        config=config,
+        config=mask_config(config),  # no password or token leaves the process (common/secrets.py)
         name=run_dir.name,
         id=run_id,
         resume="allow",
@@ -175,3 +214,10 @@ def _wandb_run(run_dir: Path, logging_cfg, config: dict) -> Any:
     run.define_metric("val/*", step_metric="eval/step")  # Search-R1's names of evaluation metrics
     log.info("wandb run %s (%s, %s)", run_id, logging_cfg.wandb_project, logging_cfg.wandb_mode)
     return run
+
+
+def new_run_id() -> str:
+    """A new wandb run id: 8 lowercase letters and digits, as wandb makes them (made here: wandb 0.31 no longer has
+    the `wandb.util.generate_id` older versions offered, and its own generator is not public API)."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
