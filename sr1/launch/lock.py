@@ -7,8 +7,9 @@ The lock is a `flock` on `<run_dir>/<name>`, held by the launcher for its whole 
 locked descriptor to the processes it starts (`fd`), so the directory stays locked until the last of them is gone.
 The kernel releases it when they have all died, however they died: a lock left by killed processes is taken over at
 once (a launcher finding the recorded owner dead waits a little for its last children), and the file's contents
-(the owner) are rewritten. Two stacks on one run directory would otherwise run two Redis servers on the same AOF
-and two learners writing the same checkpoints.
+(the owner, with its command line masked by common/secrets.py; readable by its owner only) are rewritten. Two stacks
+on one run directory would otherwise run two Redis servers on the same AOF and two learners writing the same
+checkpoints.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import socket
 import sys
 import time
 from pathlib import Path
+
+from common.secrets import mask_argv
 
 OWNER_LOCK = ".sr1-owner.lock"  # held by the launcher of a run (`sr1 run`, `sr1 learner`)
 
@@ -41,7 +44,8 @@ class RunLock:
 
     def acquire(self, wait_for_dead_owner_s: float = 60.0) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # a lock file an older sr1 made 0644 is closed up too
         deadline = time.monotonic() + wait_for_dead_owner_s
         while True:
             try:
@@ -64,7 +68,7 @@ class RunLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv),
+            "command": " ".join(mask_argv(sys.argv)),  # a command line may hold a password or a token
         }
         os.pwrite(fd, json.dumps(body).encode(), 0)
         self._fd = fd
