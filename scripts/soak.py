@@ -63,6 +63,7 @@ from soak_samples import (  # noqa: E402
 )
 
 from common.progress import PhaseProgress  # noqa: E402
+from common.secrets import mask_argv  # noqa: E402
 
 NEVER_REACHED_STEPS = 10_000_000
 EXIT_GREW, EXIT_RUN_FAILED = 1, 2
@@ -189,7 +190,7 @@ def judge(samples: list[dict], out: Path, args: argparse.Namespace, run_problems
     results, grew = verdict(samples, warmup_s=args.warmup, window_s=args.window, bound=args.bound)
     plot(samples, out / "soak.png", args.warmup)
     report = {
-        "command": " ".join(sys.argv),
+        "command": " ".join(mask_argv(sys.argv)),  # its overrides may hold a password or a token
         "duration_s": args.duration,
         "interval_s": args.interval,
         "warmup_s": args.warmup,
