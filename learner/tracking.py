@@ -16,8 +16,8 @@ dashboard built on Search-R1's runs shows an sr1 run beside them; docs/search-r1
 wandb: one wandb run per sr1 run. Its id is kept in `<run_dir>/wandb_run_id` and reused by every later process of
 the run (a resumed learner, `sr1 run`'s final evaluation), so a resumed run goes on as the same wandb run.
 Evaluations are charted against `eval/step`, the version they evaluated. The run's config goes to wandb with its
-secrets masked (common/secrets.py): the Redis URL's password and the retrieval token never reach wandb's servers
-nor its `wandb/` folder.
+secrets masked (common/secrets.py), and so does the command line wandb records: the Redis URL's password and the
+retrieval token never reach wandb's servers nor its `wandb/` folder.
 
 A full disk (ENOSPC, EDQUOT) under a record of the run (`metrics.jsonl`, the coordinator's `learner_groups.jsonl`,
 through `append_line`) stops the learner as a full disk under its checkpoints does (`RecordsFailing`: exit 74,
@@ -31,11 +31,12 @@ import logging
 import math
 import secrets
 import string
+import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from common.secrets import mask_config
+from common.secrets import mask_argv, mask_config
 from learner.checkpoint_files import NO_SPACE_ERRNOS
 from learner.safety_net import CheckpointsFailing
 
@@ -199,16 +200,23 @@ def _wandb_run(run_dir: Path, logging_cfg, config: dict) -> Any:
         tmp = id_file.with_suffix(".tmp")
         tmp.write_text(run_id + "\n")
         tmp.replace(id_file)
-    run = wandb.init(
-        project=logging_cfg.wandb_project,
-        entity=logging_cfg.wandb_entity,
-        mode=logging_cfg.wandb_mode,
-        dir=str(run_dir),
-        config=mask_config(config),  # no password or token leaves the process (common/secrets.py)
-        name=run_dir.name,
-        id=run_id,
-        resume="allow",
-    )
+    # wandb records the process's command line too (its run metadata, from sys.argv): it sees it masked while it
+    # starts, as it sees the config
+    argv = sys.argv
+    sys.argv = mask_argv(argv)
+    try:
+        run = wandb.init(
+            project=logging_cfg.wandb_project,
+            entity=logging_cfg.wandb_entity,
+            mode=logging_cfg.wandb_mode,
+            dir=str(run_dir),
+            config=mask_config(config),  # no password or token leaves the process (common/secrets.py)
+            name=run_dir.name,
+            id=run_id,
+            resume="allow",
+        )
+    finally:
+        sys.argv = argv
     run.define_metric("eval/step")
     run.define_metric("eval/*", step_metric="eval/step")
     run.define_metric("val/*", step_metric="eval/step")  # Search-R1's names of evaluation metrics

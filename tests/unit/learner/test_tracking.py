@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,12 @@ def test_wandb_offline_starts_logs_finishes_and_a_resume_continues_the_same_run(
     assert b"sr1-test" in log or b"sr1-test" in (runs[0] / "logs" / "debug.log").read_bytes()
 
 
-def test_no_secret_reaches_wandb_or_any_file_of_the_run(tmp_path, offline_wandb):
+def test_no_secret_reaches_wandb_or_any_file_of_the_run(tmp_path, offline_wandb, monkeypatch):
     run_dir = tmp_path / "run"
+    argv = ["sr1", "run", f"retrieval.token={TOKEN}", f"buffer.redis_url={CONFIG['buffer']['redis_url']}"]
+    monkeypatch.setattr(sys, "argv", argv)  # `sr1 run`'s final evaluation: wandb records its command line
     tracker = Tracker(run_dir, LoggingConfig(wandb=True, wandb_mode="offline"), config=CONFIG)
+    assert sys.argv == argv  # given back as it was
     tracker.log({"loss/pg": 0.5}, step=1)
     tracker.close()
     files = [p for p in run_dir.rglob("*") if p.is_file()]
@@ -83,6 +87,8 @@ def test_no_secret_reaches_wandb_or_any_file_of_the_run(tmp_path, offline_wandb)
     for path in files:
         data = path.read_bytes()
         assert PASSWORD.encode() not in data and TOKEN.encode() not in data, path
+    log = next(p for p in files if p.suffix == ".wandb").read_bytes()
+    assert b"retrieval.token=***" in log  # the command line, masked
 
 
 def test_other_ranks_write_nothing(tmp_path):
