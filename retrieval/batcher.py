@@ -1,54 +1,32 @@
-"""Cross-request micro-batching and the (query, topk) LRU cache.
+"""Cross-request micro-batching: many concurrent searches, one batched retriever call.
 
 Many concurrent `/retrieve` requests are coalesced into one call of the retriever's batched search (one encoder
 forward and one faiss/BM25 search): the first request opens a short window (`batch_window_ms`), and while a batch
 is being searched new requests queue up and form the next batch, so under load batches grow by themselves up to
 `max_batch_queries`. Identical queries in a batch are searched once. Requests with different topk are searched in
 separate groups, because top-k with ties is not a prefix of top-(k+1): results equal unbatched search exactly.
+
+The batching loop never ends silently: a failure of one batch (the retriever raising, or answering the wrong number
+of results) fails that batch's requests, and should the loop itself die (a bug), `failure` says why, every waiting
+request and every later one gets `BatcherStopped` at once (the server answers 503 and reports it on /health).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections import OrderedDict
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from retrieval.base import Hits, Retriever
 
+log = logging.getLogger(__name__)
 
-class LRUCache:
-    """A small LRU map of (query, topk) -> Hits; `size` 0 disables it."""
 
-    def __init__(self, size: int):
-        self.size = size
-        self._data: OrderedDict[tuple[str, int], Hits] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple[str, int]) -> Hits | None:
-        if self.size <= 0:
-            return None
-        value = self._data.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self._data.move_to_end(key)
-        self.hits += 1
-        return value
-
-    def put(self, key: tuple[str, int], value: Hits) -> None:
-        if self.size <= 0:
-            return
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.size:
-            self._data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
+class BatcherStopped(RuntimeError):
+    """The batching loop has died: no request will be searched by this server again."""
 
 
 @dataclass
@@ -80,26 +58,42 @@ class MicroBatcher:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.stats = BatchStats()
+        self.failure: str | None = None  # why the batching loop died (None while it runs)
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="retrieval-batcher")
+            self._task.add_done_callback(self._ended)
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    def _ended(self, task: asyncio.Task) -> None:
+        """The loop ended: on a stop, nothing to do; on a crash, say why and fail every request waiting for it."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        self.failure = f"the retrieval batcher stopped: {type(error).__name__}: {error}"
+        log.error("%s; this server answers 503 from now on", self.failure, exc_info=error)
+        self._fail_pending(BatcherStopped(self.failure))
+
+    def _fail_pending(self, error: Exception) -> None:
         for p in self._pending:
             if not p.future.done():
-                p.future.set_exception(RuntimeError("retrieval server shutting down"))
+                p.future.set_exception(error)
         self._pending.clear()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():  # a loop that died has said why already (`_ended`)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_pending(RuntimeError("retrieval server shutting down"))
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, queries: list[str], topk: int) -> list[Hits]:
         if not queries:
             return []
+        if self.failure is not None:
+            raise BatcherStopped(self.failure)
         self.start()
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(queries, topk, fut))
@@ -132,7 +126,13 @@ class MicroBatcher:
                 item = self._pending.pop(0)
                 batch.append(item)
                 n += len(item.queries)
-            await self._search(batch)
+            try:
+                await self._search(batch)
+            except Exception as exc:  # noqa: BLE001 - a bug in one batch fails its requests, not the loop
+                log.exception("a retrieval batch failed")
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
 
     async def _search(self, batch: list[_Pending]) -> None:
         by_topk: dict[int, list[_Pending]] = {}
@@ -146,6 +146,10 @@ class MicroBatcher:
             self.stats.searched_queries += len(unique)
             try:
                 hits = await self.retriever.asearch(unique, topk, self.executor)
+                if len(hits) != len(unique):
+                    raise RuntimeError(
+                        f"the retriever answered {len(unique)} queries with {len(hits)} results"
+                    )
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting request as a 500
                 for item in items:
                     if not item.future.done():

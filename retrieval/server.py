@@ -7,7 +7,8 @@
                  -> {"result": [[{"document": "(Title: T) text", "score": float}, ...], ...]}
                     Search-R1's rerank server's API (`retrieval/rerank_api.py`), served when the server has a
                     cross-encoder (`retrieval.reranker.enabled` with a `model`)
-    GET  /health    {"status": "ok", "method", "num_docs", ...} once the index is loaded
+    GET  /health    {"status": "ok", "method", "num_docs", ...} once the index is loaded; 503 {"status": "failed",
+                    "error"} should the batcher die (every /retrieve then answers 503 at once)
     GET  /metrics   JSON counters (`retrieval/requests`, `retrieval/batch_mean`, latency percentiles, ...)
 
 Every bad request gets a JSON 4xx `{"error": "..."}` naming what was wrong; nothing a client sends can crash it.
@@ -32,7 +33,8 @@ from aiohttp import web
 
 from retrieval.api import RequestError, format_result, parse_retrieve_request
 from retrieval.base import Hits, Retriever
-from retrieval.batcher import LRUCache, MicroBatcher, NaiveDispatcher
+from retrieval.batcher import BatcherStopped, MicroBatcher, NaiveDispatcher
+from retrieval.cache import ResultCache
 from retrieval.factory import build_reranker, load_retriever
 from retrieval.online import OnlineSearchError
 from retrieval.rerank_api import format_rerank_result, parse_rerank_request
@@ -59,6 +61,7 @@ SUMMED_COUNTERS = (
     "cache_hits",
     "cache_misses",
     "cache_entries",
+    "cache_bytes",
     "unknown_fields",
     "rerank_requests",
     "reranked_queries",
@@ -101,7 +104,7 @@ class ServerState:
             )
         else:
             self.dispatcher = NaiveDispatcher(retriever)
-        self.cache = LRUCache(server.cache_size)
+        self.cache = ResultCache(server.cache_size, int(server.cache_mb * (1 << 20)))
         self.ready = True
         self.started = time.time()
         self.requests = 0
@@ -127,7 +130,10 @@ class ServerState:
             else:
                 results[i] = cached
         if missing:
-            found = await self.dispatcher.submit([queries[i] for i in missing], topk)
+            try:
+                found = await self.dispatcher.submit([queries[i] for i in missing], topk)
+            except BatcherStopped as err:
+                raise RequestError(503, str(err)) from None
             for i, h in zip(missing, found, strict=True):
                 results[i] = h
                 self.cache.put((queries[i], topk), h)
@@ -161,6 +167,7 @@ class ServerState:
             "cache_hits": self.cache.hits,
             "cache_misses": self.cache.misses,
             "cache_entries": len(self.cache),
+            "cache_bytes": self.cache.bytes,
             "unknown_fields": self.unknown_fields,
             "rerank_requests": self.rerank_requests,
             "reranked_queries": self.reranked_queries,
@@ -172,7 +179,7 @@ class ServerState:
             "uptime_s": time.time() - self.started,
         }
         for k in SUMMED_COUNTERS:
-            own[k] += self.carried[k] if k != "cache_entries" else 0
+            own[k] += self.carried[k] if k not in ("cache_entries", "cache_bytes") else 0
         own["batch_max"] = max(own["batch_max"], self.carried["batch_max"])
         return own
 
@@ -200,6 +207,7 @@ class ServerState:
             "retrieval/cache_hits": int(c["cache_hits"]),
             "retrieval/cache_misses": int(c["cache_misses"]),
             "retrieval/cache_entries": int(c["cache_entries"]),
+            "retrieval/cache_mb": c["cache_bytes"] / (1 << 20),
             "retrieval/unknown_fields": int(c["unknown_fields"]),
             "retrieval/rerank_requests": int(c["rerank_requests"]),
             "retrieval/reranked_queries": int(c["reranked_queries"]),
@@ -245,8 +253,10 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
 async def _read_body(request: web.Request, cfg: RetrievalConfig) -> bytes:
     """The body of an authorised request within `max_body_bytes`; `RequestError` otherwise."""
     if cfg.token is not None:
-        auth = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(auth.encode(), f"Bearer {cfg.token}".encode()):
+        # aiohttp keeps a header's bytes that are not UTF-8 as surrogates: compared as the bytes sent, so such a header
+        # is a plain 401 (encoding it strictly raised: a 500 and a logged traceback per request)
+        auth = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(auth, f"Bearer {cfg.token}".encode()):
             raise RequestError(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
     limit = cfg.server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -296,6 +306,9 @@ async def _rerank(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
+    failure = getattr(state.dispatcher, "failure", None)
+    if failure is not None:
+        return web.json_response({"status": "failed", "error": failure}, status=503)
     store = getattr(state.retriever, "store", None)
     return web.json_response(
         {

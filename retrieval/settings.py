@@ -15,7 +15,7 @@ embedded CPU run (BM25, top-3, loopback).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from retrieval.bm25 import BM25Settings
 from retrieval.dense import DenseSettings
@@ -71,6 +71,12 @@ class ServerConfig(BaseModel):
         "(the naive baseline the benchmark measures against).",
     )
     cache_size: int = Field(100_000, ge=0, description="LRU entries of (query, topk) -> result; 0 disables.")
+    cache_mb: float = Field(
+        256.0,
+        ge=0,
+        description="Memory the result cache may hold per server process, in MiB (estimated from its objects' sizes; "
+        "the least recently used entries go first); 0 disables the cache. An entry is ~3 KB with top-3 wiki passages.",
+    )
     workers: int = Field(
         0,
         ge=0,
@@ -151,7 +157,8 @@ class RetrievalConfig(BaseModel):
     )
     token: str | None = Field(
         None,
-        description="Bearer token the server requires on /retrieve and /rerank, and clients send (None: no auth).",
+        description="Bearer token the server requires on /retrieve and /rerank, and clients send (None: no auth). "
+        "Printable ASCII without spaces (it travels in an HTTP header); an empty token is refused.",
     )
     server: ServerConfig = Field(default_factory=ServerConfig, description="The retrieval server.")
     client: ClientConfig = Field(default_factory=ClientConfig, description="The generators' client.")
@@ -181,6 +188,16 @@ class RetrievalConfig(BaseModel):
     def sending_to(self, url: str) -> RetrievalConfig:
         """This config with its clients sending to `url`."""
         return self.model_copy(update={"client": self.client.model_copy(update={"url": url})})
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, token: str | None) -> str | None:
+        # an empty token would make the server require "Bearer " and lock every client out
+        if token is not None and not token:
+            raise ValueError("is empty; omit it (or set it to null) for no token")
+        if token is not None and not all("!" <= c <= "~" for c in token):
+            raise ValueError("must be printable ASCII without spaces: it is sent in the Authorization header")
+        return token
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalConfig:
