@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from buffer import lua
-from buffer.guarded_json import decode_json
+from buffer.guarded_json import MalformedJSON, decode_json
 from buffer.lua import GENERATORS, LEARNER
 from buffer.memory import MIB
 
@@ -47,6 +47,33 @@ _POOL_SUMS = (
     "rollout/uptime_s",
 )
 _POOL_MEANS = ("rollout/idle_fraction", "rollout/reward_mean_60s", "rollout/tool_calls_per_traj_60s")
+_POOL_NUMBERS = (
+    *_POOL_SUMS,
+    *_POOL_MEANS,
+    "rollout/version",
+)  # what a generator's heartbeat must give as numbers
+_MAX_LOGGED_HEARTBEATS = 64  # workers whose malformed heartbeats are logged (once each)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_heartbeat(body: bytes | str, worker_id: str, now: float) -> dict[str, Any]:
+    """A heartbeat as `workers()` returns it (with `age_s`), or MalformedJSON naming what is wrong: anyone who reaches
+    the run's Redis can write one, and the learner reads them every step (`pool_metrics`)."""
+    what = f"the heartbeat of worker {worker_id}"
+    info = decode_json(body, what)
+    role, metrics, sent = info.get("role"), info.get("metrics", {}), info.pop("time", now)
+    if not isinstance(role, str) or not isinstance(metrics, dict) or not _is_number(sent):
+        raise MalformedJSON(f"{what} must hold a role (a string), metrics (an object) and a time (a number)")
+    if role == "generator":
+        wrong = [key for key in _POOL_NUMBERS if key in metrics and not _is_number(metrics[key])]
+        if wrong:
+            raise MalformedJSON(f"{what} gives {', '.join(wrong)} as something other than a number")
+    info["worker_id"] = worker_id
+    info["age_s"] = max(0.0, now - float(sent))
+    return info
 
 
 def pool_metrics(heartbeats: list[dict[str, Any]]) -> dict[str, float]:
@@ -68,6 +95,9 @@ def pool_metrics(heartbeats: list[dict[str, Any]]) -> dict[str, float]:
 
 class RunStats:
     """Mixed into `ReplayBuffer` (buffer/redis_buffer.py), whose `_redis`, `key()` and settings it uses."""
+
+    skipped_heartbeats = 0  # malformed heartbeats `workers()` left out (each read counts)
+    _logged_heartbeats: frozenset[str] = frozenset()  # workers whose malformed heartbeat was logged
 
     # -- heartbeats -----------------------------------------------------------------------------------------
 
@@ -94,12 +124,15 @@ class RunStats:
                 dead.append(worker_id)
                 continue
             try:
-                info = decode_json(body, f"the heartbeat of worker {worker_id}")
-                info["age_s"] = max(0.0, now - float(info.pop("time", now)))
-            except (TypeError, ValueError) as err:  # MalformedJSON, or a `time` that is not a number
-                log.warning("skipping a heartbeat: %s", err)
-                continue
-            live.append(info)
+                live.append(parse_heartbeat(body, worker_id, now))
+            except MalformedJSON as err:  # skipped, not a crash of every reader; logged once per worker
+                self.skipped_heartbeats += 1
+                logged = self._logged_heartbeats
+                if worker_id not in logged and len(logged) < _MAX_LOGGED_HEARTBEATS:
+                    self._logged_heartbeats = logged | {worker_id}
+                    log.warning(
+                        "skipping a heartbeat (further ones of this worker are skipped silently): %s", err
+                    )
         if dead:
             self._redis.srem(self.key("workers"), *dead)
         return live
