@@ -15,6 +15,8 @@ from learner.algorithms.settings import (
     variant_shorthand,
 )
 
+_Beta = Annotated[float, Field(ge=0, lt=1)]  # AdamW's range (NaN is refused too: it fails every bound)
+
 
 def _policy_of_bool(value):
     """true/false (and Search-R1's enable_gradient_checkpointing) mean the checkpointing policies full/none."""
@@ -90,7 +92,7 @@ class LearnerConfig(BaseModel):
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps to the peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    betas: tuple[_Beta, _Beta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     ppo_mini_batch_size: int | None = Field(
         None,
@@ -123,6 +125,15 @@ class LearnerConfig(BaseModel):
         None,
         ge=0,
         description="Engines the learner pushes weights into (None: generators.num_engines; 0: train alone).",
+    )
+    collective_timeout_s: float = Field(
+        600.0,
+        ge=10,
+        description="The learner ranks' process group timeout: a collective (FSDP's gathers, a batch sent by rank 0) "
+        "that does not finish in this time ends the ranks, which their supervisor restarts. Rank 0 keeps the other "
+        "ranks company every 2 s while it waits alone for as long as it must (a batch, the engines' acks, a new "
+        "weight-sync group); its bounded waits inside a collective (weight_sync.timeout_s; buffer.reconnect_s + "
+        "buffer.socket_timeout_s) must stay below it, which the config checks (docs/reliability.md).",
     )
     use_ray: bool = Field(False, description="Launch learner ranks as Ray actors on GPUs.")
     cpu_cores: list[int] | None = Field(

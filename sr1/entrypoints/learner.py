@@ -12,25 +12,58 @@ verify (learner/checkpoint.py). A configuration or data error (a bad job, an unr
 that may not be dropped), `learner.max_nonfinite_steps` skipped updates in a row, and checkpoints none of which can be
 resumed from, exit with `config.EXIT_BAD_INPUT`; checkpoints that cannot be written (two in a row failed: a full
 disk) with `config.EXIT_CHECKPOINT_FAILED`. Supervisors restart neither.
+
+One learner per run: rank 0 holds the run directory's owner lock (sr1/launch/lock.py) while it lives, unless the
+launcher that started it holds it (`sr1 run`, `sr1 learner`, `sr1 launch` name themselves in `LAUNCHER_ENV`). A
+second learner on the same run directory (a second torchrun, or one beside `sr1 run`) stops at once, naming the
+owner, with `config.EXIT_BAD_INPUT`: it would delete the first one's partial checkpoint and train its pending groups.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.model_paths import ModelPathError, resolve_tokenizer_path
 from learner.stop import StopFlag
 from sr1.entrypoints import load_pool_job
+from sr1.launch.lock import OWNER_LOCK, RunLock, RunLocked
 from tasks import DataError
 
 if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and --help should answer at once
     from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
+
+# set by a launcher holding the run lock for the learner it starts: "<host>:<pid>" of the lock's owner
+LAUNCHER_ENV = "SR1_RUN_OWNER"
+
+
+def launcher_owner() -> str:
+    """What a launcher puts in `LAUNCHER_ENV` for the processes it starts: itself, the lock's owner."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def take_run_lock(run_dir: Path) -> RunLock | None:
+    """The run's owner lock for this learner, or None when the launcher named in `LAUNCHER_ENV` holds it. Raises
+    RunLocked (naming the owner) when any other live process holds it."""
+    try:
+        return RunLock(run_dir, "learner").acquire()
+    except RunLocked:
+        launcher = os.environ.get(LAUNCHER_ENV)
+        try:
+            owner = json.loads((Path(run_dir) / OWNER_LOCK).read_text() or "{}")
+        except (OSError, ValueError):
+            owner = {}
+        if launcher and launcher == f"{owner.get('host')}:{owner.get('pid')}":
+            return None  # the launcher that started this learner owns the run
+        raise
 
 
 def build_parser(prog: str = "python -m sr1.entrypoints.learner") -> argparse.ArgumentParser:
@@ -78,7 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prompts = None
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    if rank0:  # rank 0 feeds the prompts; a bad file stops it before any collective
+    lock = None
+    if rank0:  # rank 0 owns the run and feeds the prompts; a second learner or a bad file stops before any collective
+        try:
+            lock = take_run_lock(job.run_dir)
+        except RunLocked as err:
+            print(f"learner: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         try:
             prompts = training_prompts(job)
         except (DataError, ModelPathError) as err:
@@ -95,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from learner.steps import NonFiniteTrainingError
 
     stop = StopFlag().install()
-    world = init_distributed(args.device)
+    world = init_distributed(args.device, timeout_s=job.learner.collective_timeout_s)
     if world.device.type == "cpu":
         # ranks on one machine share its cores; oversubscription makes gloo ranks crawl
         local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world.world_size)))
@@ -121,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CHECKPOINT_FAILED
     finally:
         shutdown_distributed(wait_for_peers=finished)
+        if lock is not None:
+            lock.release()
     return 0
 
 
