@@ -27,3 +27,4 @@ class Pipeline:
     ppo_mini_batch_size: int | None = None  # trajectories per optimizer update (None: the whole batch)
     checkpoint_every: int = 10**9
     dynamic_sampling: bool = False
+    shared_gpu: bool = False  # every engine shares its GPU with a learner rank (engines == ranks)

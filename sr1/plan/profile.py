@@ -21,58 +21,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sr1.plan.figures import Curve, Figure, ModelShape  # Figure and Curve: imported from here by callers
+
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 GIB = 1024**3
 
 
 class ProfileError(ValueError):
     """A profile is missing a number, has a bad one, or cannot be read."""
-
-
-class Figure(BaseModel):
-    """One number and where it came from."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    value: float = Field(description="The number, in the unit its field names.")
-    source: str = Field(
-        min_length=1,
-        description="Where it came from: a measurement with its command and date, a "
-        "published figure with its reference, or 'assumption: <why>'.",
-    )
-
-
-class Curve(BaseModel):
-    """A server's aggregate rate as a function of the jobs it serves at once: an engine's decode tokens/s against
-    concurrent sequences, a retrieval server's requests/s against concurrent clients."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    points: list[tuple[float, float]] = Field(
-        description="(concurrent jobs, aggregate rate) pairs; linear in between, flat past the last."
-    )
-    source: str = Field(min_length=1, description="Where the points came from.")
-
-    @model_validator(mode="after")
-    def _increasing(self) -> Curve:
-        xs = [x for x, _ in self.points]
-        if not self.points or xs != sorted(xs) or len(set(xs)) != len(xs) or xs[0] <= 0:
-            raise ValueError(f"points need distinct, increasing concurrencies > 0, got {xs}")
-        if any(y <= 0 for _, y in self.points):
-            raise ValueError("the rate must be > 0 at every point")
-        return self
-
-    def at(self, concurrent: int) -> float:
-        """The aggregate rate at `concurrent` jobs (through the origin below the first point)."""
-        if concurrent <= 0:
-            return 0.0
-        (x0, y0) = self.points[0]
-        if concurrent <= x0:
-            return y0 * concurrent / x0
-        for (xa, ya), (xb, yb) in zip(self.points, self.points[1:], strict=False):
-            if concurrent <= xb:
-                return ya + (yb - ya) * (concurrent - xa) / (xb - xa)
-        return self.points[-1][1]
 
 
 class GeneratorProfile(BaseModel):
@@ -95,6 +51,15 @@ class GeneratorProfile(BaseModel):
         "every engine step's output: `bench_generators.py --null-engine`); an engine never runs faster than its "
         "worker, and the plan says when a split's engines would. None: not modelled.",
     )
+    lora_decode_speed: Figure | None = Field(
+        None,
+        description="An engine's tokens/s serving a LoRA adapter as a fraction of its tokens/s on the base model "
+        "(vLLM's LoRA kernels beside every adapted layer); applied to the curve when the config trains LoRA.",
+    )
+    adapter_gib: Figure | None = Field(
+        None,
+        description="GiB per GPU an engine reserves for its LoRA adapter slots (vLLM's max_loras); None: 0.",
+    )
 
 
 class LearnerProfile(BaseModel):
@@ -115,6 +80,16 @@ class LearnerProfile(BaseModel):
         description="Sharded training state per parameter (fp32 master, gradient, two AdamW moments: 16)."
     )
     activation_gib: Figure = Field(description="Peak memory per rank beside the sharded state (GiB).")
+    reference_bytes_per_param: Figure | None = Field(
+        None,
+        description="Memory per parameter of the frozen KL reference, sharded (None: 4, its fp32 shards; a LoRA "
+        "learner's reference is its own model with the adapters disabled: 0).",
+    )
+    recomputed_forwards: Figure | None = Field(
+        None,
+        description="Forward passes the step of `tokens_per_s_per_rank` recomputed per token, as a share of one "
+        "forward (1: full gradient checkpointing, 0: none); the LoRA derivation needs it (None: 0).",
+    )
     checkpoint_s: Figure = Field(
         description="Seconds to save one checkpoint (every `learner.checkpoint_every` steps)."
     )
@@ -198,7 +173,23 @@ class Profile(BaseModel):
     generator: GeneratorProfile = Field(description="One generator engine.")
     learner: LearnerProfile = Field(description="One learner rank.")
     workload: WorkloadProfile = Field(description="The trajectories: lengths, searches, latencies.")
-    weight_sync_s: Figure = Field(description="Seconds one publish pauses the engines (and the learner).")
+    weight_sync_s: Figure = Field(
+        description="Seconds one publish takes the learner (and pauses the engines)."
+    )
+    engine_pause_s: Figure | None = Field(
+        None,
+        description="Seconds one update stops each engine's decoding, from the publish's start (None: the whole "
+        "publish, as full weights do; a LoRA adapter loads beside the old one: 0).",
+    )
+    shared_gpu_speed: Figure | None = Field(
+        None,
+        description="On a GPU shared by an engine and a learner rank, each one's speed while the other is busy, "
+        "as a share of its speed alone (None: the shared layout is not planned).",
+    )
+    shape: ModelShape | None = Field(
+        None,
+        description="The decoder's shape (LoRA's adapter and memory are derived from it; None: no LoRA).",
+    )
     handoff_s: Figure = Field(
         description="Seconds from a prompt's release until its group runs in an engine, "
         "plus a finished group's way to the learner (claim, put, take), lumped together."
@@ -228,6 +219,10 @@ class Profile(BaseModel):
                 f"workload.dropped_group_fraction must be < 1 (every group dropped never fills a batch), got "
                 f"{self.workload.dropped_group_fraction.value:g}"
             )
+        for key in ("generator.lora_decode_speed", "shared_gpu_speed"):
+            figure = dict(_walk(self, "")).get(key)
+            if figure is not None and figure.value > 1:
+                raise ValueError(f"{key} must be <= 1 (a share of the speed alone), got {figure.value:g}")
         if self.search_r1 is not None and self.search_r1.trainer_mfu.value > 1:
             raise ValueError(f"search_r1.trainer_mfu must be <= 1, got {self.search_r1.trainer_mfu.value:g}")
         return self
@@ -243,6 +238,8 @@ POSITIVE = {
     "generator.worker_tokens_per_s",
     "search_r1.trainer_mfu",
     "search_r1.retrieval_queries_per_s",
+    "generator.lora_decode_speed",
+    "shared_gpu_speed",
 }
 
 
@@ -350,7 +347,7 @@ def _walk(model: BaseModel, prefix: str) -> list[tuple[str, Figure | Curve]]:
         value, key = getattr(model, name), prefix + name
         if isinstance(value, Figure | Curve):
             out.append((key, value))
-        elif isinstance(value, BaseModel):
+        elif isinstance(value, BaseModel) and not isinstance(value, ModelShape):
             out += _walk(value, key + ".")
     return out
 
@@ -370,18 +367,19 @@ def learner_memory_gib(profile: Profile, ranks: int, *, reference: bool, critic:
     state) plus activations, as the learner's own check counts them (learner/memory.py)."""
     params = profile.params_billion.value * 1e9
     state = params * profile.learner.bytes_per_param.value * (2 if critic else 1)
-    if reference:
-        state += (
-            params * 4
-        )  # the reference is loaded as the policy is (fp32 shards), without gradients or moments
+    if reference:  # loaded as the policy is (fp32 shards), without gradients or moments; LoRA's costs nothing
+        per_param = profile.learner.reference_bytes_per_param
+        state += params * (4.0 if per_param is None else per_param.value)
     return state / ranks / GIB + profile.learner.activation_gib.value
 
 
 def engine_memory_gib(profile: Profile, tensor_parallel: int) -> float:
     """GiB per GPU an engine needs: its bf16 weights' shard and the least KV cache it should run with."""
+    adapters = profile.generator.adapter_gib.value if profile.generator.adapter_gib else 0.0
     return (
         profile.params_billion.value * 1e9 * 2 / tensor_parallel / GIB
         + profile.generator.min_kv_cache_gib.value
+        + adapters
     )
 
 

@@ -31,6 +31,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "learner_gpus": r.learner_gpus,
             "max_staleness": r.max_staleness,
             "excluded": r.excluded,
+            "shared": r.shared,
         }
         if r.result is not None:
             res = r.result
@@ -71,8 +72,39 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "fitted": fitted_figures(plan),
         },
         "search_r1_excluded": plan.search_r1_excluded,
+        "shared_excluded": plan.shared_excluded,
+        "lora": None if plan.lora is None else plan.lora | _pauses(plan),
         "recommended": None if rec is None else row(rec),
     }
+
+
+def _pauses(plan: Plan) -> dict[str, float]:
+    """Seconds each update stops an engine's decoding, with LoRA and with the full weights it replaces."""
+    full = plan.full_profile
+    pause = plan.profile.engine_pause_s
+    return {
+        "engine_pause_s": plan.profile.weight_sync_s.value if pause is None else pause.value,
+        "full_weight_engine_pause_s": (full.engine_pause_s or full.weight_sync_s).value,
+    }
+
+
+def _print_lora(plan: Plan, console) -> None:
+    """The adapter against the full weights, and the layout where an engine and a rank share each GPU."""
+    if plan.shared_excluded is not None:
+        console.print(
+            f"shared layout (an engine and a learner rank on each GPU): excluded: {plan.shared_excluded}"
+        )
+    if plan.lora is None:
+        return
+    lora, pauses = plan.lora, _pauses(plan)
+    full = plan.full_profile.learner.tokens_per_s_per_rank.value
+    console.print(
+        f"LoRA: {lora['adapter_parameters'] / 1e6:.1f}M adapter parameters ({lora['bytes_share']:.2%} of the "
+        f"model); {lora['adapter_bytes'] / 1e6:.1f} MB per update against {lora['full_bytes'] / 1e9:.2f} GB of "
+        f"full weights; engine pause per update {pauses['engine_pause_s']:g} s (full weights: "
+        f"{pauses['full_weight_engine_pause_s']:g} s); learner {plan.profile.learner.tokens_per_s_per_rank.value:,.0f}"
+        f" tokens/s per rank (full weights: {full:,.0f}; derived, see the sources below)"
+    )
 
 
 def fitted_figures(plan: Plan) -> list[str]:
@@ -145,12 +177,14 @@ def print_plan(plan: Plan, console=None) -> None:
     else:
         console.print(f"colocated synchronous baseline: excluded ({plan.colocated_excluded})")
     _print_search_r1(plan, console)
+    _print_lora(plan, console)
     rec = plan.recommended
     if rec is None:
         console.print("[red]no split can run this config on this hardware (see the reasons above)[/red]")
     else:
         console.print(
-            f"[bold]recommended: {rec.generator_gpus} generator GPU(s), {rec.learner_gpus} learner GPU(s), "
+            f"[bold]recommended: {rec.label + ', ' if rec.shared else ''}{rec.generator_gpus} generator GPU(s), "
+            f"{rec.learner_gpus} learner GPU(s), "
             f"max_staleness {rec.max_staleness}: {rec.result.steps_per_hour:,.1f} steps/h[/bold] "
             f"({_ratio(rec.speedup_vs_sync_split)} its synchronous run, {_ratio(rec.speedup_vs_colocated)} the "
             "colocated synchronous baseline"

@@ -31,6 +31,7 @@ class SharingServer:
         self.v = 0.0
         self.t = 0.0
         self.paused = False
+        self.speed = 1.0  # a share of the device (an engine sharing its GPU with a training learner rank)
         self.epoch = 0  # bumps whenever the next completion time may change
         self.ids = itertools.count()
 
@@ -39,7 +40,7 @@ class SharingServer:
         n = len(self.running)
         if n == 0 or self.paused:
             return 0.0
-        return self.capacity(n) / n
+        return self.speed * self.capacity(n) / n
 
     def advance(self, now: float) -> None:
         self.v += (now - self.t) * self.rate()

@@ -28,8 +28,10 @@ What is modelled:
   never queue. A worker process's ceiling (`generator.worker_tokens_per_s`), when given, caps its engine's rate.
 - The learner's step: the batch's trajectories cut into PPO mini-batches and each dealt to the ranks by tokens with
   the learner's own split; each update's most loaded rank, its model tokens x PPO epochs over (per-rank tokens/s x
-  scaling efficiency), bounds the step, plus a fixed overhead; then the publish, during which every engine is paused (its sequences frozen) and after which their new
-  tokens carry the new version; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
+  scaling efficiency), bounds the step, plus a fixed overhead; then the publish. Full weights pause every engine
+  through it (`engine_pause_s`, its sequences frozen); a LoRA adapter loads beside the old one with no pause. Tokens
+  sampled after the update carry the new version. On shared GPUs (an engine and a rank on each), engine and learner
+  each run at `shared_gpu_speed` while both have work; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
   the version trained at minus the version of the weights that sampled it.
 
 Not modelled: evaluations, engine or learner failures, prefix-cache misses, KV-cache preemption, and the learner's
@@ -275,6 +277,14 @@ class _Simulation:
         tokens = [t for group in batch for t in group.trajectory_tokens]
         slowest = slowest_rank_tokens(tokens, self.pipe.ranks, self.pipe.ppo_mini_batch_size)
         train = slowest * self.pipe.ppo_epochs / (learner.tokens_per_s_per_rank.value * efficiency)
+        if self.pipe.shared_gpu and any(e.inflight or e.groups_held for e in self.engines):
+            # an engine and a rank on each GPU: both slow down while both have work (time-sliced)
+            speed = self.profile.shared_gpu_speed.value
+            train /= speed
+            for engine in self.engines:
+                engine.advance(self.now)
+                engine.speed = speed
+                self.reschedule(engine)
         train += learner.step_overhead_s.value
         publish = self.profile.weight_sync_s.value
         checkpoint = (
@@ -290,17 +300,36 @@ class _Simulation:
         required = sum(1 for rv in self.unconsumed.values() if due(rv) <= self.version)
         return required <= sum(1 for g in self.finished.values() if due(g.release_version) <= self.version)
 
+    @property
+    def engine_pause_s(self) -> float:
+        """Seconds each update stops the engines: the whole publish for full weights, 0 for a LoRA adapter."""
+        pause = self.profile.engine_pause_s or self.profile.weight_sync_s
+        return min(pause.value, self.profile.weight_sync_s.value)
+
     def on_publish(self) -> None:
+        pause = self.engine_pause_s
         for engine in self.engines:
             engine.advance(self.now)
-            engine.change_version(self.version + 1)
-            engine.paused = True
+            engine.speed = 1.0  # the learner's GPU work is done
+            if pause > 0:  # full weights: loaded in place, sequences frozen until then
+                engine.change_version(self.version + 1)
+                engine.paused = True
             self.reschedule(engine)
+        if pause > 0:
+            self.at(self.now + pause, "resumed")
 
-    def on_published(self) -> None:
+    def on_resumed(self) -> None:
         for engine in self.engines:
             engine.advance(self.now)
             engine.paused = False
+            self.reschedule(engine)
+
+    def on_published(self) -> None:
+        if self.engine_pause_s > 0:
+            return
+        for engine in self.engines:  # a LoRA adapter: new tokens sample under it once it is loaded, no pause
+            engine.advance(self.now)
+            engine.change_version(self.version + 1)
             self.reschedule(engine)
 
     def on_step_done(self, wait: float, started: float) -> None:
@@ -319,6 +348,7 @@ class _Simulation:
             "claimable": self.on_claimable,
             "publish": lambda p: self.on_publish(),
             "published": lambda p: self.on_published(),
+            "resumed": lambda p: self.on_resumed(),
             "step_done": lambda p: self.on_step_done(*p),
         }
         busy_at_warm: list[float] = []

@@ -6,7 +6,9 @@ simulated; and the recommendation.
 
 A split gives `g` GPUs to engines (`g / tensor_parallel_size` engines) and the other `N - g` to learner ranks (any
 number: trajectories are dealt to the ranks by tokens). A split is excluded, with its reason, when a pool's memory
-would not hold the model. Two baselines: the colocated synchronous layout (sr1's own engines and learner on every
+would not hold the model. The shared layout puts an engine and a learner rank on every GPU, at the engines'
+`gpu_memory_utilization` and the rest for the learner (`lora.shared_gpu_refusal` says when it cannot run). With
+`learner.lora` the learner's figures are derived from the full-weight profile (`lora.py`). Two baselines: the colocated synchronous layout (sr1's own engines and learner on every
 GPU, generating then training, on-policy), and Search-R1 as it runs (veRL's synchronous multi-turn loop,
 `search_r1.py`), when the profile has its figures.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from sr1.plan.lora import adapter_summary, lora_profile, shared_gpu_refusal
 from sr1.plan.profile import Profile, check_memory, engine_memory_gib, gpu_kind, learner_memory_gib
 from sr1.plan.search_r1 import SearchR1Result, fit_trainer_mfu, search_r1_step
 from sr1.plan.simulate import Pipeline, SimResult, simulate
@@ -35,9 +38,12 @@ class PlanRow:
     speedup_vs_sync_split: float | None = None  # over the same split at max_staleness 0
     speedup_vs_colocated: float | None = None  # over the colocated synchronous layout on all GPUs
     speedup_vs_search_r1: float | None = None  # over Search-R1's own loop on all GPUs
+    shared: bool = False  # an engine and a learner rank on each of the GPUs
 
     @property
     def label(self) -> str:
+        if self.shared:
+            return f"{self.generator_gpus} shared (engine + rank each)"
         return f"{self.generator_gpus} gen / {self.learner_gpus} learn"
 
 
@@ -55,6 +61,9 @@ class Plan:
     search_r1: SearchR1Result | None = None
     search_r1_excluded: str | None = None
     recommended: PlanRow | None = None
+    full_profile: Profile | None = None  # the full-weight figures a LoRA profile was derived from
+    shared_excluded: str | None = None  # why the shared layout cannot run (None: planned, or not asked for)
+    lora: dict | None = None  # the adapter's size beside the full weights (lora.adapter_summary)
 
 
 def pipeline(cfg, *, engines: int, ranks: int, max_staleness: int) -> Pipeline:
@@ -77,6 +86,25 @@ def pipeline(cfg, *, engines: int, ranks: int, max_staleness: int) -> Pipeline:
         ppo_mini_batch_size=learner.ppo_mini_batch_size,
         checkpoint_every=learner.checkpoint_every,
         dynamic_sampling=learner.algorithm.dynamic_sampling,
+    )
+
+
+def _lora(cfg, profile: Profile, hardware, bounds: list[int], learner_share: float = 1.0) -> Profile:
+    """The profile a LoRA learner of `cfg` plans with (`lora.lora_profile`), or `profile` without learner.lora."""
+    lora, learner = getattr(cfg.learner, "lora", None), cfg.learner
+    if lora is None:
+        return profile
+    engine_lora = getattr(cfg.generators, "lora", None)
+    max_loras = getattr(engine_lora, "max_loras", None) or max(bounds) + 2
+    return lora_profile(
+        profile,
+        lora,
+        tokens=learner.micro_batch_tokens,
+        chunk_tokens=learner.logprob_chunk_tokens,
+        policy=learner.gradient_checkpointing,
+        kind=hardware,
+        max_loras=max_loras,
+        learner_share=learner_share,
     )
 
 
@@ -118,15 +146,19 @@ def make_plan(
 ) -> Plan:
     """Simulate every split of `gpus` devices of `kind` at every bound in `bounds` (0 is always included)."""
     hardware = gpu_kind(kind)
-    if gpus < 2:
-        raise ValueError(f"--gpus must be at least 2 (one per pool), got {gpus}")
+    if gpus < 1:
+        raise ValueError(f"--gpus must be at least 1, got {gpus}")
     if any(b < 0 for b in bounds):
         raise ValueError(f"bounds must be >= 0, got {bounds}")
     bounds = sorted(set(bounds) | {0})
     tp = cfg.generators.engine.tensor_parallel_size
     utilization = cfg.generators.engine.gpu_memory_utilization
     flags = _memory_flags(cfg)
-    plan = Plan(gpus=gpus, gpu_kind=kind, profile=profile, preset=preset)
+    full = profile
+    profile = _lora(cfg, full, hardware, bounds)
+    plan = Plan(gpus=gpus, gpu_kind=kind, profile=profile, preset=preset, full_profile=full)
+    if profile is not full:
+        plan.lora = adapter_summary(full, cfg.learner.lora)
     for generator_gpus in range(tp, gpus, tp):
         ranks = gpus - generator_gpus
         why = check_memory(
@@ -141,10 +173,33 @@ def make_plan(
                 sync_result = sync_result or row.result
                 row.speedup_vs_sync_split = row.result.steps_per_hour / sync_result.steps_per_hour
             plan.rows.append(row)
+    _shared(plan, cfg, hardware, bounds, flags, steps, warmup, seed)
     _colocated(plan, cfg, hardware, tp, flags, steps, warmup, seed)
     _search_r1(plan, cfg, hardware, tp, flags, steps, seed)
     _recommend(plan)
     return plan
+
+
+def _shared(
+    plan: Plan, cfg, hardware, bounds: list[int], flags: dict, steps: int, warmup: int, seed: int
+) -> None:
+    """An engine and a learner rank on every GPU, asynchronous, each at its memory share; each slows the other
+    while both have work (`shared_gpu_speed`). Excluded, with the reason, when it cannot run."""
+    gpus, share = plan.gpus, cfg.generators.engine.gpu_memory_utilization
+    profile = _lora(cfg, plan.full_profile, hardware, bounds, learner_share=1 - share)
+    learner_gib = learner_memory_gib(profile, gpus, **flags)
+    why = shared_gpu_refusal(cfg, profile, hardware, learner_gib, engine_memory_gib(profile, 1))
+    if why is not None:
+        plan.shared_excluded = why
+        return
+    sync_result = None
+    for bound in bounds:
+        pipe = replace(pipeline(cfg, engines=gpus, ranks=gpus, max_staleness=bound), shared_gpu=True)
+        row = PlanRow(gpus, gpus, bound, shared=True)
+        row.result = simulate(pipe, profile, steps=steps, warmup=warmup, seed=seed)
+        sync_result = sync_result or row.result
+        row.speedup_vs_sync_split = row.result.steps_per_hour / sync_result.steps_per_hour
+        plan.rows.append(row)
 
 
 def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warmup: int, seed: int) -> None:
@@ -174,8 +229,8 @@ def _search_r1(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, seed
         plan.search_r1_excluded = f"no peak FLOP/s for {plan.gpu_kind}"
         return
     pipe = pipeline(cfg, engines=plan.gpus // tp, ranks=plan.gpus, max_staleness=0)
-    plan.search_r1 = search_r1_step(
-        pipe, plan.profile, hardware, gpus=plan.gpus, steps=steps, seed=seed, **flags
+    plan.search_r1 = search_r1_step(  # veRL's loop trains every weight: the full-weight figures
+        pipe, plan.full_profile or plan.profile, hardware, gpus=plan.gpus, steps=steps, seed=seed, **flags
     )
     for row in plan.rows:
         if row.result is not None:
