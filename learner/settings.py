@@ -15,7 +15,7 @@ from learner.algorithms.settings import (
     variant_shorthand,
 )
 
-_Beta = Annotated[float, Field(ge=0, lt=1)]  # AdamW's range (NaN is refused too: it fails every bound)
+_Beta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # AdamW's range
 
 
 def _policy_of_bool(value):

@@ -31,7 +31,9 @@ class WeightSyncConfig(BaseModel):
     master_addr: str = Field(
         "127.0.0.1", description="Address learner rank 0 listens on for the weight-sync store."
     )
-    master_port: int | None = Field(None, description="Port of the weight-sync store (None: a free port).")
+    master_port: int | None = Field(
+        None, ge=1, le=65535, description="Port of the weight-sync store (None: a free port)."
+    )
     keep_receive_buffers: bool = Field(
         True,
         description=(
