@@ -15,8 +15,6 @@ from learner.algorithms.settings import (
     variant_shorthand,
 )
 
-_Beta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # AdamW's range
-
 
 def _policy_of_bool(value):
     """true/false (and Search-R1's enable_gradient_checkpointing) mean the checkpointing policies full/none."""
@@ -92,7 +90,7 @@ class LearnerConfig(BaseModel):
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps to the peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[_Beta, _Beta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     ppo_mini_batch_size: int | None = Field(
         None,
@@ -210,6 +208,14 @@ class LearnerConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="Keep this many most recent checkpoints.")
 
     _shorthand = field_validator("algorithm", "correction", mode="before")(variant_shorthand)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        for i, beta in enumerate(betas):  # AdamW's range; NaN fails the comparison too
+            if not 0 <= beta < 1:
+                raise ValueError(f"betas[{i}] must be a finite number in [0, 1), got {beta}")
+        return betas
 
     @model_validator(mode="after")
     def _invariants(self) -> LearnerConfig:

@@ -13,8 +13,8 @@ from config import ConfigError, LearnerJob, load_config, load_job, save_job
         ("learner.lr=1e999", "learner.lr"),
         ("learner.lr=inf", "learner.lr"),
         ("learner.weight_decay=.inf", "learner.weight_decay"),
-        ("learner.betas=[.nan, 0.999]", "learner.betas.0"),
-        ("learner.betas=[0.9, .inf]", "learner.betas.1"),
+        ("learner.betas=[.nan, 0.999]", "learner.betas"),
+        ("learner.betas=[0.9, .inf]", "learner.betas"),
     ],
 )
 def test_non_finite_numbers_are_refused_naming_the_key(override, key):
