@@ -1,14 +1,15 @@
 """`sr1 buffer`: look at a run's replay buffer in Redis.
 
-    sr1 buffer watch [--url URL | --run-dir DIR] [--namespace NS] [--interval S] [--metrics-port P]
-    sr1 buffer stats [--url URL | --run-dir DIR] [--namespace NS] [--json] [--metrics-port P]
+    sr1 buffer watch [--url URL | --run-dir DIR] [--namespace NS] [--interval S] [--metrics-port P [--metrics-host H]]
+    sr1 buffer stats [--url URL | --run-dir DIR] [--namespace NS] [--json] [--metrics-port P [--metrics-host H]]
 
 `watch` is a live terminal view (queue depth, in-flight groups, prompts pending and leased, produced/consumed
 rates, the staleness histogram, learner version, Redis memory used and its maxmemory, live workers and their
 metrics), with a line for every worker that joins, stops or leaves (no heartbeat for `buffer.heartbeat_ttl_s`); without a terminal (or with `--lines`) it prints
 only those lines and a one-line summary every 10 s, so a log or a pipe shows workers come and go. `stats` prints one snapshot
 (`--json`: one JSON object of stats + workers, for scripts). `--metrics-port` also serves Prometheus `/metrics`
-with the same gauges (with `stats`, it keeps serving until Ctrl-C). The URL is `--url`, else the local Redis of
+with the same gauges (with `stats`, it keeps serving until Ctrl-C), on 127.0.0.1 unless `--metrics-host` says
+otherwise. The URL is `--url`, else the local Redis of
 `--run-dir`, else `$SR1_BUFFER__REDIS_URL`, else redis://127.0.0.1:6379/0.
 """
 
@@ -21,7 +22,7 @@ import sys
 import time
 
 from buffer.connection import mask_url
-from buffer.monitor import render, serve_metrics
+from buffer.monitor import LOOPBACK, render, serve_metrics
 from buffer.redis_buffer import ReplayBuffer
 from buffer.settings import local_redis_dir
 
@@ -42,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run namespace (key prefix)",
     )
     common.add_argument("--metrics-port", type=int, help="also serve Prometheus /metrics on this port")
+    common.add_argument(
+        "--metrics-host",
+        default=LOOPBACK,
+        help=f"the address /metrics binds (default {LOOPBACK}: this machine only; 0.0.0.0: every interface)",
+    )
     watch = sub.add_parser("watch", parents=[common], help="live terminal view of the buffer")
     watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     watch.add_argument("--once", action="store_true", help="draw one frame and exit")
@@ -132,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     except redis.ConnectionError as err:
         print(f"sr1 buffer: cannot reach Redis at {mask_url(url)}: {err}", file=sys.stderr)
         return 2
-    if args.metrics_port:
-        serve_metrics(buffer, args.metrics_port)
+    served = (
+        None if args.metrics_port is None else serve_metrics(buffer, args.metrics_port, args.metrics_host)
+    )
 
     if args.command == "stats":
         stats, workers = buffer.stats(), buffer.workers()
@@ -147,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             from rich.console import Console
 
             Console().print(render(stats, workers, title=f"sr1 buffer {args.namespace} @ {mask_url(url)}"))
-        if args.metrics_port:
-            print(f"serving /metrics on :{args.metrics_port} (Ctrl-C to stop)", file=sys.stderr)
+        if served is not None:
+            print(f"serving /metrics on {served.host}:{served.port} (Ctrl-C to stop)", file=sys.stderr)
             try:
                 while True:
                     time.sleep(3600)
