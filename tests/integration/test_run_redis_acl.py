@@ -19,6 +19,7 @@ import redis
 
 import sr1.launch.redis_server as redis_server
 from config import load_config
+from sr1.launch.redis_server import run_redis
 from sr1.run import Orchestrator
 from tests.unit.sr1.launch.test_redis_auth import exercise_sr1_commands
 
@@ -150,3 +151,31 @@ def test_sr1_runs_redis_lets_in_the_runs_user_only(binary, tiny_model_dir, tmp_p
             redis.Redis(port=resumed.redis_server.port, username="sr1", password=password).ping()
     finally:
         resumed.stop(interrupted=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_runs_redis_replays_transactions_and_scripts(binary, tmp_path):
+    """Redis 7.0 replays the AOF as its default user: with that user switched off, every MULTI/EXEC and every Lua
+    script that wrote twice (logged as MULTI/EXEC) was dropped at a restart, a crash's or a `--resume`'s."""
+    server = run_redis(tmp_path, load_config("tiny", [f"buffer.namespace={NAMESPACE}"]).buffer).start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.eval("redis.call('set', KEYS[1], 1) redis.call('set', KEYS[2], 2)", 2, *_keys("lua1", "lua2"))
+        pipe = client.pipeline(transaction=True)
+        pipe.set(f"{NAMESPACE}:tx1", 1).incr(f"{NAMESPACE}:tx2")
+        pipe.execute()
+        client.set(f"{NAMESPACE}:plain", 1)
+        client.close()
+        server.stop()
+        server.start()  # the same AOF, ACL file and passwords, as the supervisor restarts it
+        client = redis.Redis.from_url(server.url)
+        assert client.exists(*_keys("lua1", "lua2", "tx1", "tx2", "plain")) == 5
+        client.close()
+    finally:
+        server.stop()
+    log = (tmp_path / "redis" / "redis.log").read_text()
+    assert "NOPERM" not in log, log[-500:]
+
+
+def _keys(*names: str) -> list[str]:
+    return [f"{NAMESPACE}:{name}" for name in names]
