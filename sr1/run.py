@@ -147,10 +147,16 @@ class Orchestrator:
         self.supervisor.pass_fds = (self.lock.fd,)  # held by every child too: no second stack while one lives
         self.check_inputs()
         cfg = self.cfg.model_copy(update={"run_dir": self.run_dir})
+        given_token = cfg.retrieval.token
         if cfg.retrieval.serves_locally:
             cfg = self._place_retrieval(cfg)
-        # the run's config as a user would resume it: a local Redis is started again on its AOF, at a new port
-        self.config_path = save_config(cfg, self.run_dir)
+        # the run's config as a user would resume it: a local Redis is started again on its AOF, at a new port, and a
+        # retrieval token the launcher made (`sr1 launch`) is made again; one the user gave is kept, masked (a resume
+        # asks for it again: docs/reliability.md, "Secrets")
+        resumable = cfg.model_copy(
+            update={"retrieval": cfg.retrieval.model_copy(update={"token": given_token})}
+        )
+        self.config_path = save_config(resumable, self.run_dir)
         if cfg.buffer.redis_url is None:
             cfg = self._start_redis(cfg)
         self.cfg = cfg
