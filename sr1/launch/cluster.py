@@ -11,8 +11,8 @@ Ray placement group (sr1/launch/ray.py): GPUs are split by the config (sr1/launc
 generators, learner) to the nodes that have RESOURCE: a custom resource (`ray start --resources='{"node2": 1}'`) or a
 node's `node:<ip>`. Redis listens on its node's address with a password made for the run (an ACL user allowed only
 sr1's commands on the run's keys; sr1/launch/redis_server.py), the retrieval server on its node's with a bearer token
-made for the run (unless `retrieval.token` gives one); both travel to the pools in their job files, owner-only like
-`<run_dir>/redis/url`, and are never printed. Learner rank 0's node hosts torch.distributed's store and weight sync's
+made for the run (unless `retrieval.token` gives one); both reach each part in its environment (its job file holds
+them masked: config/secret_env.py), and are never printed. Learner rank 0's node hosts torch.distributed's store and weight sync's
 (`weight_sync.master_addr`), found once the ranks are placed. Without RAY_ADDRESS (or --ray-address) it joins a Ray
 instance already running on this machine (`ray start --head`), else starts a local one with at least one logical CPU
 per slot. A cluster that can never hold the run (too few CPUs or GPUs, an `--on` resource no node has) fails at once
