@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from common.secrets import mask_text
+
 T = TypeVar("T")
 
 
@@ -105,7 +107,8 @@ class JsonEndpoint:
                 reason = str(exc)
                 break
         self.stats["failures"] += 1
-        raise EndpointFailed(reason, attempt + 1)
+        # the reason reaches logs and the model's observation: a URL's password or a token in it is masked
+        raise EndpointFailed(mask_text(reason), attempt + 1)
 
     async def _attempt(self, payload: dict) -> Any:
         async with self._get_session().post(self.url, json=payload) as resp:

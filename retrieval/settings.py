@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from common.secrets import mask_url
 from retrieval.bm25 import BM25Settings
 from retrieval.dense import DenseSettings
 from retrieval.online import BingSettings, BraveSettings, GoogleSettings, SerpApiSettings
@@ -223,5 +224,5 @@ class RetrievalConfig(BaseModel):
                 f"({max_topk}): the generators ask /retrieve for that many documents before reranking them remotely"
             )
         if reranker.url is not None and not reranker.url.startswith(("http://", "https://")):
-            raise ValueError(f"retrieval.reranker.url must be an http(s) URL, got {reranker.url!r}")
+            raise ValueError(f"retrieval.reranker.url must be an http(s) URL, got {mask_url(reranker.url)!r}")
         return self

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.model_paths import ModelPathError, resolve_model_path
+from common.secrets import mask_url
 from evaluation import shard
 from evaluation.prompts import select_prompts
 from evaluation.report import format_value, markdown, per_source_table, plot, summarize
@@ -256,7 +257,9 @@ def _retrieval_for(args, cfg, supervisor) -> str | None:
     if http_ok(url.rsplit("/", 1)[0] + "/health"):
         return url
     if args.retrieval_url or not cfg.retrieval.serves_locally:
-        raise EvalInputError(f"no retrieval server answers at {url} (start one with `sr1 retrieval serve`)")
+        raise EvalInputError(
+            f"no retrieval server answers at {mask_url(url)} (start one with `sr1 retrieval serve`)"
+        )
     port = free_port()
     local = cfg.retrieval.served_at(port)
     out = args.out_dir
