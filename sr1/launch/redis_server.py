@@ -7,8 +7,8 @@
 Every Redis a run starts has a password made for that start (`secrets.token_urlsafe(32)`) and one ACL user, `sr1`,
 that may run only the commands sr1 uses (`SR1_COMMANDS`: no CONFIG, FLUSHALL, KEYS, SAVE, DEBUG, MODULE, ...) on
 the keys of the run's namespace only (`<namespace>:*`). Redis's `default` user has a second password of its own
-and may do anything (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`: the owner's tools and debugging); no part
-of the run is given it. A client that does not log in gets `NOAUTH`. The ACL file (`<data_dir>/users.acl`,
+and may do anything (`<run_dir>/redis/admin_url`: the owner's tools and debugging); no part of the run is given
+it. A client that does not log in gets `NOAUTH`. The ACL file (`<data_dir>/users.acl`,
 owner-only) holds the passwords' SHA-256, never a password, and no password appears on a command line (`ps` shows
 those). A restart of the server (the supervisor's, after a crash) reads the same ACL file, so the passwords hold
 for the whole start; `--resume` makes new ones on the same AOF (users are not in the AOF) and hands them to the
@@ -41,8 +41,8 @@ from config.loader import write_private
 from sr1.launch.supervisor import Child, free_port, tail
 
 REDIS_USER = "sr1"
-# the run owner's user for tools and debugging (`redis-cli -u "$(cat <run_dir>/redis/admin_url)"`, the chaos and
-# soak scripts): every command and key; its URL is only in an owner-only file, and no sr1 process is given it. It is
+# the run owner's user for tools and debugging (`<run_dir>/redis/admin_url`: redis-cli, the chaos and soak
+# scripts): every command and key; its URL is only in an owner-only file, and no sr1 process is given it. It is
 # Redis's `default` user, with a password: Redis 7.0 replays the AOF as the default user, and a default user without
 # the commands sr1 wrote (MULTI/EXEC, which Lua scripts' writes are logged as) loses them on every restart
 ADMIN_USER = "default"
