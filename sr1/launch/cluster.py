@@ -210,6 +210,8 @@ class ClusterOrchestrator(Orchestrator):
         )
         self.redis_url_file = server.url_file  # where `sr1 buffer watch --run-dir` finds it (owner-only)
         write_private(self.redis_url_file, url + "\n")
+        admin_url = server.admin_url_on(slot.ip)  # the owner's user, as `sr1 run` writes it (owner-only)
+        write_private(server.admin_url_file, f"{admin_url}\n")
         return _update(cfg, "buffer", redis_url=url)
 
     def make_view(self) -> LiveView:
@@ -221,6 +223,7 @@ class ClusterOrchestrator(Orchestrator):
         finally:
             if self.redis_url_file is not None:
                 self.redis_url_file.unlink(missing_ok=True)
+                (self.redis_url_file.parent / "admin_url").unlink(missing_ok=True)
             self.supervisor.shutdown()
 
 

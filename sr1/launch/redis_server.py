@@ -154,9 +154,13 @@ class LocalRedis:
     @property
     def admin_url(self) -> str | None:
         """The URL of `ADMIN_USER` (every command and key) on loopback; None without a password."""
+        return self.admin_url_on("127.0.0.1")
+
+    def admin_url_on(self, host: str) -> str | None:
+        """The URL of `ADMIN_USER` at `host`; None without a password."""
         if self.admin_password is None:
             return None
-        return f"redis://{ADMIN_USER}:{self.admin_password}@127.0.0.1:{self.port}/0"
+        return f"redis://{ADMIN_USER}:{self.admin_password}@{host}:{self.port}/0"
 
     @property
     def admin_url_file(self) -> Path:
