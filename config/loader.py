@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import difflib
 import logging
-import os
 import re
 import threading
 import typing
@@ -23,10 +22,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from common.secrets import mask_config
 from config import search_r1, search_r1_keys
 from config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX, config_variables, env_name, meant_key
 from config.migrate import migrate, renamed_key
+from config.run_files import config_to_yaml, save_config, save_job, write_private  # noqa: F401 (imported from here)
 from config.schema import _PRESET_VALUES, Config
 from config.secret_env import masked_keys, masked_message, unmasked
 from config.strict import boolean_numbers, non_finite_numbers
@@ -376,40 +375,7 @@ def _build(preset_values: dict[str, Any], cli_values: dict[str, Any], origin: st
             _PRESET_VALUES.set({})
 
 
-def config_to_yaml(cfg: BaseModel) -> str:
-    """`cfg` as YAML with its secrets masked (common/secrets.py): what is written or shown (config/secret_env.py)."""
-    return yaml.safe_dump(mask_config(cfg.model_dump(mode="json")), sort_keys=False)
-
-
-def write_private(path: Path, text: str) -> Path:
-    """Write `text` to `path` readable by its owner only (0600), atomically (a temporary file, then a rename): the
-    file may hold a secret (the run's Redis password, the retrieval token) and is never readable by others, not
-    even for a moment."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a temporary file left over by a crash may have been made more open
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    temp.replace(path)
-    return path
-
-
-def save_config(cfg: Config, run_dir: Path) -> Path:
-    """Write the resolved config to `<run_dir>/config.yaml` (loadable again as a preset path), owner-only."""
-    return write_private(run_dir / "config.yaml", config_to_yaml(cfg))
-
-
 # -- each process's own config (each role's job.py) --------------------------------------------------------------------
-
-
-def save_job(job: BaseModel, path: Path) -> Path:
-    """Write a process's job config (what a launcher hands to the process it starts), owner-only, its secrets
-    masked: the launcher gives them to the process in its environment (`secret_env`, config/secret_env.py)."""
-    return write_private(path, config_to_yaml(job))
 
 
 def load_job(job_cls: type[JobT], config: str | Path | None, overrides: list[str] | None = None) -> JobT:
