@@ -10,7 +10,8 @@ only those lines and a one-line summary every 10 s, so a log or a pipe shows wor
 (`--json`: one JSON object of stats + workers, for scripts). `--metrics-port` also serves Prometheus `/metrics`
 with the same gauges (with `stats`, it keeps serving until Ctrl-C), on 127.0.0.1 unless `--metrics-host` says
 otherwise. The URL is `--url`, else the local Redis of
-`--run-dir`, else `$SR1_BUFFER__REDIS_URL`, else redis://127.0.0.1:6379/0.
+`--run-dir`, else `$SR1_BUFFER__REDIS_URL`, else redis://127.0.0.1:6379/0. The namespace is `--namespace`, else the
+`--run-dir` run's (a run's own Redis lets its user read that one only), else `$SR1_BUFFER__NAMESPACE`, else sr1.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+
+import yaml
 
 from buffer.connection import mask_url
 from buffer.monitor import LOOPBACK, render, serve_metrics
@@ -39,8 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--run-dir", help="a run directory whose local Redis to use (when no --url)")
     common.add_argument(
         "--namespace",
-        default=os.environ.get("SR1_BUFFER__NAMESPACE", "sr1"),
-        help="run namespace (key prefix)",
+        help="run namespace (key prefix; default: the --run-dir run's, else $SR1_BUFFER__NAMESPACE, else sr1)",
     )
     common.add_argument("--metrics-port", type=int, help="also serve Prometheus /metrics on this port")
     common.add_argument(
@@ -68,6 +71,19 @@ def _resolve_url(args: argparse.Namespace) -> str:
             raise SystemExit(f"sr1 buffer: no running local Redis found for run directory {args.run_dir!r}")
         return url_file.read_text().strip()
     return os.environ.get("SR1_BUFFER__REDIS_URL") or DEFAULT_URL
+
+
+def _resolve_namespace(args: argparse.Namespace) -> str:
+    """`--namespace`, else the namespace of the `--run-dir` run (its config.yaml: the run's Redis user may read no
+    other), else `$SR1_BUFFER__NAMESPACE`, else sr1."""
+    if args.namespace:
+        return args.namespace
+    config = Path(args.run_dir or "") / "config.yaml"
+    if args.run_dir and config.is_file():
+        saved = (yaml.safe_load(config.read_text()) or {}).get("buffer") or {}
+        if saved.get("namespace"):
+            return str(saved["namespace"])
+    return os.environ.get("SR1_BUFFER__NAMESPACE", "sr1")
 
 
 def worker_states(workers: list[dict]) -> dict[str, tuple[str, str]]:
@@ -129,9 +145,25 @@ def watch_lines(buffer, interval_s: float, summary_every_s: float = 10.0) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.namespace = _resolve_namespace(args)
     import redis
 
-    url = _resolve_url(args)
+    try:
+        return _show(args, _resolve_url(args))
+    except (
+        redis.exceptions.NoPermissionError
+    ) as err:  # a run's own Redis: its user may read its namespace only
+        print(
+            f"sr1 buffer: the Redis user may not read namespace {args.namespace!r} ({err}); "
+            "give the run's --namespace, or --run-dir",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _show(args: argparse.Namespace, url: str) -> int:
+    import redis
+
     try:
         # a one-off query answers at once when Redis is down; `watch` rides out a restart like the pools do
         buffer = ReplayBuffer(url, args.namespace, reconnect_s=2.0 if args.command == "stats" else 60.0)
