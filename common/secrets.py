@@ -12,7 +12,7 @@ whose name is `token`, `password`, `secret` or `api_key`, alone or as the end of
 variable, or `max_tokens`) is not a secret.
 
 Every writer of a config or a command line goes through here: the wandb run's config (`learner/steps.py`), the run's
-`config.yaml` and each process's job file (`config/loader.py`; a masked job's secrets reach its process through the
+`config.yaml` and each process's job file (`config/run_files.py`; a masked job's secrets reach its process through the
 environment, `config.secret_env`), the run lock (`sr1/launch/lock.py`), `sr1 config show` and error messages that
 print a URL (`buffer/connection.py`'s `mask_url` is this one).
 """
