@@ -11,10 +11,11 @@ whose name is `token`, `password`, `secret` or `api_key`, alone or as the end of
 `retrieval.token`, `--token`, `SR1_RETRIEVAL__TOKEN`). A name that only contains one (`api_key_env`, which names a
 variable, or `max_tokens`) is not a secret.
 
-Every writer of a config or a command line goes through here: the wandb run's config (`learner/steps.py`), the run's
-`config.yaml` and each process's job file (`config/run_files.py`; a masked job's secrets reach its process through the
-environment, `config.secret_env`), the run lock (`sr1/launch/lock.py`), `sr1 config show` and error messages that
-print a URL (`buffer/connection.py`'s `mask_url` is this one).
+Every writer of a config or a command line goes through here: the wandb run's config and the command line wandb
+records (`learner/tracking.py`), the run's `config.yaml` and each process's job file (`config/run_files.py`; a masked
+job's secrets reach its process through the environment, `config/secret_env.py`), the run lock
+(`sr1/launch/lock.py`), `sr1 config show`, and messages that name a URL (a failed search's reason,
+`retrieval/http_json.py`; `buffer/connection.py`'s `mask_url` is this one).
 """
 
 from __future__ import annotations
