@@ -74,6 +74,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "search_r1_excluded": plan.search_r1_excluded,
         "shared_excluded": plan.shared_excluded,
         "lora": None if plan.lora is None else plan.lora | _pauses(plan),
+        "shared_learner_tokens_per_s_per_rank": None
+        if plan.shared_profile is None
+        else plan.shared_profile.learner.tokens_per_s_per_rank.value,
         "recommended": None if rec is None else row(rec),
     }
 
@@ -105,6 +108,13 @@ def _print_lora(plan: Plan, console) -> None:
         f"{pauses['full_weight_engine_pause_s']:g} s); learner {plan.profile.learner.tokens_per_s_per_rank.value:,.0f}"
         f" tokens/s per rank (full weights: {full:,.0f}; derived, see the sources below)"
     )
+    shared = plan.shared_profile
+    if shared is not None and plan.shared_excluded is None and shared is not plan.profile:
+        console.print(
+            f"  the shared layout's learner, in what the engine's share leaves it: "
+            f"{shared.learner.tokens_per_s_per_rank.value:,.0f} tokens/s per rank alone, x "
+            f"{shared.shared_gpu_speed.value:g} while the engine is busy ({shared.learner.activation_gib.source})"
+        )
 
 
 def fitted_figures(plan: Plan) -> list[str]:

@@ -149,3 +149,24 @@ class RetrievalServer(SharingServer):
         if self.running:
             self.busy_s += now - self.t
         super().advance(now)
+
+
+class SharedLearner:
+    """A learner step on GPUs it shares with engines: `left` seconds of work at full speed, done at `rate` (its
+    share while an engine decodes beside it, 1 otherwise); `epoch` bumps whenever its finish time may change."""
+
+    def __init__(self, work: float, now: float, wait: float, started: float):
+        self.left, self.t, self.rate, self.epoch = work, now, 0.0, 0
+        self.wait, self.started = wait, started
+
+    def set_rate(self, now: float, rate: float) -> bool:
+        """Progress until `now` at the old rate, then go on at `rate`; whether the finish time changed."""
+        self.left -= (now - self.t) * self.rate
+        self.t = now
+        if rate == self.rate:
+            return False
+        self.rate, self.epoch = rate, self.epoch + 1
+        return True
+
+    def finish(self) -> float:
+        return self.t + max(self.left, 0.0) / self.rate

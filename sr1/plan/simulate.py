@@ -30,8 +30,8 @@ What is modelled:
   the learner's own split; each update's most loaded rank, its model tokens x PPO epochs over (per-rank tokens/s x
   scaling efficiency), bounds the step, plus a fixed overhead; then the publish. Full weights pause every engine
   through it (`engine_pause_s`, its sequences frozen); a LoRA adapter loads beside the old one with no pause. Tokens
-  sampled after the update carry the new version. On shared GPUs (an engine and a rank on each), engine and learner
-  each run at `shared_gpu_speed` while both have work; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
+  sampled after the update carry the new version. On shared GPUs (an engine and a rank on each), the engines run at
+  `shared_gpu_speed` while the learner trains, and the learner at it while any engine decodes; a checkpoint every `checkpoint_every` steps. Staleness is counted per sampled token:
   the version trained at minus the version of the weights that sampled it.
 
 Not modelled: evaluations, engine or learner failures, prefix-cache misses, KV-cache preemption, and the learner's
@@ -52,7 +52,7 @@ from learner.packing import split_across_ranks
 from sr1.plan.admission import CountingBuffer, EndlessPrompts, choose_batch
 from sr1.plan.pipeline import Pipeline
 from sr1.plan.profile import Profile
-from sr1.plan.servers import Engine, RetrievalServer
+from sr1.plan.servers import Engine, RetrievalServer, SharedLearner
 from sr1.plan.trajectories import Group, Trajectory, Turn, draw_turns, lognormal, obs_tokens
 
 
@@ -111,6 +111,7 @@ class _Simulation:
         self.version = 0
         self.step_log: list[tuple[float, float, float]] = []  # (end time, wait s, busy s) per step
         self.histogram: dict[int, int] = {}
+        self.shared: SharedLearner | None = None  # a step training on GPUs shared with the engines
 
     # events
     def at(self, time: float, kind: str, payload: object = None) -> None:
@@ -121,6 +122,10 @@ class _Simulation:
         when = engine.next_completion()
         if when is not None:
             self.at(when, "turn_done", (engine.index, engine.epoch))
+        if self.shared is not None:  # the learner beside it slows while any engine decodes
+            decoding = any(e.running and not e.paused for e in self.engines)
+            if self.shared.set_rate(self.now, self.profile.shared_gpu_speed.value if decoding else 1.0):
+                self.at(self.shared.finish(), "trained", (self.shared, self.shared.epoch))
 
     # admission, claims
     def pump(self) -> None:
@@ -277,22 +282,29 @@ class _Simulation:
         tokens = [t for group in batch for t in group.trajectory_tokens]
         slowest = slowest_rank_tokens(tokens, self.pipe.ranks, self.pipe.ppo_mini_batch_size)
         train = slowest * self.pipe.ppo_epochs / (learner.tokens_per_s_per_rank.value * efficiency)
-        if self.pipe.shared_gpu and any(e.inflight or e.groups_held for e in self.engines):
-            # an engine and a rank on each GPU: both slow down while both have work (time-sliced)
-            speed = self.profile.shared_gpu_speed.value
-            train /= speed
-            for engine in self.engines:
-                engine.advance(self.now)
-                engine.speed = speed
-                self.reschedule(engine)
         train += learner.step_overhead_s.value
-        publish = self.profile.weight_sync_s.value
-        checkpoint = (
-            learner.checkpoint_s.value if (self.version + 1) % self.pipe.checkpoint_every == 0 else 0.0
-        )
-        self.at(self.now + train, "publish")
-        self.at(self.now + train + publish, "published", None)
-        self.at(self.now + train + publish + checkpoint, "step_done", (wait, self.now - wait))
+        if not self.pipe.shared_gpu:
+            self.trained(train, wait, self.now - wait)
+            return
+        # an engine and a rank on each GPU, time-sliced: each at its share while both work
+        self.shared = SharedLearner(train, self.now, wait, self.now - wait)
+        for engine in self.engines:
+            engine.advance(self.now)
+            engine.speed = self.profile.shared_gpu_speed.value
+            self.reschedule(engine)
+
+    def on_trained(self, job: SharedLearner, epoch: int) -> None:
+        if job is self.shared and epoch == job.epoch:  # not an earlier finish time, nor an earlier step's
+            shared, self.shared = self.shared, None
+            self.trained(0.0, shared.wait, shared.started)
+
+    def trained(self, delay: float, wait: float, started: float) -> None:
+        """The step's training ends `delay` from now: then the publish, and a checkpoint when one is due."""
+        publish, due = self.profile.weight_sync_s.value, (self.version + 1) % self.pipe.checkpoint_every == 0
+        checkpoint = self.profile.learner.checkpoint_s.value if due else 0.0
+        self.at(self.now + delay, "publish")
+        self.at(self.now + delay + publish, "published", None)
+        self.at(self.now + delay + publish + checkpoint, "step_done", (wait, started))
 
     def stragglers_done(self) -> bool:
         """Whether every group whose deadline is this step has finished (quota j = 0)."""
@@ -349,6 +361,7 @@ class _Simulation:
             "publish": lambda p: self.on_publish(),
             "published": lambda p: self.on_published(),
             "resumed": lambda p: self.on_resumed(),
+            "trained": lambda p: self.on_trained(*p),
             "step_done": lambda p: self.on_step_done(*p),
         }
         busy_at_warm: list[float] = []

@@ -61,6 +61,7 @@ class Plan:
     search_r1: SearchR1Result | None = None
     search_r1_excluded: str | None = None
     recommended: PlanRow | None = None
+    shared_profile: Profile | None = None  # the figures of the shared layout's learner (its memory share)
     full_profile: Profile | None = None  # the full-weight figures a LoRA profile was derived from
     shared_excluded: str | None = None  # why the shared layout cannot run (None: planned, or not asked for)
     lora: dict | None = None  # the adapter's size beside the full weights (lora.adapter_summary)
@@ -189,6 +190,7 @@ def _shared(
     profile = _lora(cfg, plan.full_profile, hardware, bounds, learner_share=1 - share)
     learner_gib = learner_memory_gib(profile, gpus, **flags)
     why = shared_gpu_refusal(cfg, profile, hardware, learner_gib, engine_memory_gib(profile, 1))
+    plan.shared_profile = profile
     if why is not None:
         plan.shared_excluded = why
         return
@@ -206,6 +208,9 @@ def _colocated(plan: Plan, cfg, hardware, tp: int, flags: dict, steps: int, warm
     """The colocated synchronous layout, with sr1's engines and learner: all GPUs generate, then all train; both
     models must fit on every GPU."""
     profile, gpus = plan.profile, plan.gpus
+    if hardware.memory_gib is not None and plan.lora is not None:  # the LoRA learner plans around the engine
+        room = 1 - engine_memory_gib(profile, tp) / hardware.memory_gib
+        profile = _lora(cfg, plan.full_profile, hardware, [0], learner_share=max(room, 0.01))
     if hardware.memory_gib is not None:
         need = learner_memory_gib(profile, gpus, **flags) + engine_memory_gib(profile, tp)
         if need > hardware.memory_gib:

@@ -183,16 +183,18 @@ def test_the_shared_layout_is_refused_with_its_reason(overrides, reason):
 
 def test_one_h100_plans_the_shared_layout_over_gloo():
     """One GPU: the engine at its memory share and the learner rank beside it, asynchronous; each slows the other
-    while both are busy, and the update costs the engine no pause."""
-    cfg = load_config("search-r1-grpo-lora-1xh100", SHRINK)
+    while both work, and the update costs the engine no pause."""
+    cfg = load_config("search-r1-grpo-lora-1xh100")  # Search-R1's whole step: 512 groups of 5
     assert cfg.weight_sync.backend == "gloo"
     plan = make_plan(
-        cfg, load_profile("qwen2.5-3b-h100"), gpus=1, kind="h100", bounds=[0, 1], steps=4, warmup=1
+        cfg, load_profile("qwen2.5-3b-h100"), gpus=1, kind="h100", bounds=[0, 1], steps=5, warmup=1
     )
     assert plan.shared_excluded is None
     rows = {r.max_staleness: r for r in plan.rows}
     assert all(r.shared and r.result.steps_per_hour > 0 for r in rows.values())
-    assert rows[1].result.steps_per_hour > rows[0].result.steps_per_hour  # the pools overlap
+    # time-slicing conserves work: beside a decoding engine the learner's step takes at least as long as alone (at
+    # bound 0 the engine is idle while it trains), and an engine at half speed a step more
+    assert rows[1].result.train_s >= 0.99 * rows[0].result.train_s
     assert plan.recommended is not None and plan.recommended.shared
     assert plan.lora["adapter_bytes"] == 2 * 29_933_568
     # the full-weight learner cannot share the GPU: 16 bytes per parameter and the reference's fp32 copy
