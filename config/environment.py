@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from common.heap import KEEP_FREED_ENV
+from common.launcher import LAUNCHER_ENV
 from generators.engine import DIE_WITH_PARENT_ENV
 
 ENV_PREFIX = "SR1_"
@@ -26,6 +27,7 @@ ENV_NESTED_DELIMITER = "__"
 NOT_CONFIG: dict[str, str] = {
     DIE_WITH_PARENT_ENV: "a generator worker, for its vLLM engine's processes (generators/engine.py)",
     KEEP_FREED_ENV: "a user or scripts/worker_memory.py: processes keep their freed heap pages (common/heap.py)",
+    LAUNCHER_ENV: "a launcher holding the run lock, for the learner it starts (common/launcher.py)",
 }
 
 

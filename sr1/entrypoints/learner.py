@@ -25,11 +25,11 @@ import argparse
 import json
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.launcher import LAUNCHER_ENV
 from common.model_paths import ModelPathError, resolve_tokenizer_path
 from learner.stop import StopFlag
 from sr1.entrypoints import load_pool_job
@@ -40,14 +40,6 @@ if TYPE_CHECKING:  # imported in main(): learner/'s settings import torch, and -
     from learner.job import LearnerJob
 
 log = logging.getLogger("learner")
-
-# set by a launcher holding the run lock for the learner it starts: "<host>:<pid>" of the lock's owner
-LAUNCHER_ENV = "SR1_RUN_OWNER"
-
-
-def launcher_owner() -> str:
-    """What a launcher puts in `LAUNCHER_ENV` for the processes it starts: itself, the lock's owner."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def take_run_lock(run_dir: Path) -> RunLock | None:

@@ -22,9 +22,9 @@ import socket
 import sys
 import time
 
+from common.launcher import LAUNCHER_ENV, launcher_owner
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job, secret_env
 from sr1 import entrypoints
-from sr1.entrypoints.learner import LAUNCHER_ENV, launcher_owner
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.ray import RaySupervisor, place_learner
 from sr1.launch.ray_placement import generator_bundle

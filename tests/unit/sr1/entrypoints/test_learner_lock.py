@@ -10,7 +10,8 @@ import socket
 
 import pytest
 
-from sr1.entrypoints.learner import LAUNCHER_ENV, launcher_owner, main, take_run_lock
+from common.launcher import LAUNCHER_ENV, launcher_owner
+from sr1.entrypoints.learner import main, take_run_lock
 from sr1.launch.lock import OWNER_LOCK, RunLock, RunLocked
 
 
@@ -56,8 +57,10 @@ def test_a_learner_alone_holds_the_lock_while_it_lives(tmp_path, monkeypatch):
 
 def test_the_launchers_name_themselves_to_the_learner_ranks(tmp_path):
     from config import load_config
+    from config.environment import config_variables
     from sr1.launch.pools import learner_children
 
     cfg = load_config("tiny", [f"run_dir={tmp_path}", "learner.num_ranks=2"])
     ranks = learner_children(cfg, resume=False)
     assert [rank.env[LAUNCHER_ENV] for rank in ranks] == [launcher_owner()] * 2
+    assert LAUNCHER_ENV not in config_variables(ranks[0].env)  # sr1's own variable: the learner's config ignores it
