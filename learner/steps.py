@@ -285,7 +285,7 @@ class RankSteps:
             step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
             self.net.metrics(),
             tool_metrics(groups),
-            self._own_metrics(hooks, version),
+            hooks.step_metrics(),
         )
         if version % self.log_every == 0 or self.done or self.net.failed_in_a_row != failed:
             self.tracker.log(row, step=version)
@@ -295,21 +295,6 @@ class RankSteps:
         if failing is not None:
             raise failing
         return stopping
-
-    @staticmethod
-    def _own_metrics(hooks: StepHooks, version: int) -> dict:
-        """The hooks' metrics for the step's row (rank 0: the buffer's gauges, the pool's figures from the workers'
-        heartbeats). Those come from other processes' records: a malformed one leaves them out of this row, with a
-        warning, instead of stopping the learner on every step."""
-        try:
-            return hooks.step_metrics()
-        except (TypeError, ValueError, AttributeError, KeyError) as err:
-            log.warning(
-                "buffer and pool metrics left out of step %d: a worker's record is malformed (%r)",
-                version,
-                err,
-            )
-            return {}
 
     def final_checkpoint(self, hooks: StepHooks) -> None:
         """The last checkpoint of this process (the run's end, or a stop), unless the last step already saved one:
