@@ -7,6 +7,9 @@ the groups each step used (`learner_groups.jsonl`), evaluations, and settling th
     taken = coordinator.next_batch(version, stop)                             # groups, REGROUP, or None: stop
 
 The other ranks (the followers) receive each batch from it (learner/loop.py); only this rank talks to the buffer.
+What it waits for alone (the batch, a new weight-sync group: `prepare_publish`, the engines' acks: `confirm_publish`)
+it waits for while the loop holds the followers (learner/distributed.py's `Hold`). While a checkpoint is written it
+says so (`<run_dir>/.sr1-checkpointing`, common/busy.py): a stop then waits for the checkpoint past its grace.
 
 Redis unreachable (a restart, a network cut) or full: every call retries for `buffer.reconnect_s`. While it waits
 for a batch the learner goes on waiting after that (it says so), and a failed heartbeat or metrics read is only
@@ -34,6 +37,7 @@ from buffer.records import Group
 from buffer.redis_buffer import open_buffer
 from buffer.staleness import StalenessKeeper
 from buffer.stats import STALENESS_HIST, pool_metrics
+from common.busy import CHECKPOINTING, clear_busy, mark_busy
 from evaluation import Evaluations, Patience
 from learner.algorithms.shaping import informative
 from learner.checkpoint import Checkpointer, CheckpointWriteError, ResumeState
@@ -96,6 +100,7 @@ class StepCoordinator(StepHooks):
         # (entry id, group id) of the groups trained since the last checkpoint that was written: acked once one is
         self.unacked: list[tuple[str, str]] = []
         self.groups_path = Path(job.run_dir) / "learner_groups.jsonl"
+        self.checkpointing = Path(job.run_dir) / CHECKPOINTING  # there while a checkpoint is written
         self.released_record = Path(job.run_dir) / RELEASED_RECORD  # released ids Redis forgot (for audits)
         self._groups_file = None  # the groups each step used, one line per step (opened by `mark_start`)
         self.diagnostics: dict[str, float] = {}  # the last step's off-policy figures, in every heartbeat
@@ -316,6 +321,9 @@ class StepCoordinator(StepHooks):
         )
 
     def checkpoint_state(self, state: ResumeState) -> None:
+        # from here until it is written (or fails), a stop waits for it past the learner's grace (common/busy.py)
+        mark_busy(self.checkpointing, f"checkpoint step_{state.version}")
+        self.heartbeat(state.version, "checkpointing", force=True)
         state.used_group_entries = [entry for entry, _ in self.unacked]
         state.used_group_ids = [gid for _, gid in self.unacked]
         state.cursor = self.feeder.cursor
@@ -332,8 +340,10 @@ class StepCoordinator(StepHooks):
         oldest = checkpointer.oldest_kept()
         if oldest is not None:
             self.buffer.forget_durable(up_to=oldest)
+        clear_busy(self.checkpointing)
 
     def checkpoint_failed(self, version: int, err: CheckpointWriteError) -> None:
+        clear_busy(self.checkpointing)
         self.heartbeat(version, "checkpoint failed", force=True, checkpoint_error=str(err))
 
     def waiting_for_checkpoint(self, version: int) -> None:

@@ -15,6 +15,7 @@ which finish the step, checkpoint and exit; one failed rank stops the others (th
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ import socket
 import sys
 import time
 
+from common.busy import CHECKPOINTING, busy_with
 from common.launcher import LAUNCHER_ENV, launcher_owner
 from config import EXIT_BAD_INPUT, Config, ConfigError, load_config, save_config, save_job, secret_env
 from sr1 import entrypoints
@@ -106,7 +108,9 @@ def learner_children(cfg: Config, resume: bool, logs: bool = False) -> list[Chil
         # this launcher holds the run lock: the learner takes none itself
         env[LAUNCHER_ENV] = launcher_owner()
         cores = tuple(cfg.learner.cpu_cores or ()) or None
-        children.append(Child(name, cmd, log_path, env, cpus=cores))
+        # a stop waits past the grace while the learner writes a checkpoint (rank 0 says so, common/busy.py)
+        busy = functools.partial(busy_with, run_dir / CHECKPOINTING)
+        children.append(Child(name, cmd, log_path, env, cpus=cores, busy=busy))
     return children
 
 

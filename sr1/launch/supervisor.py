@@ -13,6 +13,10 @@ its children in order) and gets SIGKILL from the kernel when its parent dies (Li
 killed parent never leaves orphans behind. Stopping signals the whole group, also after its leader exited (vLLM's
 engine core and model worker live in the group of the process that started them); a child's group is cleared the
 same way before it is restarted.
+
+A child that must not be cut short says so (`Child.busy`: the learner while it writes a checkpoint, common/busy.py):
+a stop then waits past the child's grace for as long as it is busy (up to `busy_limit_s`), and `AFTER_BUSY_S` more
+for it to exit, before SIGTERM.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from common.processes import die_with_parent
 from config import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED
 
 log = logging.getLogger("sr1.launch")
+
+AFTER_BUSY_S = 30.0  # past a stop's grace, how long a child that was busy has to exit once it no longer is
 
 # exit statuses a restart cannot help with: the same input, or the same full disk, fails the same way again
 NOT_RESTARTED = {
@@ -112,6 +118,9 @@ class Child:
     restart_at: float | None = None  # when a scheduled restart is due
     gang: str | None = None  # children of one gang (the ranks of a learner) die and restart together
     cpus: tuple[int, ...] | None = None  # Linux: the cores it (and every process it starts) may run on
+    # what it is busy with that a stop must wait for (a checkpoint being written), or None; asked once its grace is over
+    busy: Callable[[], str | None] | None = None
+    busy_limit_s: float = 3600.0  # the longest a stop waits past the grace while the child says it is busy
 
     def start(self) -> Child:
         if threading.current_thread() is not threading.main_thread():
@@ -180,7 +189,8 @@ class Child:
             return False
 
     def stop(self, grace_s: float = 30.0, first: int = signal.SIGINT) -> int | None:
-        """Ask politely (`first`), then SIGTERM, then SIGKILL the whole process group; returns the exit code."""
+        """Ask politely (`first`), then SIGTERM, then SIGKILL the whole process group; returns the exit code. Past
+        `grace_s`, a child that says it is busy (`busy`) is waited for while it is, and `AFTER_BUSY_S` after."""
         if self.process is None:
             return None
         for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -190,7 +200,26 @@ class Child:
             deadline = time.monotonic() + wait_s
             while self.group_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if sig == first and sig != signal.SIGKILL:
+                self._wait_while_busy(deadline + self.busy_limit_s)
         return self.process.poll()
+
+    def _wait_while_busy(self, limit: float) -> None:
+        """After the grace: wait while the child says it is busy (until `limit`), then `AFTER_BUSY_S` for it to exit."""
+        if self.busy is None:
+            return
+        said = False
+        exit_by = 0.0  # once it is no longer busy: how long it has to exit
+        while self.group_alive() and time.monotonic() < limit:
+            doing = self.busy()
+            if doing is not None:
+                if not said:
+                    log.warning("%s is still busy past its stop grace: waiting for %s", self.name, doing)
+                said = True
+                exit_by = time.monotonic() + AFTER_BUSY_S
+            elif time.monotonic() >= exit_by:
+                return
+            time.sleep(0.2)
 
 
 @dataclass
