@@ -211,7 +211,7 @@ def lora_profile(
         f"derived: {max_loras} adapter slots (max_loras) of rank {lora.rank} on every linear layer in bf16, "
         f"{every_linear * WIRE_BYTES / 1e6:.1f} MB each",
     )
-    data["name"] = f"{profile.name}, LoRA {tag} (derived)"
+    data["name"], data["lora"] = f"{profile.name}, LoRA {tag} (derived)", tag
     return validate_profile(data, data["name"])
 
 

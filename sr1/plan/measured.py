@@ -223,6 +223,18 @@ def profile_from_run(run_dir: Path, defaults: Profile | None = None) -> Profile:
         "value": _mean(rows, "weight_sync/seconds", metrics),
         "source": f"{where}: weight_sync/seconds",
     }
+    lora = getattr(cfg.learner, "lora", None)
+    if lora is not None:  # the run's learner and publish were LoRA's: the plan uses them as they are
+        data["lora"] = f"rank {lora.rank} on {', '.join(lora.target_modules)}"
+        pauses = [
+            float(r["rollout/update_pause_s"]) for r in rows if r.get("rollout/update_pause_s") is not None
+        ]
+        data["engine_pause_s"] = {
+            "value": statistics.fmean(pauses) if pauses else 0.0,
+            "source": f"{where}: rollout/update_pause_s"
+            if pauses
+            else "the run trained LoRA: each update loads beside the old adapter, with no pause (not recorded)",
+        }
     synchronous = largest_bound(cfg.learner.max_staleness) == 0
     if synchronous:
         # a synchronous step waits for the hand-offs and for its batch's generation, nothing else

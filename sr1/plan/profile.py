@@ -186,6 +186,11 @@ class Profile(BaseModel):
         description="On a GPU shared by an engine and a learner rank, each one's speed while the other is busy, "
         "as a share of its speed alone (None: the shared layout is not planned).",
     )
+    lora: str | None = Field(
+        None,
+        description="The LoRA learner these figures are for (measured from a LoRA run, or derived); None: full "
+        "weights, from which a plan with learner.lora derives them (sr1/plan/lora.py).",
+    )
     shape: ModelShape | None = Field(
         None,
         description="The decoder's shape (LoRA's adapter and memory are derived from it; None: no LoRA).",

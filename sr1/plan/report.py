@@ -83,11 +83,12 @@ def to_json(plan: Plan) -> dict[str, Any]:
 
 def _pauses(plan: Plan) -> dict[str, float]:
     """Seconds each update stops an engine's decoding, with LoRA and with the full weights it replaces."""
-    full = plan.full_profile
-    pause = plan.profile.engine_pause_s
+    full, pause = plan.full_profile, plan.profile.engine_pause_s
     return {
         "engine_pause_s": plan.profile.weight_sync_s.value if pause is None else pause.value,
-        "full_weight_engine_pause_s": (full.engine_pause_s or full.weight_sync_s).value,
+        "full_weight_engine_pause_s": None
+        if full.lora
+        else (full.engine_pause_s or full.weight_sync_s).value,
     }
 
 
@@ -105,8 +106,9 @@ def _print_lora(plan: Plan, console) -> None:
         f"LoRA: {lora['adapter_parameters'] / 1e6:.1f}M adapter parameters ({lora['bytes_share']:.2%} of the "
         f"model); {lora['adapter_bytes'] / 1e6:.1f} MB per update against {lora['full_bytes'] / 1e9:.2f} GB of "
         f"full weights; engine pause per update {pauses['engine_pause_s']:g} s (full weights: "
-        f"{pauses['full_weight_engine_pause_s']:g} s); learner {plan.profile.learner.tokens_per_s_per_rank.value:,.0f}"
-        f" tokens/s per rank (full weights: {full:,.0f}; derived, see the sources below)"
+        f"{pauses['full_weight_engine_pause_s'] or '-'} s); learner "
+        f"{plan.profile.learner.tokens_per_s_per_rank.value:,.0f} tokens/s per rank (full weights: "
+        f"{'-' if plan.full_profile.lora else f'{full:,.0f}'}; see the sources below)"
     )
     shared = plan.shared_profile
     if shared is not None and plan.shared_excluded is None and shared is not plan.profile:

@@ -18,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sr1.plan.lora import adapter_summary, lora_profile, shared_gpu_refusal
-from sr1.plan.profile import Profile, check_memory, engine_memory_gib, gpu_kind, learner_memory_gib
+from sr1.plan.profile import (
+    Profile,
+    ProfileError,
+    check_memory,
+    engine_memory_gib,
+    gpu_kind,
+    learner_memory_gib,
+)
 from sr1.plan.search_r1 import SearchR1Result, fit_trainer_mfu, search_r1_step
 from sr1.plan.simulate import Pipeline, SimResult, simulate
 
@@ -93,7 +100,12 @@ def pipeline(cfg, *, engines: int, ranks: int, max_staleness: int) -> Pipeline:
 def _lora(cfg, profile: Profile, hardware, bounds: list[int], learner_share: float = 1.0) -> Profile:
     """The profile a LoRA learner of `cfg` plans with (`lora.lora_profile`), or `profile` without learner.lora."""
     lora, learner = getattr(cfg.learner, "lora", None), cfg.learner
-    if lora is None:
+    if lora is None and profile.lora is not None:
+        raise ProfileError(
+            f"profile {profile.name!r} holds a LoRA learner's figures ({profile.lora}) and the config trains every "
+            "weight: give a full-weight profile"
+        )
+    if lora is None or profile.lora is not None:  # full weights, or a LoRA run's own measurements
         return profile
     engine_lora = getattr(cfg.generators, "lora", None)
     max_loras = getattr(engine_lora, "max_loras", None) or max(bounds) + 2
@@ -158,7 +170,7 @@ def make_plan(
     full = profile
     profile = _lora(cfg, full, hardware, bounds)
     plan = Plan(gpus=gpus, gpu_kind=kind, profile=profile, preset=preset, full_profile=full)
-    if profile is not full:
+    if profile.lora is not None and profile.shape is not None:
         plan.lora = adapter_summary(full, cfg.learner.lora)
     for generator_gpus in range(tp, gpus, tp):
         ranks = gpus - generator_gpus

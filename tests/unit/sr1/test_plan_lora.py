@@ -12,6 +12,7 @@ from learner.memory import GIB
 from sr1.plan.figures import Figure, ModelShape
 from sr1.plan.lora import LORA_TARGETS, adapter_parameters, lora_profile
 from sr1.plan.profile import (
+    ProfileError,
     check_memory,
     engine_memory_gib,
     gpu_kind,
@@ -231,3 +232,17 @@ def test_the_lora_presets_fit_their_own_layout(preset):
         assert engines + ranks == gpus
     rows = [r for r in plan.rows if r.shared == shared and r.generator_gpus == engines]
     assert rows and all(r.excluded is None and r.result.steps_per_hour > 0 for r in rows)
+
+
+def test_a_lora_learners_own_figures_are_not_derived_again():
+    """A profile measured from a LoRA run (or derived already) is a LoRA learner's: a LoRA config plans with it as it
+    is, and a full-weight config refuses it, naming why."""
+    measured = load_profile("qwen2.5-3b-h100").model_copy(update={"lora": "rank 16 on q_proj, v_proj"})
+    plan = make_plan(
+        load_config("search-r1-grpo-lora-8xh100", SHRINK), measured, gpus=2, kind="h100", bounds=[0], steps=3
+    )
+    assert plan.profile.learner.tokens_per_s_per_rank.value == measured.learner.tokens_per_s_per_rank.value
+    with pytest.raises(ProfileError, match="holds a LoRA learner's figures .* trains every weight"):
+        make_plan(
+            load_config("search-r1-grpo-8xh100", SHRINK), measured, gpus=2, kind="h100", bounds=[0], steps=3
+        )
