@@ -24,9 +24,16 @@ METHODS = {
 }
 
 
+# learner.lora (docs/lora.md): each algorithm again with adapters on a frozen base; the KL reference (kl_coef > 0)
+# is the same model with its adapters off
+LORA_METHODS = ["grpo", "drgrpo", "rloo", "reinforce_pp", "ppo"]
+LORA = ["learner.lora={rank: 8, alpha: 16}", "learner.lr=1e-2", "learner.algorithm.kl_coef=0.01"]
+CASES = [(m, False) for m in METHODS] + [(m, True) for m in LORA_METHODS]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", list(METHODS))
-def test_method_runs_through_the_learner_loop(method, tiny_model_dir, redis_url, tmp_path):
+@pytest.mark.parametrize(("method", "lora"), CASES, ids=[m + ("-lora" if lora else "") for m, lora in CASES])
+def test_method_runs_through_the_learner_loop(method, lora, tiny_model_dir, redis_url, tmp_path):
     import torch
 
     from config import load_config
@@ -35,7 +42,7 @@ def test_method_runs_through_the_learner_loop(method, tiny_model_dir, redis_url,
     from tests.fakes.groups import toy_prompts
     from tests.fakes.toy_generator import ToyGenerator
 
-    namespace = f"algo-{method}"
+    namespace = f"algo-{method}{'-lora' if lora else ''}"
     config = load_config(
         "tiny",
         [
@@ -53,12 +60,20 @@ def test_method_runs_through_the_learner_loop(method, tiny_model_dir, redis_url,
             "learner.num_engines=0",
             "eval.every_steps=0",  # no generator here answers evaluation requests
             *METHODS[method],
+            *(LORA if lora else []),
         ],
     )
     # one target token in eight: most groups of four are all wrong, which dynamic sampling drops
     generator = ToyGenerator(
         redis_url, namespace, group_size=4, targets=set(range(64)), model_dir=tiny_model_dir, seed=0
     ).start()
+    published: list[list[str]] = []  # the names of each publish's tensors
+
+    def sink(version: int, named) -> None:
+        named = list(named)
+        published.append([name for name, _ in named])
+        generator.load_weights(version, named)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     world = init_distributed("cpu")
@@ -66,7 +81,7 @@ def test_method_runs_through_the_learner_loop(method, tiny_model_dir, redis_url,
         job = config.learner_job().model_copy(
             update={"buffer": config.buffer.model_copy(update={"redis_url": redis_url})}
         )
-        version = run_learner(job, world, prompts=toy_prompts(400), weight_sink=generator.load_weights)
+        version = run_learner(job, world, prompts=toy_prompts(400), weight_sink=sink)
     finally:
         generator.stop()
         shutdown_distributed()
@@ -76,7 +91,12 @@ def test_method_runs_through_the_learner_loop(method, tiny_model_dir, redis_url,
     steps = [r for r in rows if "step" in r]
     assert [r["learner/version"] for r in steps] == list(range(1, STEPS + 1))
     assert all(r["staleness/max"] <= 1 and r["batch/groups"] == 4 for r in steps)
-    assert (tmp_path / "run" / "checkpoints" / f"step_{STEPS}" / "model.safetensors").is_file()
+    final = tmp_path / "run" / "checkpoints" / f"step_{STEPS}"
+    assert (final / "model.safetensors").is_file()  # with LoRA: the merged model, exported at the end
+    assert (final / "adapter" / "adapter_model.safetensors").is_file() == lora
+    if lora:
+        assert steps[-1]["loss/kl_ref"] != 0  # the adapters moved the policy off its reference (the base)
+        assert published and all(".lora_" in name for names in published for name in names)
     if method == "ppo":
         assert all("critic/value_loss" in r and r["perf/updates"] == 2 for r in steps)
     if method == "grpo_dynamic_sampling":
