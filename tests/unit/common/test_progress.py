@@ -78,3 +78,21 @@ def test_format_seconds():
     assert format_seconds(42.4) == "42 s"
     assert format_seconds(185) == "3 min 5 s"
     assert format_seconds(-3) == "0 s"
+
+
+def test_a_step_of_a_larger_phase_announces_itself_and_leaves_the_time_to_its_caller():
+    """The tiny world's steps: a first line at once (steps of a few seconds in a row are never silent together
+    past the interval), no closing line (the world reports its time once, for all its steps)."""
+    out = io.StringIO()
+    with PhaseProgress(
+        "warm start",
+        total=2,
+        unit="steps",
+        interval_s=60,
+        stream=out,
+        terminal=False,
+        announce=True,
+        report_done=False,
+    ) as phase:
+        phase.advance(2)
+    assert out.getvalue().splitlines() == ["[warm start] 0/2 steps (0%), 0 s elapsed"]

@@ -149,7 +149,7 @@ def test_without_a_terminal_a_running_step_prints_a_line_every_interval_with_the
     reporter.run_step(plan, "uv install", "installing sr1[cpu,dev]", lambda: time.sleep(0.3))
     lines = out.getvalue().splitlines()
     ticks = [line for line in lines if line.startswith("[setup 2/2] installing sr1[cpu,dev]: ")]
-    assert len(ticks) >= 3 and all("left in all" in line for line in ticks)
+    assert len(ticks) >= 3 and all("left of the install" in line for line in ticks)
     assert lines[-1].startswith("[setup]     installing sr1[cpu,dev]: ")
 
 
@@ -182,17 +182,15 @@ def test_make_run_builds_the_world_while_uv_installs_what_only_the_run_needs(
         def start(self, reporter):
             events.append(f"world starts after {len(runner.commands)} commands")
 
-        def wait(self, reporter, plan):
-            events.append(f"world waited for after {len(runner.commands)} commands")
-            return True
-
     assert setup.install(FakeWorld()) == "uv"
     dry_run, base, extras = runner.commands
     assert (
         base[-2:] == ["-e", str(setup_env.ROOT)] and "--constraints" in base
     )  # the project's own dependencies
     assert extras[-2:] == ["-e", f"{setup_env.ROOT}[cpu,dev]"]
-    assert events == ["world starts after 2 commands", "world waited for after 3 commands"]
+    # the install does not wait for the world: its time counts the install alone (main waits for the world after)
+    assert events == ["world starts after 2 commands"]
+    assert "world" not in " ".join(setup_env.EXPECTED_S)  # no estimate of the world's in the install's
 
 
 def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_env, tmp_path):
@@ -201,13 +199,46 @@ def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_
     script.chmod(0o755)
     out = io.StringIO()
     reporter = setup_env.Reporter(out, terminal=True, interval_s=60)
-    world = setup_env.WorldBuild(str(script), ["seed=101"], tmp_path / "build.log", terminal=True)
+    world = setup_env.WorldBuild(str(script), ["seed=101"], tmp_path / "build.log")
     world.start(reporter)
-    assert (
-        world.wait(reporter, setup_env.Plan(["world"])) is False
-    )  # it failed: sr1 run builds the world instead
+    assert world.wait(reporter) is False  # it failed: sr1 run builds the world instead
     assert (tmp_path / "args").read_text().split() == ["-m", "sr1", "world", "seed=101"]
     assert "`sr1 run` builds it instead" in out.getvalue() and "build.log" in out.getvalue()
+
+
+def test_the_worlds_lines_wait_for_the_install_then_come_one_estimate_at_a_time(setup_env, tmp_path):
+    """While the install runs, the world's progress goes to its log (the install's estimate is the only one shown);
+    once the install is done, its latest line, each new one and its closing line with its time, once."""
+    script = tmp_path / "python"  # stands in for `sr1 world`: two progress lines, then the closing line
+    script.write_text(
+        "#!/bin/sh\n"
+        "echo '[warm start] 1/3 steps (33%), 1 s elapsed, about 2 s left'\n"
+        "echo 'Writing model shards: 100%'\n"
+        "echo '[warm start] 2/3 steps (67%), 2 s elapsed, about 1 s left'\n"
+        "sleep 0.6\n"
+        "echo '[tiny world] seed 0 built in 3 s (3 warm-start steps)'\n"
+    )
+    script.chmod(0o755)
+    out = io.StringIO()
+    reporter = setup_env.Reporter(out, terminal=False, interval_s=60)
+    world = setup_env.WorldBuild(str(script), [], tmp_path / "build.log")
+    world.start(reporter)
+    time.sleep(0.3)
+    assert "[warm start]" not in out.getvalue()  # the install is still running: its estimate only
+    assert world.wait(reporter, poll_s=0.05) is True
+    lines = out.getvalue().splitlines()[1:]
+    assert lines[0].startswith("[setup] the install is done; the tiny world has been building for ")
+    assert lines[1:] == [
+        "[warm start] 2/3 steps (67%), 2 s elapsed, about 1 s left",  # the latest, not the backlog
+        "[tiny world] seed 0 built in 3 s (3 warm-start steps)",
+    ]
+    # a world that ended during the install: only its closing line
+    out = io.StringIO()
+    world = setup_env.WorldBuild(str(script), [], tmp_path / "build2.log")
+    world.start(setup_env.Reporter(out, terminal=False))
+    world.proc.wait()
+    assert world.wait(setup_env.Reporter(out, terminal=False)) is True
+    assert out.getvalue().splitlines()[1:] == ["[tiny world] seed 0 built in 3 s (3 warm-start steps)"]
 
 
 def test_the_projects_packages_are_compiled_to_bytecode(setup_env, tmp_path, monkeypatch):
