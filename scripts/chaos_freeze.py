@@ -35,12 +35,18 @@ from scripts.chaos import ChaosRun, Verdict, chosen, injection_steps, run_overri
 
 FREEZE_PARTS = ("generator", "engine", "redis", "retrieval", "learner")
 LEASE_S = 20  # buffer.lease_s of a freeze run: `lease` freezes last past it
-COLLECTIVE_TIMEOUT_S = 30  # learner.collective_timeout_s of a freeze run: `timeout` freezes last past it
-MARGIN_S = 10  # how far past the lease or the timeout a long freeze lasts
+COLLECTIVE_TIMEOUT_S = 20  # learner.collective_timeout_s of a freeze run: `timeout` freezes last past it
+# how far past the lease or the timeout a long freeze lasts: the learner first trains on the groups already queued
+# (up to max_staleness steps ahead), so the freeze must outlast those steps too before anyone waits past the timeout
+MARGIN_S = 30
 FREEZE_OVERRIDES = (
     "learner.num_ranks=2",
     f"buffer.lease_s={LEASE_S}",
     f"learner.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
+    # rank 0's bounded waits inside a collective end 10 s before it (the config refuses longer ones: config/schema.py)
+    "weight_sync.timeout_s=15",
+    "buffer.reconnect_s=12",
+    "buffer.socket_timeout_s=5",
     # a frozen retriever fails calls in a second and sampling pauses after a few failures (as chaos_faults.py)
     "retrieval.client.timeout_s=1",
     "retrieval.client.max_retries=0",
