@@ -41,7 +41,7 @@ from sr1.plan.figures import ModelShape
 from sr1.plan.profile import GpuKind, Profile, ProfileError, validate_profile
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-WIRE_BYTES = 2  # the adapter goes to the engines in the model's dtype (bf16), as full weights do
+WIRE_BYTES = 2  # the adapter goes to the engines in the model's dtype (bf16 on GPUs), as full weights do
 FULL_CHECKPOINT_BYTES = (
     18  # per parameter: bf16 weights (2) and the fp32 resume state (16), as the profiles count
 )
@@ -130,6 +130,7 @@ def lora_profile(
     kind: GpuKind,
     max_loras: int,
     learner_share: float = 1.0,
+    wire_bytes: int = WIRE_BYTES,
 ) -> Profile:
     """`profile` (full-weight figures) as a LoRA learner of `lora` (`learner.lora`: rank, target_modules) plans
     with: every changed figure's source says it is derived and how. `learner_share`: the part of the GPU the
@@ -184,12 +185,12 @@ def lora_profile(
             f"the full checkpoint ({FULL_CHECKPOINT_BYTES} x {params / 1e9:.2f}B)",
         ),
     }
-    full_bytes, adapter_bytes = params * WIRE_BYTES, adapters * WIRE_BYTES
+    full_bytes, adapter_bytes = params * wire_bytes, adapters * wire_bytes
     sync = profile.weight_sync_s.value
     data["weight_sync_s"] = _figure(
         sync * adapter_bytes / full_bytes,
         f"derived: the full-weight publish ({sync:g} s for {full_bytes / 1e9:.2f} GB) scaled by the bytes sent, "
-        f"the adapter's {adapter_bytes / 1e6:.1f} MB in bf16 ({adapter_bytes / full_bytes:.2%})",
+        f"the adapter's {adapter_bytes / 1e6:.1f} MB at {wire_bytes} bytes a parameter ({adapter_bytes / full_bytes:.2%})",
     )
     data["engine_pause_s"] = _figure(
         0.0,
@@ -205,24 +206,24 @@ def lora_profile(
     curve = data["generator"]["tokens_per_s"]
     curve["points"] = [[n, rate * speed.value] for n, rate in curve["points"]]
     curve["source"] = f"x {speed.value:g} for LoRA (generator.lora_decode_speed) of: {curve['source']}"
-    slots = max_loras * every_linear * WIRE_BYTES / GIB  # vLLM sizes its slots for every linear layer
+    slots = max_loras * every_linear * wire_bytes / GIB  # vLLM sizes its slots for every linear layer
     data["generator"]["adapter_gib"] = _figure(
         slots,
-        f"derived: {max_loras} adapter slots (max_loras) of rank {lora.rank} on every linear layer in bf16, "
-        f"{every_linear * WIRE_BYTES / 1e6:.1f} MB each",
+        f"derived: {max_loras} adapter slots (max_loras) of rank {lora.rank} on every linear layer ({wire_bytes} bytes a parameter), "
+        f"{every_linear * wire_bytes / 1e6:.1f} MB each",
     )
     data["name"], data["lora"] = f"{profile.name}, LoRA {tag} (derived)", tag
     return validate_profile(data, data["name"])
 
 
-def adapter_summary(profile: Profile, lora) -> dict[str, float]:
+def adapter_summary(profile: Profile, lora, wire_bytes: int = WIRE_BYTES) -> dict[str, float]:
     """The adapter's size beside the full weights, for the report: parameters, bytes per update, their share."""
     adapters = adapter_parameters(profile.shape, lora.rank, lora.target_modules)
     params = profile.params_billion.value * 1e9
     return {
         "adapter_parameters": adapters,
-        "adapter_bytes": adapters * WIRE_BYTES,
-        "full_bytes": params * WIRE_BYTES,
+        "adapter_bytes": adapters * wire_bytes,
+        "full_bytes": params * wire_bytes,
         "bytes_share": adapters / params,
     }
 

@@ -92,6 +92,10 @@ def _pauses(plan: Plan) -> dict[str, float]:
     }
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
 def _print_lora(plan: Plan, console) -> None:
     """The adapter against the full weights, and the layout where an engine and a rank share each GPU."""
     if plan.shared_excluded is not None:
@@ -104,7 +108,7 @@ def _print_lora(plan: Plan, console) -> None:
     full = plan.full_profile.learner.tokens_per_s_per_rank.value
     console.print(
         f"LoRA: {lora['adapter_parameters'] / 1e6:.1f}M adapter parameters ({lora['bytes_share']:.2%} of the "
-        f"model); {lora['adapter_bytes'] / 1e6:.1f} MB per update against {lora['full_bytes'] / 1e9:.2f} GB of "
+        f"model); {_size(lora['adapter_bytes'])} per update against {_size(lora['full_bytes'])} of "
         f"full weights; engine pause per update {pauses['engine_pause_s']:g} s (full weights: "
         f"{pauses['full_weight_engine_pause_s'] or '-'} s); learner "
         f"{plan.profile.learner.tokens_per_s_per_rank.value:,.0f} tokens/s per rank (full weights: "

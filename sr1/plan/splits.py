@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from learner.memory import COMPUTE_BYTES
 from sr1.plan.lora import adapter_summary, lora_profile, shared_gpu_refusal
 from sr1.plan.profile import (
     Profile,
@@ -118,6 +119,7 @@ def _lora(cfg, profile: Profile, hardware, bounds: list[int], learner_share: flo
         kind=hardware,
         max_loras=max_loras,
         learner_share=learner_share,
+        wire_bytes=COMPUTE_BYTES[cfg.model.dtype],  # the engines' dtype, the one the publish sends
     )
 
 
@@ -171,7 +173,7 @@ def make_plan(
     profile = _lora(cfg, full, hardware, bounds)
     plan = Plan(gpus=gpus, gpu_kind=kind, profile=profile, preset=preset, full_profile=full)
     if profile.lora is not None and profile.shape is not None:
-        plan.lora = adapter_summary(full, cfg.learner.lora)
+        plan.lora = adapter_summary(full, cfg.learner.lora, COMPUTE_BYTES[cfg.model.dtype])
     for generator_gpus in range(tp, gpus, tp):
         ranks = gpus - generator_gpus
         why = check_memory(

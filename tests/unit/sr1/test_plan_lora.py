@@ -246,3 +246,13 @@ def test_a_lora_learners_own_figures_are_not_derived_again():
         make_plan(
             load_config("search-r1-grpo-8xh100", SHRINK), measured, gpus=2, kind="h100", bounds=[0], steps=3
         )
+
+
+def test_the_adapter_travels_in_the_models_dtype():
+    """The tiny model runs in fp32 on CPU: its rank-16 adapter is 65,536 parameters of 4 bytes (10.6 % of its
+    620,928 parameters), as its full weights are sent at 4 bytes."""
+    cfg = load_config("tiny", ["learner.lora.rank=16"])
+    assert cfg.model.dtype == "float32"
+    plan = make_plan(cfg, load_profile("cpu-tiny"), gpus=2, kind="cpu", bounds=[0], steps=3)
+    assert plan.lora["adapter_bytes"] == 4 * 65_536 and plan.lora["full_bytes"] == 4 * 620_928
+    assert plan.profile.weight_sync_s.value == pytest.approx(0.045 * 65_536 / 620_928)
