@@ -213,3 +213,45 @@ def test_the_final_checkpoint_exports_the_adapter_and_the_merged_model(world, ti
             base_lp = torch.log_softmax(peft(input_ids=ids).logits.float(), -1)
     torch.testing.assert_close(merged_lp, peft_lp, rtol=0, atol=1e-4)
     assert (merged_lp - base_lp).abs().max() > 1e-3  # the adapter is in there
+
+
+def test_the_memory_estimate_counts_a_frozen_base_and_the_adapters_state():
+    from learner.lora import lora_parameters
+    from learner.memory import MemorySettings, StepShape, memory_of
+
+    shape = StepShape(
+        parameters=3_085_938_688,
+        hidden=2048,
+        intermediate=11008,
+        layers=36,
+        heads=16,
+        kv_heads=2,
+        vocab=151936,
+    )
+    adapters = lora_parameters(shape.hidden, shape.kv, shape.intermediate, shape.layers, LoraSettings())
+    assert adapters == 29_933_568  # Qwen2.5-3B, rank 16 on every linear layer (PEFT's count)
+    full = memory_of(shape, MemorySettings(world_size=8, reference=True))
+    lora = memory_of(shape, MemorySettings(world_size=8, lora_parameters=adapters))
+    unsharded = 2 * shape.layer_parameters * 2 + shape.vocab * shape.hidden * 2
+    assert full.static == pytest.approx((16 + 4) * shape.parameters / 8 + unsharded)
+    assert lora.static == pytest.approx((2 * shape.parameters + 16 * adapters) / 8 + unsharded)
+    assert lora.head_transient < full.head_transient  # no gradient for the frozen LM head
+
+
+def test_the_probe_scores_the_last_tokens_of_the_first_trajectory(world, tiny_model_dir):
+    from learner.packing import pack, token_logprobs
+    from learner.probe import PROBE_TOKENS, probe_sequence
+
+    learner = Learner(_cfg(), tiny_model_dir, world)
+    assert learner.publish_extras()["probe"] is None  # version 0: nothing trained, no probe
+    groups = _groups(8)
+    learner.train_step(groups)
+    probe = learner.publish_extras()["probe"]
+    first = groups[0].trajectories[0]
+    row = np.concatenate([first.prompt_ids, first.response_ids])
+    assert probe["token_ids"] == [int(t) for t in row[-PROBE_TOKENS:]]
+    mb = pack([probe_sequence(row)])
+    with torch.no_grad():
+        expected, _ = token_logprobs(learner.model, mb, 1.0, with_entropy=False)
+    np.testing.assert_allclose(probe["logprobs"], expected.numpy(), atol=1e-6)
+    assert learner.publish_extras()["probe"] is probe  # a publish that repeats the version reuses it
