@@ -94,26 +94,32 @@ def lora_memory_plan(
     chunk_tokens: int,
     policy: str,
     capacity_gib: float | None,
+    compute_bytes: int = WIRE_BYTES,
 ) -> tuple[str, float]:
-    """(checkpointing policy, GiB per rank beside the sharded state) of a LoRA step of `tokens`: the named policy,
-    or for `auto` the least recompute whose peak on one rank fits `capacity_gib` (memory.py's order and headroom)."""
+    """(checkpointing policy, GiB per rank beside the sharded state) of a LoRA step of `tokens`, by
+    `learner/memory.py`'s own LoRA estimate: the named policy, or for `auto` the least recompute whose peak on one
+    rank (the tightest case of a plan) fits `capacity_gib`, in memory.py's order and with its headroom."""
     shape = step_shape(profile)
     adapters = adapter_parameters(profile.shape, lora.rank, lora.target_modules)
-    state = 2 * shape.parameters + 16 * adapters  # one rank holds it all: the tightest case of the plan
-    # each adapter keeps its r-wide intermediate (x A) for B's gradient; its input is the base layer's, kept anyway
-    per_token = shape.layers * len(lora.target_modules) * lora.rank * WIRE_BYTES
+    state = (
+        compute_bytes * shape.parameters + 16 * adapters
+    )  # the frozen base and the trained adapters, one rank
 
-    def beside_state(p: str) -> float:
-        # cpu_offload leaves the fp32 shards out of the estimate: the LoRA state stands in for them
-        settings = MemorySettings(tokens=tokens, chunk_tokens=chunk_tokens, checkpointing=p, cpu_offload=True)
-        return (memory_of(shape, settings).peak(tokens) + per_token * tokens) / GIB
+    def peak(p: str) -> float:
+        settings = MemorySettings(
+            tokens=tokens,
+            chunk_tokens=chunk_tokens,
+            checkpointing=p,
+            compute_bytes=compute_bytes,
+            lora_parameters=adapters,
+        )
+        return memory_of(shape, settings).peak(tokens) / GIB
 
-    if policy != "auto":
-        return policy, beside_state(policy)
-    for p in POLICIES:
-        if capacity_gib is None or beside_state(p) + state / GIB <= AUTO_HEADROOM * capacity_gib:
-            return p, beside_state(p)
-    return "full", beside_state("full")
+    chosen = policy
+    if policy == "auto":
+        fits = [p for p in POLICIES if capacity_gib is None or peak(p) <= AUTO_HEADROOM * capacity_gib]
+        chosen = fits[0] if fits else "full"
+    return chosen, peak(chosen) - state / GIB
 
 
 def _figure(value: float, source: str) -> dict[str, Any]:
@@ -142,7 +148,13 @@ def lora_profile(
     every_linear = adapter_parameters(shape, lora.rank, LORA_TARGETS)
     capacity = None if kind.memory_gib is None else kind.memory_gib * learner_share
     chosen, beside = lora_memory_plan(
-        profile, lora, tokens=tokens, chunk_tokens=chunk_tokens, policy=policy, capacity_gib=capacity
+        profile,
+        lora,
+        tokens=tokens,
+        chunk_tokens=chunk_tokens,
+        policy=policy,
+        capacity_gib=capacity,
+        compute_bytes=wire_bytes,
     )
     modes = checkpointed_layers(chosen, shape.layers, 2)
     lora_recompute = modes.count("full") / shape.layers  # selective recomputes pointwise ops only: no matmuls
@@ -165,12 +177,16 @@ def lora_profile(
             "achieved FLOP rate is assumed (the adapters' small matmuls run below it)",
         ),
         "bytes_per_param": _figure(
-            2 + 16 * adapters / params,
-            f"derived: the frozen base in bf16 (2 bytes a parameter, no gradient or moments) and the {adapters:,} "
+            wire_bytes + 16 * adapters / params,
+            f"derived: the frozen base in the compute dtype ({wire_bytes} bytes a parameter, no gradient or moments) "
+            f"and the {adapters:,} "
             "adapter parameters' fp32 weights, gradients and two AdamW moments (16 bytes each), per base parameter",
         ),
         "reference_bytes_per_param": _figure(
             0.0, "derived: the KL reference is the same model with the adapters disabled, never a second copy"
+        ),
+        "critic_bytes_per_param": _figure(
+            16.0, "learner/memory.py: a PPO critic beside a LoRA policy trains every weight (fp32, AdamW)"
         ),
         "activation_gib": _figure(
             beside,

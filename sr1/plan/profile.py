@@ -85,6 +85,9 @@ class LearnerProfile(BaseModel):
         description="Memory per parameter of the frozen KL reference, sharded (None: 4, its fp32 shards; a LoRA "
         "learner's reference is its own model with the adapters disabled: 0).",
     )
+    critic_bytes_per_param: Figure | None = Field(
+        None, description="A PPO critic's training state per parameter, sharded (None: `bytes_per_param`)."
+    )
     recomputed_forwards: Figure | None = Field(
         None,
         description="Forward passes the step of `tokens_per_s_per_rank` recomputed per token, as a share of one "
@@ -371,9 +374,12 @@ def learner_memory_gib(profile: Profile, ranks: int, *, reference: bool, critic:
     """Peak GiB per learner rank: the sharded training state (and the frozen reference's fp32 shards, a critic's
     state) plus activations, as the learner's own check counts them (learner/memory.py)."""
     params = profile.params_billion.value * 1e9
-    state = params * profile.learner.bytes_per_param.value * (2 if critic else 1)
+    learner = profile.learner
+    state = params * learner.bytes_per_param.value
+    if critic:  # as the policy, or every weight trained beside a LoRA policy
+        state += params * (learner.critic_bytes_per_param or learner.bytes_per_param).value
     if reference:  # loaded as the policy is (fp32 shards), without gradients or moments; LoRA's costs nothing
-        per_param = profile.learner.reference_bytes_per_param
+        per_param = learner.reference_bytes_per_param
         state += params * (4.0 if per_param is None else per_param.value)
     return state / ranks / GIB + profile.learner.activation_gib.value
 

@@ -256,3 +256,21 @@ def test_the_adapter_travels_in_the_models_dtype():
     plan = make_plan(cfg, load_profile("cpu-tiny"), gpus=2, kind="cpu", bounds=[0], steps=3)
     assert plan.lora["adapter_bytes"] == 4 * 65_536 and plan.lora["full_bytes"] == 4 * 620_928
     assert plan.profile.weight_sync_s.value == pytest.approx(0.045 * 65_536 / 620_928)
+
+
+@pytest.mark.parametrize("profile", ["qwen2.5-3b-h100", "qwen2.5-7b-h100"])
+def test_the_planners_lora_memory_is_the_learners_own_estimate(profile):
+    """On every split the planner's LoRA memory per rank is learner/memory.py's peak for the same step (the policy
+    it chose, the adapters trained, the reference the base itself), so the two checks agree."""
+    from learner.memory import MemorySettings, memory_of
+    from sr1.plan.lora import step_shape
+
+    full, lora = load_profile(profile), _derive(profile)
+    policy = lora.learner.activation_gib.source.split("recompute '")[1].split("'")[0]
+    adapters = adapter_parameters(full.shape, 16, LORA_TARGETS)
+    for ranks in (1, 3, 6):
+        settings = MemorySettings(
+            world_size=ranks, tokens=16384, checkpointing=policy, lora_parameters=adapters
+        )
+        own = memory_of(step_shape(full), settings).peak(16384) / GIB
+        assert learner_memory_gib(lora, ranks, reference=True, critic=False) == pytest.approx(own, rel=1e-6)
