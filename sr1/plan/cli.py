@@ -6,11 +6,13 @@
     sr1 plan tiny --gpus 2 --gpu-kind cpu --from-run RUN --engine-bench engine.json   # the curve's shape measured
     sr1 plan PRESET [section.field=value ...] --bounds 0,1,2,4 --png plan.png
     sr1 plan search-r1-grpo-8xh100 --gpus 8 --gpu-kind h100 --profile qwen2.5-3b-h100 --fit-search-r1 133
+    sr1 plan search-r1-grpo-lora-1xh100 --gpus 1 --gpu-kind h100 --profile qwen2.5-3b-h100  # LoRA, shared GPU
 
 Simulates every split of the GPUs between the generator pool and the learner pool at each bound (docs/plan.md says
 what the simulation models and what it does not) and prints steps/hour, each pool's busy fraction, the staleness
 histogram and the speed-up over synchronous training, over the colocated synchronous layout and over Search-R1 as it
-runs (veRL's own loop); the recommended split and bound; and where each figure of the profile came from. Exit status 2 on bad input (unknown GPU kind, a profile missing a number, a bad preset).
+runs (veRL's own loop); with `learner.lora`, the LoRA learner's figures derived from the full-weight profile and
+the layout where an engine and a learner rank share each GPU (docs/plan-lora.md); the recommended split and bound; and where each figure of the profile came from. Exit status 2 on bad input (unknown GPU kind, a profile missing a number, a bad preset).
 """
 
 from __future__ import annotations

@@ -281,13 +281,23 @@ def save_png(plan: Plan, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     bounds = sorted({r.max_staleness for r in plan.rows})
-    for bound in bounds:
-        rows = [r for r in plan.rows if r.max_staleness == bound and r.result is not None]
+    for i, bound in enumerate(bounds):
+        rows = [r for r in plan.rows if r.max_staleness == bound and r.result is not None and not r.shared]
+        shared = [r for r in plan.rows if r.max_staleness == bound and r.result is not None and r.shared]
+        for r in shared:  # an engine and a rank on every GPU: a point of its own at the right
+            ax.scatter(
+                [plan.gpus],
+                [r.result.steps_per_hour],
+                marker="s",
+                color=f"C{i}",
+                label=f"shared, bound {bound}",
+            )
         if rows:
             ax.plot(
                 [r.generator_gpus for r in rows],
                 [r.result.steps_per_hour for r in rows],
                 marker="o",
+                color=f"C{i}",
                 label=f"max_staleness {bound}" + (" (sync)" if bound == 0 else ""),
             )
     if plan.colocated is not None:
@@ -308,7 +318,7 @@ def save_png(plan: Plan, path: Path) -> None:
             zorder=3,
         )
     ax.set_xticks(sorted({r.generator_gpus for r in plan.rows}))
-    ax.set_xlabel(f"generator GPUs (of {plan.gpus}; the rest train)")
+    ax.set_xlabel(f"generator GPUs (of {plan.gpus}; the rest train; at {plan.gpus}: shared)")
     ax.set_ylabel("steps / hour (simulated)")
     ax.set_title(f"{plan.preset} on {plan.gpus} x {plan.gpu_kind}", fontsize=10)
     ax.grid(alpha=0.3)
