@@ -25,6 +25,9 @@ from retrieval.settings import RetrievalConfig
 from tasks.settings import SearchR1Config, TaskConfig
 from weight_sync.settings import WeightSyncConfig
 
+# how far below learner.collective_timeout_s rank 0's bounded waits must end (the gathers around them take time too)
+COLLECTIVE_MARGIN_S = 5.0
+
 
 class _DictSource(PydanticBaseSettingsSource):
     """A settings source holding an already-parsed dict (the YAML preset)."""
@@ -95,7 +98,30 @@ class Config(BaseSettings):
                 f"({self.model.max_seq_len}) so that the longest trajectory fits in one packed micro-batch"
             )
         self._check_algorithm_shape()
+        self._check_collective_timeout()
         return self
+
+    def _check_collective_timeout(self) -> None:
+        """With several learner ranks, the others wait for rank 0 inside collectives that fail after
+        learner.collective_timeout_s. Rank 0 holds them every 2 s while it waits as long as it must (learner/loop.py),
+        but two of its waits are bounded and unheld: a weight broadcast to a hung engine (inside FSDP's gathers) and a
+        Redis call riding out an outage; each must end, with room to spare, before the collective does."""
+        if self.learner.num_ranks < 2:
+            return
+        limit = self.learner.collective_timeout_s
+        bounded = {
+            f"weight_sync.timeout_s ({self.weight_sync.timeout_s:g} s)": self.weight_sync.timeout_s,
+            f"buffer.reconnect_s + buffer.socket_timeout_s ({self.buffer.reconnect_s:g} s + "
+            f"{self.buffer.socket_timeout_s:g} s)": self.buffer.reconnect_s + self.buffer.socket_timeout_s,
+        }
+        for what, seconds in bounded.items():
+            if seconds > limit - COLLECTIVE_MARGIN_S:
+                raise ValueError(
+                    f"{what} must be at most learner.collective_timeout_s ({limit:g} s) - {COLLECTIVE_MARGIN_S:g} s "
+                    f"with learner.num_ranks={self.learner.num_ranks}: the other learner ranks wait that long inside "
+                    "a collective, which would time out first and restart the learner; raise "
+                    "learner.collective_timeout_s or lower the other"
+                )
 
     def _check_algorithm_shape(self) -> None:
         """The learner's update plan and DAPO's options against the generators' group size and token budget."""

@@ -44,9 +44,9 @@ from learner.checkpoint import Checkpointer, CheckpointWriteError, ResumeState
 from learner.job import LearnerJob
 from learner.steps import StepHooks
 from learner.stop import StopFlag
-from learner.tracking import append_line
+from learner.tracking import append_line, close_record
 from weight_sync.process_group import WeightSyncError
-from weight_sync.publisher import WeightPublisher, gather_for_wire
+from weight_sync.publisher import WeightPublisher, gather_for_wire, gather_in_step
 from weight_sync.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class StepCoordinator(StepHooks):
         self._last_heartbeat = 0.0
         self._next_wait_log = 0.0  # when next_batch says again what it waits for
         self._fresh = not resume  # a fresh run's first publish may take a used namespace's version back to 0
+        self._regroup_failed = False  # `prepare_publish` could not form the group: this publish only gathers
         # evaluations during training, answered by the generators whoever launched the pools
         self.eval_cfg = job.eval
         self.evals = Evaluations(self.buffer, job.eval, job.run_dir)
@@ -166,13 +167,15 @@ class StepCoordinator(StepHooks):
                 log.warning("learner heartbeat failed: %s", err)
             self._last_heartbeat = now
 
-    def next_batch(self, version: int, stop: StopFlag):
+    def next_batch(self, version: int, stop: StopFlag, beat: Callable[[], None] = lambda: None):
         """The batch for `version`; None when asked to stop while waiting; REGROUP when the weight-sync group must be
         re-formed first (an engine left, or a new or restarted one waits for the current weights). Says what it
-        waits for (heartbeat, and a log line every `learner.wait_log_s`); raises when the batch cannot come."""
+        waits for (heartbeat, and a log line every `learner.wait_log_s`); raises when the batch cannot come.
+        `beat` is called about every second while it waits (the other ranks' `Hold`, learner/distributed.py)."""
         started = time.monotonic()
         self._next_wait_log = started + self.cfg.wait_log_s
         while True:
+            beat()
             try:
                 answer = self._look_for_batch(version, stop, started)
             except (
@@ -234,20 +237,54 @@ class StepCoordinator(StepHooks):
         adapter: dict | None = None,
         probe: dict | None = None,
     ) -> dict:
-        """Push `version` to every engine (or the sink), then publish the version. A failed push is survived: the
+        """Push `version` to every engine (or the sink): the gathers and broadcasts, which every rank takes part in,
+        between `prepare_publish` and `confirm_publish`, which this rank does alone. A failed push is survived: the
         engines that missed it rejoin and get the current weights at the next regroup (they claim no prompt before:
         see generators/worker.py)."""
         stats: dict = {}
         if sink is not None and not self.publisher.enabled:
             sink(version, ((name, gather_for_wire(t.detach(), dtype)) for name, t in named))
+        elif self._regroup_failed:
+            gather_in_step(named, dtype)  # `prepare_publish` formed no group: only the gathers, as the others
+            stats = {"weight_sync/failures": self.publisher.failures}
         else:
             try:
-                stats = self.publisher.publish(named, version, dtype, adapter=adapter, probe=probe)
+                stats = self.publisher.publish(
+                    named, version, dtype, adapter=adapter, probe=probe, regroup=False, wait_acks=False
+                )
             except (WeightSyncError, TimeoutError) as err:
                 log.warning(
                     "weight sync of version %d failed (%s); the group is re-formed next", version, err
                 )
                 stats = {"weight_sync/failures": self.publisher.failures}
+        return stats
+
+    def prepare_publish(self) -> None:
+        """Before a publish, on this rank alone (the others held: learner/loop.py): re-form the weight-sync group if
+        it must be (the first publish waits for `num_engines` engines; an engine joined or left), so that no other
+        rank waits inside a gather meanwhile. A failure is survived: this publish only gathers, the next tries
+        again."""
+        self._regroup_failed = False
+        if not self.publisher.needs_regroup(max_age_s=0.0):
+            return
+        try:
+            self.publisher.regroup()
+        except (WeightSyncError, TimeoutError) as err:
+            self.publisher.failures += 1
+            self._regroup_failed = True
+            log.warning(
+                "weight sync: the group could not be formed (%s); it is tried again at the next publish", err
+            )
+
+    def confirm_publish(self, version: int) -> dict:
+        """After `publish`, on this rank alone (the others held): wait for the engines' acks, then publish the version
+        (the engines that missed it rejoin at the next regroup)."""
+        stats: dict = {}
+        try:
+            self.publisher.wait_for_acks(version)
+        except (WeightSyncError, TimeoutError) as err:
+            log.warning("weight sync of version %d failed (%s); the group is re-formed next", version, err)
+            stats = {"weight_sync/failures": self.publisher.failures}
         self.buffer.publish_version(version, reset=self._fresh)
         self._fresh = False
         return stats
@@ -401,7 +438,7 @@ class StepCoordinator(StepHooks):
 
     def close(self) -> None:
         if self._groups_file is not None:
-            self._groups_file.close()
+            close_record(self._groups_file, self.groups_path)  # after a full disk too (RecordsFailing stays)
         self.publisher.close()
         self.rendezvous.close()
         self.buffer.close()

@@ -4,20 +4,40 @@ Works the same under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER
 `sr1 learner` (which sets those variables for each spawned rank or Ray actor) and for a single process with no
 environment (world size 1 over an in-memory store). NCCL on GPU, gloo on CPU, chosen from the device.
 Everything else receives the `World` as an argument.
+
+Rank 0 alone talks to Redis and the engines, and the other ranks (the followers) wait for its word inside a
+collective, which fails after the process group's timeout (`learner.collective_timeout_s`). So whenever rank 0 waits
+alone (for a batch, for the engines' acks, for a new weight-sync group) it keeps them company: `Hold` sends a `HOLD`
+frame every `HOLD_EVERY_S` seconds, which `receive_frames` answers by receiving again.
+
+    hold = Hold(world)                         # rank 0
+    hold.start(); ...; hold.beat()             # while waiting in its own loop: a frame when one is due
+    result = hold.run(fn)                      # fn in a thread, frames meanwhile, then GO
+    frames = receive_frames(world)             # followers: the next message that is not a HOLD
+    wait_while_held(world)                     # followers: the other side of `hold.run`
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+# How often rank 0 tells the followers to wait on: far below any collective timeout the config allows (10 s at least)
+HOLD_EVERY_S = 2.0
+HOLD = b"\x00sr1:hold"  # "still busy alone: receive again" (a frame no header or payload starts with)
+GO = b"\x00sr1:go"  # the end of `Hold.run`
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -161,3 +181,69 @@ def all_gather_objects(value: Any, world: World) -> list[Any]:
     gathered: list[Any] = [None] * world.world_size
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def receive_frames(world: World, src: int = 0) -> list[bytes]:
+    """A follower's receive: the next message from `src` that is not a HOLD (each one answered by waiting again)."""
+    while True:
+        frames = broadcast_frames(None, world, src)
+        if frames != [HOLD]:
+            return frames
+
+
+def wait_while_held(world: World) -> None:
+    """A follower's side of rank 0's `Hold.run`: wait, however long, until rank 0 says GO."""
+    if world.world_size == 1:
+        return
+    frames = receive_frames(world)
+    if frames != [GO]:
+        raise RuntimeError(f"learner ranks out of step: expected rank 0's GO, got {len(frames)} frame(s)")
+
+
+class Hold:
+    """Rank 0's side: keeps the followers waiting in short collectives (a HOLD frame every `every_s`) while it waits
+    alone, so that no follower sits in one collective past the process group's timeout."""
+
+    def __init__(self, world: World, every_s: float = HOLD_EVERY_S):
+        self.world = world
+        self.every_s = every_s
+        self._last = time.monotonic()
+
+    def start(self) -> None:
+        """A wait begins: the next HOLD is due `every_s` from now."""
+        self._last = time.monotonic()
+
+    def beat(self) -> None:
+        """Send a HOLD if one is due (call it often while waiting; it costs nothing in between)."""
+        if self.world.world_size > 1 and time.monotonic() - self._last >= self.every_s:
+            broadcast_frames([HOLD], self.world)
+            self._last = time.monotonic()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """`fn()` on rank 0 while the followers wait in `wait_while_held`: in a thread, with HOLDs meanwhile, then
+        GO. `fn` must not use the default process group. Its error is raised here, without a GO: the followers
+        are left to time out, as when rank 0 dies."""
+        if self.world.world_size == 1:
+            return fn()
+        result: list[T] = []
+        error: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                if self.world.device.type == "cuda":  # the current device is per thread
+                    torch.cuda.set_device(self.world.device)
+                result.append(fn())
+            except BaseException as err:  # re-raised in the calling thread
+                error.append(err)
+
+        worker = threading.Thread(target=call, name="sr1-rank0-alone", daemon=True)
+        self.start()
+        worker.start()
+        while worker.is_alive():
+            worker.join(timeout=min(0.1, self.every_s))
+            self.beat()
+        if error:
+            raise error[0]
+        broadcast_frames([GO], self.world)
+        self._last = time.monotonic()
+        return result[0]

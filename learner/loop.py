@@ -8,6 +8,11 @@ ranks as the group payloads it took from Redis, behind a small header that says 
 publish, stop). The other ranks run the followers' loop (`_follow`): receive, do as the header says. What both
 do together (training, the stop vote, checkpoints, the metrics row) is `RankSteps`, learner/steps.py.
 
+Stalls: the followers wait for rank 0 inside collectives, which fail after `learner.collective_timeout_s`. Whenever
+rank 0 waits alone for as long as it must (a batch while generation stalls, the evaluations after the last step, a
+weight-sync group that engines join, the engines' acks) it sends a HOLD every 2 s that the followers answer by
+waiting again (`Hold`, learner/distributed.py), so a stall of any length restarts nothing.
+
 Ack rule ("no group lost or used twice"): a group is acked only once the step that used it is in a checkpoint.
 The checkpoint's resume state lists the groups used since the previous checkpoint; a restarted learner first acks
 that list (a crash between saving and acking would otherwise re-deliver groups already inside the weights). Groups
@@ -32,7 +37,7 @@ import torch
 
 from buffer.codec import decode_group
 from learner.coordinator import StepCoordinator, WeightSink
-from learner.distributed import World, broadcast_frames
+from learner.distributed import Hold, World, broadcast_frames, receive_frames, wait_while_held
 from learner.job import LearnerJob
 from learner.model import DTYPES
 from learner.steps import RankSteps, StepHooks
@@ -63,12 +68,15 @@ def run_learner(
     try:
         if world.is_main:
             vocab_size = steps.learner.model.config.vocab_size
-            coordinator = StepCoordinator(job, steps.state, prompts, resume, vocab_size)
+            hold = Hold(world)
+            # Redis calls (acks, recalls) that may ride out an outage: the followers are held meanwhile
+            coordinator = hold.run(lambda: StepCoordinator(job, steps.state, prompts, resume, vocab_size))
             try:
-                _coordinate(steps, coordinator, publish_dtype, weight_sink)
+                _coordinate(steps, coordinator, hold, publish_dtype, weight_sink)
             finally:
                 coordinator.close()
         else:
+            wait_while_held(world)
             _follow(steps, publish_dtype)
     finally:
         steps.close()
@@ -76,16 +84,22 @@ def run_learner(
 
 
 def _coordinate(
-    steps: RankSteps, coordinator: StepCoordinator, publish_dtype: torch.dtype, weight_sink: WeightSink | None
+    steps: RankSteps,
+    coordinator: StepCoordinator,
+    hold: Hold,
+    publish_dtype: torch.dtype,
+    weight_sink: WeightSink | None,
 ) -> None:
     """Rank 0's loop: take each batch from the buffer, tell every rank what to do with it, and do it too."""
     learner, world, stop = steps.learner, steps.world, steps.stop
 
     def publish() -> dict:
+        hold.run(coordinator.prepare_publish)  # engines join a new weight-sync group: the followers are held
         extras = learner.publish_extras()  # LoRA's adapter config and the probe (collective: every rank)
-        return coordinator.publish(
+        stats = coordinator.publish(
             learner.published_weights(), learner.version, publish_dtype, weight_sink, **extras
         )
+        return stats | hold.run(lambda: coordinator.confirm_publish(learner.version))  # the engines' acks
 
     published = steps.agree_on_version(coordinator.buffer.version())
     checkpoint = steps.state.version if steps.has_checkpoint else None
@@ -95,7 +109,8 @@ def _coordinate(
     while not steps.done:
         # 1. take a batch of groups, tell every rank what comes next
         step_start = time.perf_counter()
-        taken = coordinator.next_batch(learner.version, stop)
+        hold.start()  # however long the batch takes, the followers hear from this rank every 2 s
+        taken = coordinator.next_batch(learner.version, stop, beat=hold.beat)
         header = coordinator.step_header(taken, learner.version)
         payloads = [t.payload for t in taken] if header["command"] == "train" else []
         broadcast_frames([json.dumps(header).encode(), *payloads], world)
@@ -126,10 +141,16 @@ def _coordinate(
     # after the last step, until the evaluations still out are answered: an engine that missed the last publish (it
     # was evaluating with its weights pinned, restarting, or unreachable for `weight_sync.timeout_s`) can only
     # answer an evaluation of the final version once it holds that version, and nobody but this learner can give
-    # it. So every rank re-forms the group and publishes the final weights again whenever the coordinator says so.
+    # it. So every rank re-forms the group and publishes the final weights again whenever the coordinator says so;
+    # while it waits, the followers are held as during a batch's wait.
+    hold.start()
     while True:
         command = coordinator.settle(stop)
-        broadcast_frames([command.encode()], world)
+        if command == "wait":
+            hold.beat()
+        else:
+            broadcast_frames([command.encode()], world)
+            hold.start()
         if command == "publish":
             publish()
         elif command == "done":
@@ -144,9 +165,11 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
     hooks = StepHooks()  # a follower adds nothing of its own to the collective parts
 
     def publish() -> dict:
+        wait_while_held(world)  # the coordinator forms the weight-sync group alone
         # take part in the coordinator's probe and gathers: same order, same wire dtype; only the coordinator sends
         learner.publish_extras()
         gather_in_step(learner.published_weights(), publish_dtype)
+        wait_while_held(world)  # the coordinator waits for the engines' acks alone
         return {}
 
     steps.agree_on_version(0)  # only the coordinator reads the published version
@@ -154,7 +177,7 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
     steps.mark_start()
     while not steps.done:
         step_start = time.perf_counter()
-        first, *payloads = broadcast_frames(None, world)
+        first, *payloads = receive_frames(world)  # held meanwhile while the coordinator waits for the batch
         header = json.loads(first)
         if header["command"] == "stop":
             break
@@ -172,7 +195,7 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
         return
     # settling after the last step (see `_coordinate`): publish the final weights again whenever told to
     while True:
-        command = broadcast_frames(None, world)[0].decode()
+        command = receive_frames(world)[0].decode()
         if command == "publish":
             publish()
         elif command == "done":

@@ -43,9 +43,9 @@ FREEZE_OVERRIDES = (
     "learner.num_ranks=2",
     f"buffer.lease_s={LEASE_S}",
     f"learner.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
-    # rank 0's bounded waits inside a collective end 10 s before it (the config refuses longer ones: config/schema.py)
+    # rank 0's bounded waits inside a collective end 5 s before it (the config refuses longer ones: config/schema.py)
     "weight_sync.timeout_s=15",
-    "buffer.reconnect_s=12",
+    "buffer.reconnect_s=10",
     "buffer.socket_timeout_s=5",
     # a frozen retriever fails calls in a second and sampling pauses after a few failures (as chaos_faults.py)
     "retrieval.client.timeout_s=1",

@@ -114,6 +114,7 @@ class WeightPublisher:
         self._connected_once = False
         self._regroup_checked = 0.0
         self._regroup_cached = False
+        self._unacked: int | None = None  # the version a publish sent without waiting for its acks
 
     # 1. group management ------------------------------------------------------------------------------------
     def needs_regroup(self, max_age_s: float = 1.0) -> bool:
@@ -230,6 +231,9 @@ class WeightPublisher:
         dtype: torch.dtype | None = None,
         adapter: dict | None = None,
         probe: dict | None = None,
+        *,
+        regroup: bool = True,
+        wait_acks: bool = True,
     ) -> dict:
         """Broadcast `named_tensors` as `version` to every engine and wait for their acks; returns stats.
 
@@ -238,12 +242,15 @@ class WeightPublisher:
         `sr1-v{version}` beside the older ones, without pausing. `probe` (`{"token_ids", "logprobs"}`: the learner's
         log-probs of tokens 1..n-1 at this version) lets each engine check that it samples from what it loaded.
         Both travel in the update record. Raises WeightSyncError or TimeoutError when an engine fails; the gathers
-        are finished first either way."""
+        are finished first either way. `regroup=False`: the caller re-formed the group before (`regroup` when
+        `needs_regroup`); `wait_acks=False`: the caller waits for the acks after (`wait_for_acks`). A learner of several
+        ranks does both apart, so that its other ranks never wait inside a gather meanwhile (learner/loop.py)."""
         check_adapter(adapter)
         check_probe(probe)
         items = iter([(name, tensor.detach()) for name, tensor in named_tensors])
+        self._unacked = None
         try:
-            if self.needs_regroup(max_age_s=0.0):
+            if regroup and self.needs_regroup(max_age_s=0.0):
                 self.regroup()
         except (WeightSyncError, TimeoutError):
             self.failures += 1
@@ -284,7 +291,12 @@ class WeightPublisher:
             except (WeightSyncError, TimeoutError):
                 gather_in_step(remaining, dtype)  # the other FSDP ranks are still gathering: finish with them
                 raise
-            self.rendezvous.wait_acks(version, self.num_engines, self.cfg.timeout_s, expected=self.members)
+            if not wait_acks:
+                self._unacked = version
+            else:
+                self.rendezvous.wait_acks(
+                    version, self.num_engines, self.cfg.timeout_s, expected=self.members
+                )
         except WeightSyncError as exc:
             # The group is unusable after a failed collective; the next publish re-opens it (new epoch).
             self.failures += 1
@@ -307,6 +319,20 @@ class WeightPublisher:
             "weight_sync/engines": self.num_engines,
             "weight_sync/failures": self.failures,
         }
+
+    def wait_for_acks(self, version: int) -> None:
+        """After `publish(..., wait_acks=False)` of `version`: every engine's ack, waited for and failed as `publish`
+        does (TimeoutError; the group is re-formed at the next publish). Nothing to wait for when that publish sent
+        nothing (no engine, or it failed)."""
+        if self._unacked != version or self.group is None:
+            return
+        self._unacked = None
+        try:
+            self.rendezvous.wait_acks(version, self.num_engines, self.cfg.timeout_s, expected=self.members)
+        except TimeoutError:
+            self.failures += 1
+            self._drop_group()
+            raise
 
     def plan(self, named_tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> list:
         """The buckets of (name, wire dtype, shape) a publish of `named_tensors` in `dtype` sends: `bucket_mb` each,
