@@ -4,6 +4,8 @@ learner rank share each GPU (planned over gloo, refused with the reason otherwis
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -274,3 +276,24 @@ def test_the_planners_lora_memory_is_the_learners_own_estimate(profile):
         )
         own = memory_of(step_shape(full), settings).peak(16384) / GIB
         assert learner_memory_gib(lora, ranks, reference=True, critic=False) == pytest.approx(own, rel=1e-6)
+
+
+def test_sr1_plan_prints_the_adapter_the_pause_and_the_shared_layout(capsys, tmp_path):
+    """`sr1 plan` on the 1-GPU LoRA preset: the shared layout's rows, the adapter against the full weights, no engine
+    pause, the derived figures' sources; --json carries the same, and --png draws the shared points."""
+    from sr1.cli import main as sr1_main
+
+    argv = ["plan", "search-r1-grpo-lora-1xh100", *SHRINK, "--gpus", "1", "--gpu-kind", "h100"]
+    argv += ["--profile", "qwen2.5-3b-h100", "--bounds", "0,1", "--steps", "3", "--warmup", "1"]
+    assert sr1_main([*argv, "--png", str(tmp_path / "plan.png")]) == 0
+    out = capsys.readouterr().out
+    assert "1 shared (engine + rank each) *" in out
+    assert "LoRA: 29.9M adapter parameters (0.97% of the model); 59.9 MB per update against 6.18 GB" in out
+    assert "engine pause per update 0 s (full weights: 2.0 s)" in out
+    assert "learner.tokens_per_s_per_rank = 23120" in out and "derived, not measured" in out
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    assert sr1_main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["lora"]["engine_pause_s"] == 0 and data["lora"]["full_weight_engine_pause_s"] == 2.0
+    assert data["shared_excluded"] is None and all(r["shared"] for r in data["rows"])
+    assert data["profile"]["engine_pause_s"]["value"] == 0
