@@ -1,9 +1,10 @@
 """LoRA in `sr1 plan`: a LoRA learner's figures derived from a full-weight profile, and the layout where an engine
 and a learner rank share one GPU.
 
-    adapter_parameters(shape, rank=16, targets=LORA_TARGETS)    # trainable parameters (29.9M for Qwen2.5-3B)
-    lora_profile(profile, cfg.learner.lora, cfg, kind, max_loras=3)   # the profile a LoRA learner plans with
-    shared_gpu_refusal(cfg, profile, kind)                       # why an engine and a rank cannot share a GPU
+    adapter_parameters(shape, rank=16, targets=LORA_TARGETS)   # trainable parameters (29.9M for Qwen2.5-3B)
+    lora_profile(profile, cfg.learner.lora, tokens=16384, chunk_tokens=1024, policy="auto",
+                 kind=gpu_kind("h100"), max_loras=3)         # the profile a LoRA learner plans with
+    shared_gpu_refusal(cfg, profile, kind, learner_gib, engine_gib)   # why an engine and a rank cannot share a GPU
 
 Nothing here is measured: every LoRA figure is a derivation from the full-weight profile's figures and the model's
 shape, and its source says how (docs/plan-model.md, "LoRA"):
@@ -13,9 +14,9 @@ shape, and its source says how (docs/plan-model.md, "LoRA"):
   forwards (2P each). A LoRA step skips the frozen base's weight gradients and recomputes only what its own memory
   plan needs (`learner/memory.py`'s policies and headroom, with the LoRA state below), plus the adapters' own 6A.
   The same achieved FLOP rate is assumed: the adapters' small matmuls run slower than the base's;
-- the learner's memory: the frozen base in bf16 (2 bytes a parameter, no gradient, no moments), the adapters in fp32
-  with their gradients and two AdamW moments (16 bytes each), sharded; the KL reference is the same model with the
-  adapters disabled (0 bytes); activations and transients from `learner/memory.py` at the chosen policy;
+- the learner's memory: `learner/memory.py`'s own LoRA estimate: the frozen base in the compute dtype (no gradient,
+  no moments), the adapters in fp32 with their gradients and two AdamW moments (16 bytes each), sharded; the KL
+  reference is the same model with the adapters disabled (0 bytes); activations at the chosen policy;
 - the publish: the adapter's bf16 bytes instead of the full weights', scaled from the full-weight publish time;
   no engine pause (each version loads as its own vLLM adapter beside the older ones);
 - the engine: its curve times `generator.lora_decode_speed` (vLLM's LoRA kernels), and `max_loras` adapter slots
@@ -29,6 +30,7 @@ import json
 from typing import Any
 
 from learner.memory import (
+    AUTO_EVERY,
     AUTO_HEADROOM,
     GIB,
     POLICIES,
@@ -42,9 +44,8 @@ from sr1.plan.profile import GpuKind, Profile, ProfileError, validate_profile
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 WIRE_BYTES = 2  # the adapter goes to the engines in the model's dtype (bf16 on GPUs), as full weights do
-FULL_CHECKPOINT_BYTES = (
-    18  # per parameter: bf16 weights (2) and the fp32 resume state (16), as the profiles count
-)
+# bytes a checkpoint writes per parameter: bf16 weights (2) and the fp32 resume state (16), as the profiles count
+FULL_CHECKPOINT_BYTES = 18
 LORA_CHECKPOINT_BYTES = 14  # per adapter parameter: fp32 weights and two moments (12), the bf16 export (2)
 
 
@@ -156,7 +157,7 @@ def lora_profile(
         capacity_gib=capacity,
         compute_bytes=wire_bytes,
     )
-    modes = checkpointed_layers(chosen, shape.layers, 2)
+    modes = checkpointed_layers(chosen, shape.layers, AUTO_EVERY)  # every_n as auto picks it
     lora_recompute = modes.count("full") / shape.layers  # selective recomputes pointwise ops only: no matmuls
     measured = profile.learner.recomputed_forwards
     full_recompute = measured.value if measured is not None else 0.0
