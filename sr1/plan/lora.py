@@ -218,7 +218,8 @@ def lora_profile(
     if speed is None:
         raise ProfileError(
             f"profile {profile.name!r} has no generator.lora_decode_speed: an engine's tokens/s serving an adapter "
-            "as a share of the base model's (give it with --figure generator.lora_decode_speed=0.66)"
+            "as a share of the base model's: add it to the profile with its source (the H100 profiles' 0.66 is "
+            "vLLM's published figure)"
         )
     curve = data["generator"]["tokens_per_s"]
     curve["points"] = [[n, rate * speed.value] for n, rate in curve["points"]]

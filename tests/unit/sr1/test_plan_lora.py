@@ -297,3 +297,21 @@ def test_sr1_plan_prints_the_adapter_the_pause_and_the_shared_layout(capsys, tmp
     assert data["lora"]["engine_pause_s"] == 0 and data["lora"]["full_weight_engine_pause_s"] == 2.0
     assert data["shared_excluded"] is None and all(r["shared"] for r in data["rows"])
     assert data["profile"]["engine_pause_s"]["value"] == 0
+
+
+def test_a_profile_the_lora_figures_cannot_be_derived_from_is_named():
+    """No model shape, no LoRA decode speed, a target module the planner does not know: each a ProfileError that
+    says what is missing."""
+    cfg = load_config("search-r1-grpo-lora-8xh100", SHRINK)
+    full = load_profile("qwen2.5-3b-h100")
+    plan = {"gpus": 8, "kind": "h100", "bounds": [0], "steps": 3}
+    with pytest.raises(ProfileError, match="has no `shape` section .* the LoRA figures are derived from it"):
+        make_plan(cfg, full.model_copy(update={"shape": None}), **plan)
+    no_speed = full.model_copy(
+        update={"generator": full.generator.model_copy(update={"lora_decode_speed": None})}
+    )
+    with pytest.raises(ProfileError, match="has no generator.lora_decode_speed"):
+        make_plan(cfg, no_speed, **plan)
+    odd = load_config("search-r1-grpo-lora-8xh100", [*SHRINK, "learner.lora.target_modules=[q_proj,w_in]"])
+    with pytest.raises(ProfileError, match=r"knows no linear layer \['w_in'\]"):
+        make_plan(odd, full, **plan)
