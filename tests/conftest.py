@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: free ports, a real Redis server, a tiny Qwen2 policy."""
+"""Fixtures shared by every test: free ports, a real Redis server, a tiny Qwen2 policy; and every test's
+`pytest.mark.timeout` (or the configured default) scaled to how fast the machine is now (`tests/timing.py`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import scaled, slowness
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_report_header(config) -> str:
+    return f"sr1 test time limits: x{slowness():.1f} (tests/timing.py; {os.environ.get('SR1_TEST_SLOWNESS') or 'measured'})"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test's timeout guards against a hang: scale it to the machine's speed before pytest-timeout arms it (this
+    wrapper runs first; a marker added in front is the closest one, which is the one pytest-timeout reads)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        base = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+        kwargs = {k: v for k, v in marker.kwargs.items() if k != "timeout"}
+    else:  # pytest-timeout's own reading of --timeout, PYTEST_TIMEOUT and the ini file
+        base, kwargs = getattr(item.config, "_env_timeout", None), {}
+    if base:  # 0 or None: no timeout, nothing to scale
+        item.add_marker(pytest.mark.timeout(scaled(float(base)), **kwargs), append=False)
+    return (yield)
 
 
 @pytest.fixture
