@@ -11,6 +11,7 @@ from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
 from buffer.staleness import admission_limit
 from tests.fakes.groups import make_group, make_prompt
+from tests.timing import scaled
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ def test_synchronous_when_max_staleness_is_zero(buf):
     finish(buf, 1)
     assert assembler.next_batch(0, timeout_s=0.1) == []  # the other group of version 0 is required
     finish(buf, 1)
-    batch = assembler.next_batch(0, timeout_s=1)
+    batch = assembler.next_batch(0, timeout_s=scaled(1))
     assert sorted(t.group.index for t in batch) == [0, 1]
     buf.ack([t.entry_id for t in batch])
     buf.publish_version(1)
@@ -88,7 +89,7 @@ def test_quota_prevents_a_later_step_from_needing_more_than_a_batch(buf):
     assert feeder.pump() == 3
     a, b, c = buf.claim_prompts("gen", 3)
     buf.put_group(make_group(a.prompt, n=1, response_len=4), a.entry_id)
-    (step0,) = assembler.next_batch(0, timeout_s=1)
+    (step0,) = assembler.next_batch(0, timeout_s=scaled(1))
     assert step0.group.index == 0
     buf.ack([step0.entry_id])
     buf.publish_version(1)
@@ -96,12 +97,12 @@ def test_quota_prevents_a_later_step_from_needing_more_than_a_batch(buf):
     assert finish(buf, 1) == [make_prompt(3).group_id]  # D, released at version 1, finishes first
     assert assembler.next_batch(1, timeout_s=0.1) == []
     buf.put_group(make_group(c.prompt, n=1, response_len=4, version=1), c.entry_id)
-    (step1,) = assembler.next_batch(1, timeout_s=1)
+    (step1,) = assembler.next_batch(1, timeout_s=scaled(1))
     assert step1.group.index == 2
     buf.ack([step1.entry_id])
     buf.publish_version(2)
     buf.put_group(make_group(b.prompt, n=1, response_len=4, version=2), b.entry_id)
-    (step2,) = assembler.next_batch(2, timeout_s=1)
+    (step2,) = assembler.next_batch(2, timeout_s=scaled(1))
     assert step2.group.index == 1  # required (released at 0 = 2 - max_staleness) before D
     held = [t.group.index for t in assembler.held]
     assert held == [3]
@@ -112,11 +113,11 @@ def test_assembler_restart_gets_its_unacked_groups_back(buf):
     feeder.pump()
     finish(buf, 4)
     first = BatchAssembler(buf, groups_per_step=2, max_staleness=1)
-    batch = first.next_batch(0, timeout_s=1)
+    batch = first.next_batch(0, timeout_s=scaled(1))
     assert len(batch) == 2 and len(first.held) == 2
     restarted = BatchAssembler(ReplayBuffer(buf.url, "adm"), groups_per_step=2, max_staleness=1)
     assert len(restarted.held) == 4  # the unacked batch and the held leftovers
-    again = restarted.next_batch(0, timeout_s=1)
+    again = restarted.next_batch(0, timeout_s=scaled(1))
     assert [t.entry_id for t in again] == [t.entry_id for t in batch]
 
 

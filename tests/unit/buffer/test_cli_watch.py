@@ -9,6 +9,7 @@ import time
 
 from buffer.cli import worker_events, worker_states
 from buffer.redis_buffer import ReplayBuffer
+from tests.timing import scaled
 
 
 def _beat(worker_id: str, role: str = "generator", state: str | None = None) -> dict:
@@ -55,7 +56,7 @@ def test_watch_in_a_pipe_prints_workers_as_they_come_and_go(redis_url):
     lines: list[str] = []
 
     def read_until(text: str) -> None:
-        deadline = time.monotonic() + 60  # a line comes at least every 10 s (the summary)
+        deadline = time.monotonic() + scaled(60)  # a line comes at least every 10 s (the summary)
         while not any(text in line for line in lines) and time.monotonic() < deadline:
             lines.append(proc.stdout.readline())
             assert lines[-1] or proc.poll() is None, "".join(lines)

@@ -15,6 +15,7 @@ from buffer import lua
 from buffer.admission import BatchAssembler
 from buffer.redis_buffer import ReplayBuffer
 from tests.fakes.groups import make_group, make_prompt
+from tests.timing import scaled
 
 
 class LostReplies:
@@ -298,7 +299,7 @@ def test_a_take_whose_reply_was_lost_is_recovered_by_the_assembler(buf, lose):
         buf.put_group(make_group(c.prompt, n=2, response_len=10), c.entry_id)
     assembler = BatchAssembler(buf, groups_per_step=2, max_staleness=0)
     lose.next_command("XREADGROUP")
-    batch = assembler.next_batch(0, timeout_s=5)
+    batch = assembler.next_batch(0, timeout_s=scaled(5))
     assert lose.lost == 1
     assert sorted(t.group.group_id for t in batch) == sorted(make_prompt(i).group_id for i in range(2))
 

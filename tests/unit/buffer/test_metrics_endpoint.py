@@ -14,6 +14,7 @@ from buffer.monitor import serve_configured_metrics, serve_metrics
 from buffer.redis_buffer import ReplayBuffer
 from buffer.settings import BufferConfig
 from config import ConfigError, load_config
+from tests.timing import scaled
 
 
 def _this_machines_address() -> str | None:
@@ -47,7 +48,11 @@ def test_the_endpoint_binds_loopback_by_default(buffer):
     served = serve_metrics(buffer, 0)  # 0: a free port
     try:
         assert served.server.server_address[0] == "127.0.0.1" and served.host == "127.0.0.1"
-        body = urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=scaled(5))
+            .read()
+            .decode()
+        )
         assert "sr1_buffer_version 3.0" in body
         other = _this_machines_address()
         if other is not None:  # the machine's own network address does not reach it

@@ -13,6 +13,7 @@ from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
 from sr1.launch.redis_server import LocalRedis
 from tests.fakes.groups import make_group, make_prompt
+from tests.timing import scaled
 
 
 def _buf(url: str, **kw) -> ReplayBuffer:
@@ -70,7 +71,7 @@ def test_an_evaluation_is_shared_by_its_shards_and_complete_only_when_all_answer
     with pytest.raises(TimeoutError, match="every shard"):
         buf.wait_evaluation(eval_id, timeout_s=0.3)
     buf.post_evaluation_answer(requests[2], {"shard": 2})
-    assert buf.wait_evaluation(eval_id, timeout_s=1) == [{"shard": 0}, {"shard": 1}, {"shard": 2}]
+    assert buf.wait_evaluation(eval_id, timeout_s=scaled(1)) == [{"shard": 0}, {"shard": 1}, {"shard": 2}]
     buf.forget_evaluation(eval_id)  # recorded by whoever asked: its keys leave Redis (they stayed a week)
     assert not buf._redis.keys(f"rec:eval:*{eval_id}*")
     with pytest.raises(KeyError, match="no evaluation"):
@@ -130,7 +131,7 @@ def test_a_redis_restart_is_ridden_out_and_the_assembler_takes_back_what_it_miss
     before = buf.reconnects.count
     started = time.monotonic()
     batches = []  # the assembler waits in a thread; Redis restarts from the main thread (children die with theirs)
-    learner = threading.Thread(target=lambda: batches.append(assembler.next_batch(0, timeout_s=20)))
+    learner = threading.Thread(target=lambda: batches.append(assembler.next_batch(0, timeout_s=scaled(20))))
     learner.start()
     time.sleep(1.5)
     server.start()

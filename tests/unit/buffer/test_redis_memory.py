@@ -16,6 +16,7 @@ from buffer.memory import EvictingRedis
 from buffer.redis_buffer import ReplayBuffer
 from sr1.launch.redis_server import LocalRedis
 from tests.fakes.groups import make_group, make_prompt
+from tests.timing import scaled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,7 +108,7 @@ def test_a_put_at_maxmemory_waits_and_then_lands_once(small_redis, client, refus
     assert put.is_alive() and generator.reconnects.oom >= 1  # refused, backing off
     assert client.xlen("mem:groups") == 0  # nothing half-written meanwhile
     client.config_set("maxmemory", str(64 << 20))  # the learner trained what was queued: memory is back
-    put.join(30)
+    put.join(scaled(30))
     assert out == [True]
     assert [t.group.group_id for t in direct.take(5, block_ms=0)] == [claim.prompt.group_id]
     assert direct.stats()["buffer/produced"] == 1

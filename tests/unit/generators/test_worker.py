@@ -10,6 +10,7 @@ from generators.settings import GeneratorsConfig
 from generators.worker import GeneratorWorker
 from tasks.search_r1 import SearchR1Task
 from tests.fakes.engine import ScriptedEngine
+from tests.timing import scaled
 
 SEARCH = "<think> look </think> <search> alpha </search>"
 ANSWER = "<think> ok </think> <answer> cedar </answer>"
@@ -64,7 +65,7 @@ def _worker(buffer, engine, tok, worker_id: str = "gen-test", **cfg_kw) -> Gener
 
 async def _take_all(buffer: ReplayBuffer, n: int, timeout_s: float = 20.0) -> list:
     got = []
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    deadline = asyncio.get_running_loop().time() + scaled(timeout_s)
     while len(got) < n and asyncio.get_running_loop().time() < deadline:
         got += await asyncio.to_thread(buffer.take, n - len(got), "learner-test", 100)
     return got
@@ -80,7 +81,7 @@ async def test_worker_streams_groups_and_heartbeats(redis_url, toy_tokenizer):
     await asyncio.sleep(0.2)  # a heartbeat after the last group
     beat = next(w for w in buffer.workers() if w["worker_id"] == "gen-test")
     worker.request_stop()
-    assert await asyncio.wait_for(run, 10) == 0
+    assert await asyncio.wait_for(run, scaled(10)) == 0
 
     assert sorted(t.group.group_id for t in taken) == [f"nq/train/{i}/e0" for i in range(5)]
     for t in taken:
@@ -107,7 +108,7 @@ async def test_stop_releases_unfinished_prompts_to_other_workers(redis_url, toy_
     while len(worker._held) < 2:
         await asyncio.sleep(0.01)
     worker.request_stop()
-    assert await asyncio.wait_for(run, 10) == 0
+    assert await asyncio.wait_for(run, scaled(10)) == 0
     assert worker._held == {} and worker.inflight_trajectories == 0
     # another worker claims the two released prompts at once, and the two never claimed
     other = buffer.claim_prompts("gen-other", 10)
@@ -143,7 +144,7 @@ async def test_a_release_goes_round_the_waiting_workers(redis_url, toy_tokenizer
         worker.request_stop()
     # a stopping worker first finishes the blocking read it is in (up to claim_block_ms, in a thread of the default
     # executor, which both workers' Redis calls share): a generous bound, not a timing
-    assert await asyncio.wait_for(asyncio.gather(*runs), 60) == [0, 0]
+    assert await asyncio.wait_for(asyncio.gather(*runs), scaled(60)) == [0, 0]
     assert held[0] >= 2, f"one worker took {held[1]} of 8 groups, the other {held[0]}"
     buffer.close()
 
@@ -157,5 +158,5 @@ async def test_failed_group_releases_its_prompt(redis_url, toy_tokenizer):
     while worker.groups_failed == 0:
         await asyncio.sleep(0.01)
     worker.request_stop()
-    assert await asyncio.wait_for(run, 10) == 0
+    assert await asyncio.wait_for(run, scaled(10)) == 0
     assert worker.groups_failed >= 1

@@ -15,6 +15,7 @@ from generators.settings import GeneratorsConfig
 from generators.worker import GeneratorWorker
 from tasks.search_r1 import SearchR1Task
 from tests.fakes.engine import ScriptedEngine
+from tests.timing import scaled
 from tests.unit.generators.test_worker import ANSWER, SEARCH, _prompts, _take_all
 
 
@@ -47,7 +48,7 @@ async def _found(search: str) -> str:
 
 
 async def _until(condition, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    deadline = asyncio.get_running_loop().time() + scaled(timeout_s)
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.02)
@@ -71,7 +72,7 @@ async def test_bad_evaluation_requests_are_answered_with_an_error_and_the_loop_g
     run = asyncio.create_task(worker.run())
     await _until(lambda: buffer.evaluation_answers("e-good") is not None)
     worker.request_stop()
-    assert await asyncio.wait_for(run, 10) == 0
+    assert await asyncio.wait_for(run, scaled(10)) == 0
     assert worker.eval_errors == 3 and worker.metrics()["rollout/eval_errors"] == 3
     (bad,) = buffer.evaluation_answers("e-bad")
     assert bad["error"].startswith("ValueError") and bad["items"] == []
@@ -104,7 +105,7 @@ async def test_a_dead_background_loop_fails_the_worker(redis_url, toy_tokenizer,
 
     monkeypatch.setattr(worker, "_lease_loop", broken_lease_loop)
     with pytest.raises(RuntimeError, match="background task 'leases' died: KeyError"):
-        await asyncio.wait_for(worker.run(), 10)
+        await asyncio.wait_for(worker.run(), scaled(10))
     assert "background task 'leases' died" in caplog.text and "Traceback" in caplog.text
     buffer.close()
 
@@ -141,7 +142,7 @@ async def test_a_failing_retriever_pauses_sampling_until_it_answers_again(redis_
     await _until(lambda: not worker.tools.paused)
     taken = await _take_all(buffer, 8 - done_while_paused)
     worker.request_stop()
-    assert await asyncio.wait_for(run, 10) == 0
+    assert await asyncio.wait_for(run, scaled(10)) == 0
     assert worker.tools.pauses == 1 and "sampling paused" in caplog.text and "sampling resumes" in caplog.text
     # every group put after the pause searched successfully
     assert all(t.info["tool_errors"] == 0 for g in taken[-4:] for t in g.group.trajectories)

@@ -11,6 +11,7 @@ import pytest
 from buffer.redis_buffer import ReplayBuffer
 from tests.fakes.engine import ScriptedEngine
 from tests.fakes.fault_proxy import FaultProxy
+from tests.timing import scaled
 from tests.unit.generators.test_worker import ANSWER, SEARCH, _prompts, _take_all, _worker
 
 
@@ -23,7 +24,10 @@ async def test_a_worker_cut_from_redis_past_reconnect_s_rides_it_out(redis_serve
         engine = ScriptedEngine(toy_tokenizer, [], repeat=[(SEARCH, "stop"), (ANSWER, "stop")], delay_s=0.05)
         worker = _worker(cut, engine, toy_tokenizer, worker_id="gen-cut")
         run = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.3)  # two groups claimed and running
+        deadline = asyncio.get_running_loop().time() + scaled(10)
+        while len(worker._held) < 2:  # two groups claimed and running before the cut
+            assert asyncio.get_running_loop().time() < deadline, "the worker never claimed its groups"
+            await asyncio.sleep(0.02)
         proxy.blackhole()
         await asyncio.sleep(
             2.5
@@ -32,7 +36,7 @@ async def test_a_worker_cut_from_redis_past_reconnect_s_rides_it_out(redis_serve
         proxy.restore()
         taken = await _take_all(direct, 4)
         worker.request_stop()
-        assert await asyncio.wait_for(run, 20) == 0
+        assert await asyncio.wait_for(run, scaled(20)) == 0
     assert sorted(t.group.group_id for t in taken) == [f"nq/train/{i}/e0" for i in range(4)]
     stats = direct.stats()
     assert stats["buffer/produced"] == 4 and stats["buffer/inflight_groups"] == 4

@@ -8,6 +8,7 @@ import asyncio
 
 from buffer.redis_buffer import ReplayBuffer
 from tests.fakes.engine import ScriptedEngine
+from tests.timing import scaled
 from tests.unit.generators.test_worker import ANSWER, _prompts, _take_all, _worker
 
 
@@ -44,7 +45,7 @@ async def test_a_prompt_released_ahead_of_the_engines_weights_waits_for_them(red
     engine.version = 4  # the weights arrive
     late = await _take_all(buffer, 2)
     worker.request_stop()
-    assert await asyncio.wait_for(run, 20) == 0
+    assert await asyncio.wait_for(run, scaled(20)) == 0
     assert sorted(t.group.group_id for t in late) == ["nq/train/2/e0", "nq/train/3/e0"]
     for taken in early + late:
         sampled = taken.group.trajectories[0].sampled_versions()

@@ -9,6 +9,8 @@ import time
 
 import torch.multiprocessing as mp
 
+from tests.timing import scaled
+
 
 def _rank(rank: int, port: int, peer_dies: bool, out: str) -> None:
     import torch
@@ -49,7 +51,7 @@ def _run(tmp_path, free_port, peer_dies: bool) -> tuple[list[int | None], dict[i
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(60)
+        proc.join(scaled(60))
         if proc.is_alive():
             proc.kill()
     times = {

@@ -11,6 +11,8 @@ import time
 import pytest
 import torch.multiprocessing as mp
 
+from tests.timing import scaled
+
 TIMEOUT_S = 4.0  # the process group's collective timeout
 STALL_S = 8.0  # how long rank 0 waits alone, twice the timeout
 
@@ -65,7 +67,7 @@ def _run(tmp_path, port: int, held: bool) -> dict[int, dict]:
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(90)
+        proc.join(scaled(90))
         if proc.is_alive():
             proc.kill()
     return {

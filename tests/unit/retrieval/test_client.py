@@ -8,6 +8,7 @@ from aiohttp.test_utils import TestServer
 
 from retrieval.client import RetrievalClient, SearchResult
 from tasks.search_r1.protocol import format_documents
+from tests.timing import scaled
 
 
 def test_a_result_is_ok_unless_it_has_an_error():
@@ -171,12 +172,12 @@ async def test_a_cut_network_is_a_failure_result_within_the_timeout_and_searches
             async with RetrievalClient(url, topk=2, timeout_s=0.3, max_retries=1, backoff_s=0.01) as client:
                 assert (await client.search("before")).ok
                 proxy.blackhole()
-                result = await asyncio.wait_for(client.search("cut"), timeout=10)
+                result = await asyncio.wait_for(client.search("cut"), timeout=scaled(10))
                 assert "did not answer within 0.3s" in result.error
                 proxy.restore()
                 assert (await client.search("back")).documents[0]["id"] == "back0"
                 proxy.drop()
-                result = await asyncio.wait_for(client.search("dropped"), timeout=10)
+                result = await asyncio.wait_for(client.search("dropped"), timeout=scaled(10))
                 assert not result.ok and format_documents(result.documents, result.error).startswith(
                     "Search unavailable"
                 )

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from retrieval.base import Hits, LocalRetriever
 from retrieval.server import STATE_KEY, create_app
 from retrieval.settings import RetrievalConfig
+from tests.timing import scaled
 
 
 class EchoRetriever(LocalRetriever):
@@ -65,10 +66,10 @@ async def test_a_retriever_answering_the_wrong_number_of_results_fails_that_requ
     client = await _client(retriever, cache_size=0)
     try:
         retriever.drop = True
-        resp = await asyncio.wait_for(client.post("/retrieve", json={"queries": ["a", "b"]}), 10)
+        resp = await asyncio.wait_for(client.post("/retrieve", json={"queries": ["a", "b"]}), scaled(10))
         assert resp.status == 500 and "answered 2 queries with 1 results" in (await resp.json())["error"]
         retriever.drop = False
-        resp = await asyncio.wait_for(client.post("/retrieve", json={"queries": ["a", "b"]}), 10)
+        resp = await asyncio.wait_for(client.post("/retrieve", json={"queries": ["a", "b"]}), scaled(10))
         assert resp.status == 200 and (await client.get("/health")).status == 200
     finally:
         await client.close()
@@ -88,7 +89,7 @@ async def test_a_dead_batcher_fails_requests_fast_with_503_and_health_says_why(m
             batcher, "window_s", 0.001
         )  # the loop reads `_queued` while it waits out a window
         for _ in range(2):  # the request the loop died on, then one after
-            resp = await asyncio.wait_for(client.post("/retrieve", json={"queries": ["b"]}), 10)
+            resp = await asyncio.wait_for(client.post("/retrieve", json={"queries": ["b"]}), scaled(10))
             assert resp.status == 503 and "loop bug" in (await resp.json())["error"]
         health = await client.get("/health")
         assert health.status == 503

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.fakes.receiver import join_group, wait_update
+from tests.timing import scaled
 from weight_sync.publisher import WeightPublisher
 from weight_sync.receiver import receive_update
 from weight_sync.rendezvous import Rendezvous
@@ -43,7 +44,7 @@ def test_an_adapter_update_carries_its_config_and_probe(redis_url):
 
     def receive() -> None:
         with Rendezvous(redis_url, NS) as rv:
-            group, _ = join_group(rv, "eng0", timeout_s=30)
+            group, _ = join_group(rv, "eng0", timeout_s=scaled(30))
             update = wait_update(rv, group, -1, deadline=float("inf"), worker_id="eng0")
             got["update"] = update
             got["tensors"] = {name: t.clone() for name, t in receive_update(group, update)}
@@ -60,7 +61,7 @@ def test_an_adapter_update_carries_its_config_and_probe(redis_url):
                 tensors.items(), version=1, dtype=torch.bfloat16, adapter=ADAPTER, probe=PROBE
             )
         finally:
-            thread.join(30)
+            thread.join(scaled(30))
             pub.close()
     update = got["update"]
     assert update["adapter"] == ADAPTER

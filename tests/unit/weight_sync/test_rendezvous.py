@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.timing import scaled
 from weight_sync.rendezvous import Rendezvous, describe_members
 
 NS = "wsunit"
@@ -55,7 +56,7 @@ def test_an_engine_claims_one_rank_per_worker(rv):
     assert rv.claim_rank(1, "tp4", workers=4) == 4
     members = {1: "tp2", 2: "tp2", 3: "tp1", 4: "tp4", 5: "tp4", 6: "tp4", 7: "tp4"}
     assert rv.members(1) == members
-    assert rv.wait_members(1, 3, timeout_s=1) == members
+    assert rv.wait_members(1, 3, timeout_s=scaled(1)) == members
     with pytest.raises(TimeoutError, match=r"3 of 4 engines joined.*'tp1', 'tp2', 'tp4'"):
         rv.wait_members(1, 4, timeout_s=0.2)
     assert describe_members(members) == "tp2 (ranks 1-2), tp1 (rank 3), tp4 (ranks 4-7)"
@@ -63,7 +64,7 @@ def test_an_engine_claims_one_rank_per_worker(rv):
         rv.claim_rank(1, "none", workers=0)
     # engines without a name are told apart by their first rank
     assert [rv.claim_rank(1, workers=2), rv.claim_rank(1)] == [8, 10]
-    assert rv.wait_members(1, 5, timeout_s=1) == {**members, 8: "rank8", 9: "rank8", 10: "rank10"}
+    assert rv.wait_members(1, 5, timeout_s=scaled(1)) == {**members, 8: "rank8", 9: "rank8", 10: "rank10"}
 
 
 def test_concurrent_claims_leave_no_gap(rv):
@@ -104,7 +105,7 @@ def test_announce_latest_and_acks(rv):
     assert rv.latest_update() == update
     rv.ack_update(4, "g0")
     rv.ack_update(4, "g1")
-    rv.wait_acks(4, 2, timeout_s=1)
+    rv.wait_acks(4, 2, timeout_s=scaled(1))
 
 
 def test_wait_acks_names_the_missing_engine(rv):
@@ -112,7 +113,9 @@ def test_wait_acks_names_the_missing_engine(rv):
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"1 of 2 engines acked.*missing: g1 \(rank 2\)"):
         rv.wait_acks(5, 2, timeout_s=0.3, expected={1: "g0", 2: "g1"})
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 0.3 + scaled(
+        1.7
+    )  # gave up at its timeout (plus the machine's overhead)
 
 
 def test_keys_keep_their_layout_on_the_wire(rv, redis_url):
@@ -230,15 +233,16 @@ def test_engines_wait_on_announcements_instead_of_polling(other_ns):
     assert rv.wait_for_event(cursor, timeout_s=0.05) == cursor  # nothing came: same cursor back
     # an announcement made between taking the cursor and waiting is not missed: the wait returns at once
     rv.publish(INFO)
-    after_rendezvous = rv.wait_for_event(cursor, timeout_s=30)
+    limit = scaled(30)  # the hang guard; a wake must come well before it (half of it below)
+    after_rendezvous = rv.wait_for_event(cursor, timeout_s=limit)
     assert after_rendezvous != cursor and rv.event_cursor() == after_rendezvous
     # a wait in progress wakes when the learner announces an update (long before its 30 s timeout)
     timer = threading.Timer(0.2, rv.announce_update, args=({**UPDATE, "version": 2},))
     start = time.monotonic()
     timer.start()
-    after_update = rv.wait_for_event(after_rendezvous, timeout_s=30)
+    after_update = rv.wait_for_event(after_rendezvous, timeout_s=limit)
     timer.join()
-    assert time.monotonic() - start < 15 and after_update != after_rendezvous
+    assert time.monotonic() - start < limit / 2 and after_update != after_rendezvous
     assert rv.latest_update()["version"] == 2
 
 
@@ -249,9 +253,10 @@ def test_wait_acks_wakes_on_the_last_ack_instead_of_polling(other_ns):
     timer = threading.Timer(0.2, rv.ack_update, args=(4, "g1"))
     start = time.monotonic()
     timer.start()
-    rv.wait_acks(4, 2, timeout_s=30, expected={1: "g0", 2: "g1"})
+    limit = scaled(30)  # the hang guard
+    rv.wait_acks(4, 2, timeout_s=limit, expected={1: "g0", 2: "g1"})
     timer.join()
-    assert time.monotonic() - start < 15  # woken by g1's ack, long before the 30 s timeout
+    assert time.monotonic() - start < limit / 2  # woken by g1's ack, long before the timeout
     assert rv.acked(4) == {"g0", "g1"}
 
 
@@ -264,7 +269,7 @@ def test_a_completed_versions_ack_set_goes_when_the_next_version_completes(other
     client = redis.Redis.from_url(redis_url)
     for version in range(1, 6):
         rv.ack_update(version, "g0")
-        rv.wait_acks(version, 1, timeout_s=5)
+        rv.wait_acks(version, 1, timeout_s=scaled(5))
         assert client.exists(f"wsackgc:ws:acks:{version}")
     assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:5"]
     rv.ack_update(6, "g0")  # a publish whose wait timed out (one of two engines acked) ...
@@ -274,10 +279,10 @@ def test_a_completed_versions_ack_set_goes_when_the_next_version_completes(other
         8, "g0"
     )  # ... and an ack of a version this learner never waited on (another learner's, late)
     rv.ack_update(7, "g0")
-    rv.wait_acks(7, 1, timeout_s=5)  # 5 (completed before 7) and 6 (waited on, failed) are deleted
+    rv.wait_acks(7, 1, timeout_s=scaled(5))  # 5 (completed before 7) and 6 (waited on, failed) are deleted
     assert sorted(client.keys("wsackgc:ws:acks:*")) == [b"wsackgc:ws:acks:7", b"wsackgc:ws:acks:8"]
     rv.ack_update(9, "g0")
-    rv.wait_acks(9, 1, timeout_s=5)
+    rv.wait_acks(9, 1, timeout_s=scaled(5))
     assert sorted(client.keys("wsackgc:ws:acks:*")) == [
         b"wsackgc:ws:acks:8",
         b"wsackgc:ws:acks:9",

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.fakes.weight_sync import receive_and_ack
+from tests.timing import scaled
 from weight_sync.engine_side import EngineWeightSync
 from weight_sync.process_group import WeightSyncError
 from weight_sync.publisher import WeightPublisher
@@ -82,7 +83,7 @@ def _weights(seed: int) -> dict[str, torch.Tensor]:
 
 
 async def _wait_for(predicate, timeout_s: float = 30.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    deadline = asyncio.get_running_loop().time() + scaled(timeout_s)
     while not (value := predicate()):
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.timing import scaled
 from world import _build_lock
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,7 +29,7 @@ def test_a_second_builder_waits_until_the_first_lets_go(tmp_path, capsys):
     out = tmp_path / "seed0"
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out)], cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not (tmp_path / "held").exists():
             assert holder.poll() is None and time.monotonic() < deadline, (
                 "the first builder never took the lock"
@@ -38,7 +39,7 @@ def test_a_second_builder_waits_until_the_first_lets_go(tmp_path, capsys):
             assert (tmp_path / "built").exists()  # not before the first one finished
         assert "another process is building" in capsys.readouterr().out
     finally:
-        holder.wait(timeout=60)
+        holder.wait(timeout=scaled(60))
     assert holder.returncode == 0
     with _build_lock(out, progress=True):  # free again: taken at once, nothing said
         pass

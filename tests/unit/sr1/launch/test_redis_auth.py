@@ -18,6 +18,7 @@ from sr1.launch.cluster import reachable_redis_command
 from sr1.launch.redis_server import LocalRedis, find_redis_server
 from sr1.launch.supervisor import Child
 from tests.fakes.groups import make_group, make_prompt
+from tests.timing import scaled
 from weight_sync.rendezvous import Rendezvous
 
 PASSWORD = "s3cret-run-password"
@@ -64,7 +65,7 @@ def exercise_sr1_commands(url: str, namespace: str) -> None:
     assert rv.claim_rank(epoch, "gen-0") == 1 and rv.live_engines() == {"gen-0"}
     rv.announce_update({"version": 1, "epoch": epoch, "buckets": [], "dtype": "float32"})
     rv.ack_update(1, "gen-0")
-    rv.wait_acks(1, 1, timeout_s=2, expected=rv.members(epoch))
+    rv.wait_acks(1, 1, timeout_s=scaled(2), expected=rv.members(epoch))
     rv.publish({"addr": "127.0.0.1", "port": 1, "backend": "gloo", "epoch": rv.next_epoch(), "timeout_s": 5})
     rv.close()
 
@@ -159,7 +160,7 @@ def netns_host():
 
 def _answers_ping(url: str, child: Child, timeout_s: float = 10.0) -> bool:
     """Whether the server at `url` answers PING before `child` exits or `timeout_s` passes."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while child.alive and time.monotonic() < deadline:
         try:
             return bool(redis.Redis.from_url(url).ping())

@@ -15,6 +15,7 @@ import pytest
 from config import EXIT_BAD_INPUT
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.supervisor import Child, ChildFailed, RestartPolicy, Supervisor
+from tests.timing import scaled
 
 
 def _py(code: str) -> list[str]:
@@ -27,7 +28,7 @@ def _running(pid: int) -> bool:
 
 
 def _until(predicate, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if predicate():
             return
@@ -47,7 +48,7 @@ def test_a_dead_child_is_restarted_with_backoff_then_given_up_on(tmp_path):
     )
     restarted = []
     with pytest.raises(ChildFailed, match=r"(?s)crasher died 3 times within 60s.*exited with code 3.*boom"):
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while time.monotonic() < deadline:
             restarted += sup.check()
             time.sleep(0.05)
@@ -190,7 +191,7 @@ def test_a_pinned_child_and_its_children_run_on_its_cores_only(tmp_path):
         " text=True).strip())"
     )
     child = Child("pinned", _py(code), tmp_path / "p.log", cpus=(core,)).start()
-    assert child.process.wait(timeout=30) == 0
+    assert child.process.wait(timeout=scaled(30)) == 0
     assert (tmp_path / "p.log").read_text().split("\n")[:2] == [f"[{core}]", f"[{core}]"]
 
 

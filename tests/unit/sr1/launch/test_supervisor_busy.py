@@ -14,6 +14,7 @@ import time
 
 from common.busy import busy_with, clear_busy, mark_busy
 from sr1.launch.supervisor import Child
+from tests.timing import scaled
 
 CHECKPOINT_S = 3.0
 GRACE_S = 0.5
@@ -44,7 +45,7 @@ def _child(tmp_path, busy: bool) -> Child:
         [sys.executable, "-c", CHILD, str(marker), str(ready)],
         busy=functools.partial(busy_with, marker) if busy else None,
     ).start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return child
