@@ -62,6 +62,16 @@ def append_line(file: IO[str], line: str, path: Path) -> None:
         ) from err
 
 
+def close_record(file: IO[str], path: Path) -> None:
+    """Close a run's record. It is line-buffered, so every whole line is written already; a line a full disk refused
+    is still in the buffer and fails again here: logged, so that the error that stops the learner stays the one
+    raised (RecordsFailing)."""
+    try:
+        file.close()
+    except OSError as err:
+        log.warning("closing %s: %s", path, err)
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         value = value.item()
@@ -177,12 +187,7 @@ class Tracker:
     def close(self) -> None:
         if self._file is not None:
             file, self._file = self._file, None
-            try:
-                file.close()
-            except (
-                OSError
-            ) as err:  # line-buffered: every whole line was written; a full disk here loses nothing
-                log.warning("closing %s: %s", self._path, err)
+            close_record(file, self._path)
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
