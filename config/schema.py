@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from buffer.settings import BufferConfig
+from buffer.staleness import largest_bound
 from common.sections import DataConfig, EvalConfig, LoggingConfig, ModelConfig
 from config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX
 from generators.job import GeneratorJob
@@ -99,6 +100,11 @@ class Config(BaseSettings):
             )
         self._check_algorithm_shape()
         self._check_collective_timeout()
+        if self.generators.lora.rank is not None and self.learner.lora is None:
+            raise ValueError(
+                "generators.lora.rank is set but learner.lora is not: the engines' adapter rank follows "
+                "learner.lora.rank (set learner.lora instead)"
+            )
         return self
 
     def _check_collective_timeout(self) -> None:
@@ -173,12 +179,23 @@ class Config(BaseSettings):
             engine_index=engine_index,
             model=self.model,
             task=self.task,
-            generators=self.generators,
+            generators=self.engine_generators(),
             retrieval=self.retrieval,
             buffer=self.buffer,
             data=self.data,
             eval=self.eval,
         )
+
+    def engine_generators(self) -> GeneratorsConfig:
+        """The generators section as the engines need it: with `learner.lora`, LoRA on at the learner's rank and
+        room for every adapter version a running request may still use (the largest staleness bound) plus the
+        newest (docs/lora.md)."""
+        lora = self.generators.lora
+        if self.learner.lora is None:
+            return self.generators
+        max_loras = lora.max_loras or largest_bound(self.learner.max_staleness) + 2
+        engine_lora = lora.model_copy(update={"rank": self.learner.lora.rank, "max_loras": max_loras})
+        return self.generators.model_copy(update={"lora": engine_lora})
 
     def learner_job(self) -> LearnerJob:
         num_engines = self.learner.num_engines

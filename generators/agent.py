@@ -174,6 +174,8 @@ async def run_agent(
             top_p=1.0 if greedy else settings.top_p,
             stop=task.stop_strings,
             logprobs=logprobs,
+            # the version of the first turn: a LoRA engine keeping adapters to the end samples every turn with it
+            version=rollout.versions[0] if rollout.versions else None,
         )
         gen = await engine.generate(rollout.prompt_ids + rollout.response_ids, spec)
         rollout.append_sampled(gen)

@@ -14,39 +14,43 @@ holds when it arrives. Reading one output per call instead of one per step is wh
 with a GPU engine at hundreds of sequences (`scripts/bench_generators.py --null-engine`). Prefix caching is on, so
 later turns and the other samples of a GRPO group reuse the KV of their shared prefix.
 
-Weight updates (weight_sync/README.md): the engine joins the weight-sync process group through the worker extension
-`weight_sync.vllm_extension.WeightSyncExtension` (`ws_join`), and `apply_update` pauses generation (in-flight
-requests are frozen, not aborted), receives and reloads the tensors in place (`ws_receive`), sets the new version
-(and vLLM's label) and resumes in a `finally`. Requests frozen across an update continue under the new weights, and
-their later tokens carry the new version.
+Weight updates (`generators/engine_updates.py`, weight_sync/README.md): full weights are reloaded in place between a
+pause and a resume; requests frozen across an update continue under the new weights, and their later tokens carry
+the new version. With LoRA (`generators.lora.rank`, set from `learner.lora`) each update is a new vLLM adapter
+loaded beside the older ones with no pause, and every request samples with one adapter, whose version all its
+tokens carry (`generators/adapters.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import glob
 import importlib.util
 import itertools
 import logging
 import os
 import sys
-from collections.abc import Iterator
+import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from common.processes import die_with_parent
+from generators.adapters import AdapterSet
+from generators.engine_updates import EngineUpdates
+
+# re-exported: the worker, scripts and tests import them from here
+from generators.serving import SERVING_GC_THRESHOLDS as SERVING_GC_THRESHOLDS
+from generators.serving import TOKEN_IDS_ONLY as TOKEN_IDS_ONLY
+from generators.serving import serving_process as serving_process
+from generators.serving import skip_logprob_text as skip_logprob_text
 
 if TYPE_CHECKING:
-    from generators.settings import EngineConfig
+    from generators.settings import EngineConfig, EngineLoraConfig
 
 log = logging.getLogger(__name__)
 
 WEIGHT_SYNC_EXTENSION = "weight_sync.vllm_extension.WeightSyncExtension"
 
-# SamplingParams.extra_args key marking sr1's requests: their log-prob entries are not decoded to text
-TOKEN_IDS_ONLY = "sr1_token_ids_only"
 
 FinishReason = Literal["stop", "eos", "length", "abort"]
 
@@ -64,6 +68,9 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()  # the agent passes its task's stop strings
     logprobs: bool = True
     seed: int | None = None
+    # the policy version of the trajectory's earlier turns: a LoRA engine under `keep_to_end` samples with that
+    # version's adapter while it holds it (None, or any other engine: the newest weights)
+    version: int | None = None
 
 
 @dataclass
@@ -119,6 +126,7 @@ def engine_args(
     seed_offset: int = 0,
     weight_sync_extension: bool = False,
     cpu: bool = False,
+    lora: EngineLoraConfig | None = None,
 ) -> dict[str, Any]:
     """The `AsyncEngineArgs` an engine starts with, from the `generators.engine` section (`extra_args` last: they
     win over every other field).
@@ -148,8 +156,23 @@ def engine_args(
         args["block_size"] = cfg.block_size
     if weight_sync_extension:
         args["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
+    if lora is not None and lora.rank is not None:
+        # every adapter a running request may still use, plus the newest, in one batch; as many kept on the host
+        args.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=lora.max_loras or 2)
+        args["max_cpu_loras"] = args["max_loras"]
     args.update(cfg.extra_args)
     return args
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's `MaxLoRARanks`
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of `rank` (it takes a fixed set of values)."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]})")
 
 
 def _cpu_build() -> bool:
@@ -159,10 +182,18 @@ def _cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
-class VLLMEngine:
+class VLLMEngine(EngineUpdates):
     """One vLLM `AsyncLLM` and the policy version of the weights it holds."""
 
-    def __init__(self, llm: Any, *, version: int = 0, has_weight_sync: bool = False):
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        version: int = 0,
+        has_weight_sync: bool = False,
+        adapters: AdapterSet | None = None,
+        probe_tolerance: float = 0.05,
+    ):
         self.llm = llm
         self.version = version
         self.initial_version = version
@@ -172,6 +203,7 @@ class VLLMEngine:
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
         self.tokens_generated = 0
+        self.init_update_state(adapters, probe_tolerance)
 
     @classmethod
     def create(
@@ -185,8 +217,12 @@ class VLLMEngine:
         seed_offset: int = 0,
         weight_sync: bool = True,
         version: int = 0,
+        lora: EngineLoraConfig | None = None,
+        adapter_dir: str | None = None,
     ) -> VLLMEngine:
-        """Start an engine from config. `weight_sync=True` installs the worker extension when it is importable."""
+        """Start an engine from config. `weight_sync=True` installs the worker extension when it is importable.
+        With `lora` (its `rank` set) vLLM serves LoRA adapters and each update is one, written under `adapter_dir`
+        (None: a temporary directory) and loaded beside the older ones."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -207,10 +243,18 @@ class VLLMEngine:
             seed_offset=seed_offset,
             weight_sync_extension=use_extension,
             cpu=_cpu_build(),
+            lora=lora,
         )
+        adapters = None
+        if lora is not None and lora.rank is not None:
+            directory = adapter_dir or tempfile.mkdtemp(prefix="sr1-adapters-")
+            adapters = AdapterSet(lora, directory, initial_version=version)
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         skip_logprob_text()
-        return cls(llm, version=version, has_weight_sync=use_extension)
+        tolerance = lora.probe_tolerance if lora is not None else 0.05
+        return cls(
+            llm, version=version, has_weight_sync=use_extension, adapters=adapters, probe_tolerance=tolerance
+        )
 
     async def generate(self, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
         from vllm import SamplingParams
@@ -239,9 +283,20 @@ class VLLMEngine:
             # rendered here (token ids need no tokenizer): AsyncLLM takes a rendered input as it is, where it hands a
             # raw prompt to a thread pool and back, a thread hop per request on the worker's core
             (prompt,) = render([prompt])
-        stream = self.llm.generate(prompt, params, f"g{next(self._ids)}")
-        read = self._final if labelled else self._streamed
-        token_ids, logprobs, versions, last = await read(stream, spec.logprobs)
+        adapters = self.adapters
+        # a LoRA request samples with one adapter from its first token to its last: its tokens carry its version
+        version, lora_request = adapters.acquire(spec.version) if adapters is not None else (None, None)
+        try:
+            stream = self.llm.generate(prompt, params, f"g{next(self._ids)}", lora_request=lora_request)
+            read = self._final if labelled else self._streamed
+            token_ids, logprobs, versions, last = await read(stream, spec.logprobs)
+        finally:
+            if adapters is not None:
+                adapters.release(version)
+                if version != adapters.newest:
+                    self._retire_soon()
+        if version is not None:
+            versions = [version] * len(token_ids)
         if logprobs is None:
             logprobs = [0.0] * len(token_ids)
         self.tokens_generated += len(token_ids)
@@ -303,24 +358,9 @@ class VLLMEngine:
             raise RuntimeError(f"vLLM's weight-version spans cover {len(versions)} of {n} tokens")
         return versions
 
-    # -- weight sync -------------------------------------------------------------------------------------------
-
-    async def apply_update(self, update: dict) -> int:
-        """Receive the weights of `update` in place between a pause and a resume; returns tensors loaded."""
-        async with self._update_lock:
-            try:
-                # "keep": in-flight requests are frozen, not aborted; the caches computed with the old weights go
-                await self.llm.pause_generation(mode="keep", clear_cache=True)
-                loaded = await self.llm.collective_rpc("ws_receive", args=(update,))
-                if self.labels_versions:  # the tokens sampled after the resume carry the new label
-                    await self.llm.update_weight_version(str(int(update["version"])))
-                self.version = int(update["version"])
-            finally:
-                # also when the pause itself was interrupted (cancelled once the engine had paused): never left paused
-                await self.llm.resume_generation()
-        return int(sum(x or 0 for x in loaded)) if isinstance(loaded, list) else int(loaded or 0)
-
     def shutdown(self) -> None:
+        if self.adapters is not None:
+            self.adapters.close()
         if self.llm is not None:
             self.llm.shutdown()
             # dropped now, so its finalizer runs while Python is whole (at interpreter exit it prints a TypeError)
@@ -340,87 +380,6 @@ def die_with_parent_plugin() -> None:
     die_with_parent()
     if os.getppid() == 1:  # the parent died before the line above: nothing will signal us
         os._exit(1)
-
-
-# the cyclic GC's thresholds while a worker serves (Python's default is 700, 10, 10): see `serving_process`
-SERVING_GC_THRESHOLDS = (50_000, 20, 10)
-
-
-@contextlib.contextmanager
-def serving_process() -> Iterator[None]:
-    """Serve inside: a generator process whose engine has started (and that has built what it keeps for its life)
-    settles in, as vLLM's own engine-core and server processes do; leaving undoes it. In the worker process vLLM's
-    front end and the agent loop share one core, and at hundreds of sequences these three settings are much of what
-    lets it keep up with a GPU engine (`scripts/bench_generators.py --null-engine` measures it):
-
-    - `VLLM_*` variables are cached (vLLM's `envs.enable_envs_cache`): vLLM's front end reads some on every output it
-      processes (`envs.VLLM_COMPUTE_NANS_IN_LOGITS` in every request's stats at every step), each an `os.getenv`.
-    - The heap built so far (some 650k objects: torch, transformers, vLLM, the engine) is frozen out of the cyclic
-      garbage collector (vLLM's `freeze_gc_heap`): full collections no longer walk it. Decoding the outputs of one
-      engine step of 512 sequences (a few small arrays each, with log-probs) took 4x longer while they did.
-    - The collector runs less often (`SERVING_GC_THRESHOLDS`): a full collection still walks every token list of
-      the trajectories and requests in flight (some 100 ms at 512 sequences), and with Python's thresholds the
-      allocations of each step started one about every second: 17 % of the worker's time.
-
-    On leaving, the thresholds are restored, the heap unfrozen (as vLLM's engine core does at shutdown; frozen objects
-    left at exit make nanobind extensions report leaks) and the environment read afresh again. On a vLLM without
-    these helpers it does what it can."""
-    import vllm.envs as envs
-
-    try:
-        from vllm.utils.gc_utils import freeze_gc_heap
-    except ImportError:  # pragma: no cover - another vLLM layout
-
-        def freeze_gc_heap() -> None:
-            gc.collect()
-            gc.freeze()
-
-    enable, disable = getattr(envs, "enable_envs_cache", None), getattr(envs, "disable_envs_cache", None)
-    if enable is not None:
-        enable()
-    freeze_gc_heap()
-    thresholds = gc.get_threshold()
-    gc.set_threshold(*SERVING_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-        if disable is not None:
-            disable()
-
-
-def skip_logprob_text() -> bool:
-    """Stop vLLM's front end from decoding the sampled token of every log-prob entry to text, for requests marked
-    `TOKEN_IDS_ONLY`; returns whether the hook is in place.
-
-    With `detokenize` on (it has to be: vLLM matches stop strings on the detokenized text), vLLM's output processor
-    also turns each log-prob entry's token into a string, one `tokenizer.decode([id])` per sampled token. sr1 reads
-    only ids and log-probs; skipping that decode saved a fifth of the generator process's CPU per sampled token
-    in the agent benchmark, where the process shares two cores with the engine. The hook hands the log-prob
-    processor of marked requests no tokenizer, which is what vLLM itself does with `detokenize=False`; the
-    incremental detokenizer, and with it the stop strings, keep the tokenizer. Idempotent; on a vLLM without the
-    hook point it only logs.
-    """
-    try:
-        from vllm.v1.engine.logprobs import LogprobsProcessor
-
-        original = LogprobsProcessor.from_new_request.__func__
-    except (ImportError, AttributeError):  # pragma: no cover - another vLLM layout
-        log.warning("vLLM has no LogprobsProcessor.from_new_request: log-prob entries stay decoded to text")
-        return False
-    if getattr(LogprobsProcessor, "_sr1_token_ids_only", False):
-        return True
-
-    def from_new_request(cls: Any, tokenizer: Any, request: Any) -> Any:
-        params = getattr(request, "sampling_params", None)
-        if params is not None and (params.extra_args or {}).get(TOKEN_IDS_ONLY):
-            tokenizer = None
-        return original(cls, tokenizer=tokenizer, request=request)
-
-    LogprobsProcessor.from_new_request = classmethod(from_new_request)
-    LogprobsProcessor._sr1_token_ids_only = True
-    return True
 
 
 def labels_weight_versions(llm: Any) -> bool:

@@ -59,6 +59,7 @@ async def run_worker_process(
         tokenizer_path=tokenizer_path,
         seed_offset=job.engine_index,
         version=0,
+        lora=gen.lora,
     )
     task = build_task(job.task, retrieval=job.retrieval)
 

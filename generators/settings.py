@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -59,6 +59,42 @@ class EngineConfig(BaseModel):
     )
 
 
+AdapterPolicy = Literal["keep_to_end", "newest_at_turn"]
+
+
+class EngineLoraConfig(BaseModel):
+    """How engines serve a LoRA-trained policy (docs/lora.md): each update is a new vLLM adapter loaded beside the
+    older ones, never a pause. `rank` and `max_loras` are filled in from `learner.lora` and `learner.max_staleness`
+    by the config (`config/schema.py`); `policy` and `probe_tolerance` are the user's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int | None = Field(
+        None,
+        ge=1,
+        description="Rank of the adapters the engines load (vLLM's max_lora_rank); None: LoRA off. Set from "
+        "learner.lora.rank: do not set it by hand.",
+    )
+    max_loras: int | None = Field(
+        None,
+        ge=1,
+        description="Adapters an engine serves at once (vLLM's max_loras): every version a running request may "
+        "still use plus the newest. None: learner.max_staleness (its auto ceiling) + 2.",
+    )
+    policy: AdapterPolicy = Field(
+        "keep_to_end",
+        description="Which adapter a trajectory's later turns sample with: keep_to_end, the one its first turn "
+        "used (one version per trajectory while the engine holds it); newest_at_turn, the newest at each turn.",
+    )
+    probe_tolerance: float = Field(
+        0.05,
+        gt=0,
+        description="After each update the engine scores the learner's probe tokens; a mean absolute log-prob "
+        "difference above this is an AdapterMismatch (the engine does not sample from what the learner "
+        "published).",
+    )
+
+
 class ToolPauseConfig(BaseModel):
     """When a worker stops sampling because its tool (the retriever) keeps failing, and when it starts again."""
 
@@ -99,6 +135,10 @@ class GeneratorsConfig(BaseModel):
         "GPU is; None: any core. `scripts/bench_async.py` gives each pool its own core this way.",
     )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine arguments.")
+    lora: EngineLoraConfig = Field(
+        default_factory=EngineLoraConfig,
+        description="LoRA adapters on the engines (on with learner.lora): {policy, probe_tolerance, max_loras}.",
+    )
     group_size: int = Field(5, ge=1, description="Samples per prompt (the GRPO group size n).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the learner uses the same).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")

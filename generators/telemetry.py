@@ -114,6 +114,8 @@ class WorkerTelemetry:
             "rollout/eval_errors": self.eval_errors,
             "rollout/state": state,
             **self.tools.metrics(now),
+            # the last weight update's pause of this engine's decoding, and the probe check (generators/adapters.py)
+            **getattr(self.engine, "update_stats", {}),
         }
         for reason, count in self.finish_reasons.items():
             out[f"rollout/finish/{reason}"] = count

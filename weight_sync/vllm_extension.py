@@ -18,8 +18,13 @@ CUDA-only (PyNccl); here gloo on CPU and NCCL on GPU take the same path.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+from pathlib import Path
+
+import torch
 
 from common.heap import heap_usage, release_free_heap
 from weight_sync.process_group import WeightSyncError, make_group, open_store
@@ -104,6 +109,32 @@ class WeightSyncExtension:
         log.info("weight sync: loaded %d tensors of version %s", len(named), update["version"])
         return len(named)
 
+    def ws_receive_adapter(self, update: dict, directory: str) -> int:
+        """Receive the LoRA adapter tensors of `update` (an update with an `adapter` config) into host memory and
+        write them to `directory` in PEFT's layout (`adapter_config.json`, `adapter_model.safetensors`), from which
+        the engine loads them as a new vLLM adapter (`AsyncLLM.add_lora`): the model's own weights are not touched,
+        so generation needs no pause. Every worker takes part in the broadcast; worker 0 writes (the workers of an
+        engine share its host). Returns tensors received."""
+        joiner = self._ws_joiner
+        if joiner is None:
+            raise WeightSyncError(
+                f"ws_receive_adapter(version {update.get('version')}) called before ws_join: this engine is in no group"
+            )
+        if not isinstance(update.get("adapter"), dict):
+            raise WeightSyncError(f"update version {update.get('version')} carries no adapter config")
+        try:
+            # no receive-buffer pool: an adapter is small, and its tensors are written out before the next update
+            named = receive_update(joiner.result(), update)
+        except WeightSyncError:
+            self.ws_leave()
+            raise
+        if self.ws_worker_index() == 0:
+            write_peft_adapter(directory, update["adapter"], named)
+        log.info(
+            "weight sync: received adapter v%s (%d tensors) into %s", update["version"], len(named), directory
+        )
+        return len(named)
+
     def ws_memory(self) -> dict:
         """This worker's memory, in MiB: resident (`rss_mib`) and malloc's `in_use_mib` / `free_mib` (absent without
         glibc's `mallinfo2`). `scripts/worker_memory.py` samples it between updates."""
@@ -116,6 +147,21 @@ class WeightSyncExtension:
         if self._ws_joiner is not None:
             self._ws_joiner.close()
             self._ws_joiner = None
+
+
+def write_peft_adapter(directory: str, config: dict, named: list[tuple[str, torch.Tensor]]) -> None:
+    """Write an adapter in PEFT's layout (what `PeftModel.save_pretrained` writes and vLLM's `--lora-modules` and
+    `add_lora` read). The files are written under temporary names and renamed, so a directory holding an
+    `adapter_config.json` is complete."""
+    from safetensors.torch import save_file
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named}
+    save_file(tensors, str(path / "adapter_model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(path / "adapter_model.safetensors.tmp", path / "adapter_model.safetensors")
+    (path / "adapter_config.json.tmp").write_text(json.dumps({"peft_type": "LORA", "bias": "none", **config}))
+    os.replace(path / "adapter_config.json.tmp", path / "adapter_config.json")
 
 
 class _Joiner(threading.Thread):

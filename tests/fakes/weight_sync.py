@@ -166,3 +166,51 @@ def fsdp_learner_rank(
         shutdown_distributed()  # the ranks leave together
     finally:
         shutdown_distributed(wait_for_peers=False)  # after an error (a no-op after a normal end)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_model(model_dir: str | Path, seed: int, rank: int = 8, scale: float = 0.5):
+    """The model on disk wrapped by PEFT with a LoRA adapter of `rank` on every linear layer of the decoder, its A
+    and B drawn at random (B is not zero, so the adapter changes the policy), fp32, eval. Returns (peft model, the
+    adapter's `adapter_config.json` contents as sr1's learner publishes them)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS, lora_dropout=0.0)
+    model = get_peft_model(base, config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * scale / rank**0.5)
+    adapter = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0,
+        "target_modules": LORA_TARGETS,
+        "bias": "none",
+        "base_model_name_or_path": str(model_dir),
+    }
+    return model, adapter
+
+
+def lora_tensors(model) -> dict:
+    """The adapter tensors as the learner publishes them (`peft.get_peft_model_state_dict`)."""
+    from peft import get_peft_model_state_dict
+
+    return {name: t.detach().clone() for name, t in get_peft_model_state_dict(model).items()}
+
+
+def model_probe(model, token_ids: list[int]) -> dict:
+    """The probe a learner sends: log-probs of tokens 1..n-1 given their prefix, at temperature 1."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0, :-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+    return {"token_ids": list(token_ids), "logprobs": logprobs.tolist()}
