@@ -7,7 +7,7 @@ from typing import Any
 
 from buffer.monitor import memory_text, staleness_histogram
 from common.progress import PhaseProgress, format_seconds
-from sr1.report import read_metric_lines
+from sr1.report import engine_update_figures, read_metric_lines
 
 
 def _num(value: Any, digits: int = 2) -> str:
@@ -41,6 +41,20 @@ def checkpoint_state(metrics: dict[str, Any]) -> str | None:
     text = f"step {metrics['checkpoint/last_good_step']:.0f}"
     failed = int(metrics.get("checkpoint/failed_in_a_row", 0))
     return text + (f"; {failed} failed since (logs/learner.log says why)" if failed else "")
+
+
+def engine_updates(generator_metrics: list[dict[str, Any]]) -> str | None:
+    """`pause 0.000s median, 0.000s max; probe 0.0003`, led by `ADAPTER MISMATCH (n)` when an engine was found
+    sampling from another policy than the version it loaded (None before any update)."""
+    figures = engine_update_figures(generator_metrics)
+    if not figures:
+        return None
+    text = (
+        f"pause {figures['pause_s_p50']:.3f}s median, {figures['pause_s_max']:.3f}s max; "
+        f"probe {figures['probe_diff']:.4f}"
+    )
+    mismatches = figures["adapter_mismatches"]
+    return f"ADAPTER MISMATCH ({mismatches}); {text}" if mismatches else text
 
 
 class LiveView:
@@ -156,6 +170,7 @@ class LiveView:
             "checkpoint": checkpoint_state(m),
             "generators": len(generators),
             "paused": paused_reason(gen_metrics),
+            "engine update pause / probe": engine_updates(gen_metrics),
             "elapsed": f"{time.monotonic() - self.orch.started:.0f}s",
         }
 

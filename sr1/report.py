@@ -54,6 +54,9 @@ class RunSummary:
     first_wait_s: float = (
         0.0  # the first step of each segment waiting for the first groups (not in step times)
     )
+    # how weight updates stopped the engines' decoding and whether they sample from what they loaded
+    # (`engine_update_figures`)
+    engine_updates: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -105,6 +108,41 @@ def tool_totals(rows: list[dict[str, Any]]) -> tuple[int, int, float | None]:
 def pool_peak(rows: list[dict[str, Any]], key: str) -> int:
     """The largest value a cumulative pool figure (`pool/...`, summed over the workers alive) reached."""
     return int(max((r.get(key, 0) for r in rows), default=0))
+
+
+def engine_update_figures(generators: list[dict[str, Any]]) -> dict[str, Any]:
+    """From the generators' heartbeats: updates loaded, the pause each update cost an engine's decoding
+    (`rollout/update_pause_s`: median and p95 of the worst engine, and the largest), the largest probe difference
+    of the last update and the adapter mismatches found (docs/lora.md). Empty before any update."""
+    loaded = [g for g in generators if g.get("rollout/updates_loaded")]
+    if not loaded:
+        return {}
+    return {
+        "updates_loaded": int(sum(g["rollout/updates_loaded"] for g in loaded)),
+        "pause_s_p50": max(g.get("rollout/update_pause_s_p50", 0.0) for g in loaded),
+        "pause_s_p95": max(g.get("rollout/update_pause_s_p95", 0.0) for g in loaded),
+        "pause_s_max": max(g.get("rollout/update_pause_s_max", 0.0) for g in loaded),
+        "probe_diff": max(g.get("rollout/adapter_probe_diff", 0.0) for g in loaded),
+        "adapter_mismatches": int(sum(g.get("rollout/adapter_mismatches", 0) for g in loaded)),
+    }
+
+
+def engine_update_rows(figures: dict[str, Any]) -> str:
+    """The report's rows of `engine_update_figures`."""
+    if not figures:
+        return "| engine weight updates | none loaded |"
+    mismatches = figures["adapter_mismatches"]
+    return "\n".join(
+        [
+            f"| engine weight updates loaded (all engines) | {figures['updates_loaded']} |",
+            f"| decoding paused per update: median / p95 / max (worst engine) | {figures['pause_s_p50']:.3f} / "
+            f"{figures['pause_s_p95']:.3f} / {figures['pause_s_max']:.3f} s |",
+            f"| probe log-prob difference after the last update (worst engine) | {figures['probe_diff']:.4f} |",
+            f"| updates after which an engine sampled from another policy (AdapterMismatch) | {mismatches}"
+            + (" (see logs/gen-*.log)" if mismatches else "")
+            + " |",
+        ]
+    )
 
 
 def checkpoint_failures(lines: list[dict[str, Any]]) -> int:
@@ -307,6 +345,7 @@ algorithm `{summary.algorithm}` · max_staleness {summary.max_staleness} · corr
 | learner idle fraction | {_fmt(summary.learner_idle_fraction, 2)} |
 | checkpoint | `{summary.checkpoint}` |
 | checkpoints that could not be written (docs/reliability.md) | {summary.checkpoint_failures} |
+{engine_update_rows(summary.engine_updates)}
 
 ## Lost work and tool errors
 

@@ -13,6 +13,7 @@ from sr1.report import (
     RunSummary,
     checkpoint_failures,
     dead_letter_counts,
+    engine_update_figures,
     offpolicy_curve,
     pool_peak,
     read_metrics,
@@ -122,5 +123,6 @@ def summarize(orch) -> RunSummary:
         learner_idle_fraction=(waited / wall) if wall > 0 else None,
         checkpoint=str(checkpoint) if checkpoint else None,
         checkpoint_failures=checkpoint_failures(lines),
+        engine_updates=engine_update_figures(generators),
         extra={"buffer": {k: v for k, v in stats.items() if not isinstance(v, dict)}},
     )
