@@ -3,7 +3,7 @@
     world = build_world(Path("runs/.world-cache/seed0"), seed=0)    # cached per directory and parameters
     world.corpus_path, world.train_path, world.test_path, world.model_dir
 
-Everything is generated from one seed, offline, in about two minutes on two CPU cores: the knowledge base, corpus
+Everything is generated from one seed, offline, in a minute or two on one CPU core: the knowledge base, corpus
 and questions (`kb.py`), a byte-level BPE tokenizer and a small `Qwen2ForCausalLM` (`model.py`), and a supervised
 warm start on search trajectories built with the retrieval server's BM25 (`warmstart.py`).
 
@@ -17,7 +17,7 @@ What is the same everywhere. A seed gives byte-identical corpus, questions and t
 seeded `random`, a single-threaded BPE trainer). The warm-started weights are not promised byte for byte: training
 sums floating-point numbers, and another summation order (another CPU vendor's library path, another vector width)
 changes their last bits, which the warm start amplifies. The build narrows that: it runs in a child process whose
-math libraries are pinned to one code path and two threads (`PINNED_ENV`: MKL's conditional numerical
+math libraries are pinned to one code path and one thread (`PINNED_ENV`: MKL's conditional numerical
 reproducibility, ATen's and oneDNN's AVX2 kernels) with torch's deterministic algorithms, so one machine always
 builds the same bytes. But MKL's documentation says a fixed branch holds on Intel CPUs only (on others it takes
 its automatic branch instead), and an AMD EPYC machine built other weights. What is promised instead is the policy's behaviour before RL (`world.probe`: greedy exact match, the
@@ -36,11 +36,13 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.processes import die_with_parent
+from common.progress import PhaseProgress, format_seconds
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import DocStore
 from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
@@ -51,7 +53,10 @@ __all__ = ["DATA_SOURCE", "MARKER_FILE", "TinyWorld", "WorldSizes", "build_world
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "tiny_world.json"
-WORLD_VERSION = 4  # 2: warm-start observations from the retrieval server's BM25; 3-4: built with PINNED_ENV
+DATA_S = 10  # about how long the corpus, questions and trajectories take on a 2-core VM (the estimate shown)
+# 2: warm-start observations from the retrieval server's BM25; 3-4: built with PINNED_ENV; 5: the lean forward on one
+# thread, 1,000 trajectories
+WORLD_VERSION = 5
 # the environment of the child process that builds a world: one code path and one split of every reduction on any
 # Intel CPU with AVX2, whatever its vector width or core count (on other vendors' CPUs MKL ignores MKL_CBWR and
 # takes its automatic branch, so AMD machines still round differently); pinning to the pre-AVX2 baseline instead was measured 2-3x slower per op,
@@ -60,8 +65,10 @@ PINNED_ENV = {
     "MKL_CBWR": "AVX2,STRICT",  # MKL: the AVX2 code path and reduction order, also on AVX-512 CPUs
     "ATEN_CPU_CAPABILITY": "avx2",  # ATen: its AVX2 kernels, not the AVX-512 ones
     "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "OMP_NUM_THREADS": "2",  # the same split of every reduction, whatever the core count
-    "MKL_NUM_THREADS": "2",
+    # one thread: the same split of every reduction whatever the core count, and no spinning thread waiting for a
+    # core another process holds (two threads on a busy 2-core VM made each step 5-25x slower; measured 2026-11-28)
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONHASHSEED": "0",
 }
@@ -85,11 +92,14 @@ def _marker(seed: int, sizes: WorldSizes) -> dict[str, Any]:
     return {"version": WORLD_VERSION, "seed": seed, "sizes": dataclasses.asdict(sizes)}
 
 
-def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes: Any) -> TinyWorld:
+def build_world(
+    out_dir: Path, seed: int = 0, *, progress: bool = True, since: float | None = None, **sizes: Any
+) -> TinyWorld:
     """Build (or find cached) the tiny world in `out_dir`: corpus, train/test parquet and the warm-started model.
 
     Returns at once when `out_dir` already holds a complete world built with the same seed and sizes.
-    `sizes` are `WorldSizes` fields (e.g. `num_people=200`, `hidden_size=256`).
+    `sizes` are `WorldSizes` fields (e.g. `num_people=200`, `hidden_size=256`). With `progress`, the build says
+    what it does and, once, how long it took in all (counted from `since`, a `time.time()`, when given).
     """
     unknown = set(sizes) - {f.name for f in dataclasses.fields(WorldSizes)}
     if unknown:
@@ -114,6 +124,8 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
             str(seed),
             "--sizes",
             json.dumps(sizes),
+            "--since",
+            str(time.time()),
         ] + ([] if progress else ["--quiet"])
         # one build at a time per directory: a second `sr1 run` (or test) started meanwhile waits for it, then finds
         # the world built
@@ -132,23 +144,37 @@ def build_world(out_dir: Path, seed: int = 0, *, progress: bool = True, **sizes:
         return world
 
     marker_path.unlink(missing_ok=True)  # a build cut short leaves no marker behind
-    say = print if progress else (lambda *_, **__: None)
-    say("[tiny world] the knowledge base, its corpus and questions, the warm-start trajectories", flush=True)
-    kb = build_kb(seed, world_sizes)
-    write_corpus(kb, world.corpus_path)
-    write_questions(kb.train, world.train_path)
-    write_questions(kb.test, world.test_path)
-    # the retrieval server's own BM25 (same tokenizer, stemmer, k1/b and ranking) over the corpus just written
-    bm25 = BM25Retriever.build(DocStore(world.corpus_path), k1=0.9, b=0.4, threads=1)
-    trajectories = build_trajectories(
-        kb,
-        lambda queries: bm25.search(queries, 3),
-        world_sizes.num_warmstart,
-        world_sizes.good_query_share,
-        seed,
-    )
-    warm_start(kb, trajectories, world.model_dir, world_sizes, seed=seed, progress=progress)
+    started = time.time() if since is None else since
+    # every step shows progress (nothing silent for more than 10 s) but only this function reports the world's
+    # time, once, at the end: the steps' own closing lines are off
+    with PhaseProgress(
+        "tiny world: the corpus, questions and warm-start trajectories",
+        expected_s=DATA_S,
+        enabled=progress,
+        report_done=False,
+        announce=True,
+    ):
+        kb = build_kb(seed, world_sizes)
+        write_corpus(kb, world.corpus_path)
+        write_questions(kb.train, world.train_path)
+        write_questions(kb.test, world.test_path)
+        # the retrieval server's own BM25 (same tokenizer, stemmer, k1/b and ranking) over the corpus just written
+        bm25 = BM25Retriever.build(DocStore(world.corpus_path), k1=0.9, b=0.4, threads=1)
+        trajectories = build_trajectories(
+            kb,
+            lambda queries: bm25.search(queries, 3),
+            world_sizes.num_warmstart,
+            world_sizes.good_query_share,
+            seed,
+        )
+    steps = warm_start(kb, trajectories, world.model_dir, world_sizes, seed=seed, progress=progress)
     marker_path.write_text(json.dumps(wanted, indent=2))
+    if progress:
+        print(
+            f"[tiny world] seed {seed} built in {format_seconds(time.time() - started)} "
+            f"({steps} warm-start steps)",
+            flush=True,
+        )
     return world
 
 

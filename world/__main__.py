@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from common.progress import PhaseProgress
 from world import PINNED_ENV, build_world, pinned
 
 
@@ -20,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", default="{}", help="WorldSizes fields as a JSON object")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--since",
+        type=float,
+        help="when the build was asked for (time.time()): the time it reports counts from there",
+    )
     args = parser.parse_args(argv)
     if not pinned():
         missing = " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())
@@ -28,10 +34,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    import torch
+    progress = not args.quiet
+    # torch takes seconds to import on a busy machine: say so, so the build is never silent for long
+    with PhaseProgress(
+        "tiny world: loading torch", expected_s=5, enabled=progress, report_done=False, announce=True
+    ):
+        import torch
+        import transformers
 
+        transformers.logging.disable_progress_bar()  # its per-file bars would interleave with the world's lines
     torch.use_deterministic_algorithms(True)
-    build_world(args.out, args.seed, progress=not args.quiet, **json.loads(args.sizes))
+    build_world(args.out, args.seed, progress=progress, since=args.since, **json.loads(args.sizes))
     return 0
 
 

@@ -89,7 +89,9 @@ class WorldSizes:
     num_last_names: int = 80
     num_cities: int = 40
     num_test: int = 100
-    num_warmstart: int = 2000  # supervised trajectories
+    # supervised trajectories: 1,000 seen 20 times each, not 2,000: the full-name query RL needs is sampled after
+    # about 20 passes over a trajectory (docs/tiny-world.md), and half the trajectories cost half the steps
+    num_warmstart: int = 1000
     good_query_share: float = 0.3  # share of warm-start trajectories that search with the full name
     vocab_size: int = 2048
     hidden_size: int = 128

@@ -20,7 +20,8 @@ even then the numbers would differ:
   16 (`WorldSizes`); the learner builds fused AdamW from `LearnerConfig` with a linear warmup then a constant rate,
   one scheduler step per batch of groups, and skips non-finite updates;
 - the forward: here a padded batch whose shared instruction-template prefix runs once, its keys/values expanded
-  over the batch, with logits only at loss tokens (`masked_logprobs`); the learner packs sequences into
+  over the batch, and whose last layer runs past its keys/values only where a loss token is predicted
+  (`world.lean`, the same function as `masked_logprobs`, transformers' own forward); the learner packs sequences into
   micro-batches under a token budget and takes chunked, temperature-scaled log-probs, another summation order;
 - the process: the learner loads the policy from disk and shards it with FSDP2 over a `torch.distributed` world;
   the warm start trains a plain `Qwen2ForCausalLM` (after `copy_friendly_init` where asked) inside the world
@@ -49,6 +50,7 @@ from tasks.search_r1.protocol import (
     search_turn,
 )
 from world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
+from world.lean import batch_tensors, lean_logprobs
 from world.model import build_tiny_policy
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
     from retrieval.base import Hits
 
 log = logging.getLogger(__name__)
+
+TOKENIZER_S = 10  # about how long the tokenizer and the model take on a 2-core VM (the estimate shown)
 
 # a batch of queries -> each query's top-3 documents ({"id", "contents"}), as the retrieval server ranks them
 SearchFn = Callable[[list[str]], "list[Hits]"]
@@ -124,20 +128,6 @@ def common_prefix_length(seqs: list[list[int]]) -> int:
     return n
 
 
-def _batch(seqs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    import torch
-
-    width = max(len(ids) for ids, _ in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for row, (s_ids, s_mask) in enumerate(seqs):
-        ids[row, : len(s_ids)] = torch.tensor(s_ids)
-        attn[row, : len(s_ids)] = 1
-        mask[row, : len(s_mask)] = torch.tensor(s_mask, dtype=torch.bool)
-    return ids, attn, mask
-
-
 def masked_logprobs(
     model: Any, seqs: list[tuple[list[int], list[int]]], pad_id: int, prefix_len: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +140,7 @@ def masked_logprobs(
     import torch
     from transformers import DynamicCache
 
-    ids, attn, mask = _batch(seqs, pad_id)
+    ids, attn, mask = batch_tensors(seqs, pad_id)
     batch = ids.shape[0]
     past = None
     if prefix_len > 0:
@@ -215,13 +205,16 @@ def sft(
     prefix_len = shared_prefix_length(seqs)
     model.train()
     losses: list[float] = []
-    with PhaseProgress("warm start", total=total, unit="steps", enabled=progress) as bar:
+    # the world build reports its own time once, this step's included
+    with PhaseProgress(
+        "warm start", total=total, unit="steps", enabled=progress, report_done=False, announce=True
+    ) as bar:
         for _ in range(epochs):
             order = list(range(len(seqs)))
             gen.shuffle(order)
             for start in range(0, len(order), batch_size):
                 batch = [seqs[i] for i in order[start : start + batch_size]]
-                loss = sequence_loss(model, batch, pad_id, prefix_len)
+                loss = -lean_logprobs(model, batch, pad_id, prefix_len)[0].mean()
                 optim.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -266,27 +259,33 @@ def warm_start(
     *,
     seed: int = 0,
     progress: bool = True,
-) -> Path:
-    """Train the tokenizer, build the model, fine-tune it on `trajectories` and save it (fp32 safetensors)."""
+) -> int:
+    """Train the tokenizer, build the model, fine-tune it on `trajectories` and save it (fp32 safetensors) into
+    `model_dir`; returns the number of optimizer steps."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
     model_dir = Path(model_dir)
-    if progress:
-        print("[tiny world] the tokenizer and the model", flush=True)
-    build_tiny_policy(
-        model_dir,
-        tokenizer_texts(kb, trajectories),
-        vocab_size=sizes.vocab_size,
-        seed=seed,
-        hidden_size=sizes.hidden_size,
-        num_layers=sizes.num_layers,
-        num_heads=sizes.num_heads,
-        num_kv_heads=sizes.num_kv_heads,
-        intermediate_size=sizes.intermediate_size,
-    )
+    with PhaseProgress(
+        "tiny world: the tokenizer and the model",
+        expected_s=TOKENIZER_S,
+        enabled=progress,
+        report_done=False,
+        announce=True,
+    ):
+        build_tiny_policy(
+            model_dir,
+            tokenizer_texts(kb, trajectories),
+            vocab_size=sizes.vocab_size,
+            seed=seed,
+            hidden_size=sizes.hidden_size,
+            num_layers=sizes.num_layers,
+            num_heads=sizes.num_heads,
+            num_kv_heads=sizes.num_kv_heads,
+            intermediate_size=sizes.intermediate_size,
+        )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if sizes.copy_init:
@@ -305,4 +304,4 @@ def warm_start(
     log.info("warm start: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
     model.save_pretrained(model_dir, safe_serialization=True)
     tokenizer.save_pretrained(model_dir)
-    return model_dir
+    return len(losses)

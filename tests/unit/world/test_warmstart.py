@@ -142,3 +142,34 @@ def test_copy_friendly_init_passes_embeddings_through(policy):
     through_head0 = attn.o_proj.weight[:, :head_dim] @ (attn.v_proj.weight[:head_dim] @ x)
     torch.testing.assert_close(through_head0[:head_dim], x[:head_dim])
     assert through_head0[head_dim:].abs().max() == 0
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_the_lean_forward_gives_transformers_log_probs_and_gradients(world, policy, shared_prefix):
+    """What the warm start trains with (`world.lean`) is the same function as the model's own forward: every
+    loss token's log-prob and every parameter's gradient agree (another summation order, nothing more)."""
+    import copy
+
+    import torch
+
+    from world.lean import lean_logprobs
+
+    _, _, trajectories = world
+    tokenizer, model = policy
+    model = copy.deepcopy(model)
+    with torch.no_grad():  # away from the initialisation, where many weights are equal
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    seqs = [tokenize_trajectory(tokenizer, t) for t in trajectories[:6]]
+    prefix = shared_prefix_length(seqs) if shared_prefix else 0
+    results = []
+    for forward in (masked_logprobs, lean_logprobs):
+        model.zero_grad()
+        logprobs, rows = forward(model, seqs, tokenizer.pad_token_id, prefix)
+        (logprobs * torch.linspace(0.5, 1.5, len(logprobs))).sum().backward()
+        results.append((logprobs.detach(), rows, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (want, want_rows, want_grads), (got, got_rows, got_grads) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got_rows.tolist() == want_rows.tolist()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
