@@ -209,22 +209,39 @@ def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_
 def test_the_worlds_lines_wait_for_the_install_then_come_one_estimate_at_a_time(setup_env, tmp_path):
     """While the install runs, the world's progress goes to its log (the install's estimate is the only one shown);
     once the install is done, its latest line, each new one and its closing line with its time, once."""
-    script = tmp_path / "python"  # stands in for `sr1 world`: two progress lines, then the closing line
+    import threading
+
+    go = tmp_path / "go"
+    script = (
+        tmp_path / "python"
+    )  # stands in for `sr1 world`: two progress lines, then, once let go, the closing one
     script.write_text(
         "#!/bin/sh\n"
         "echo '[warm start] 1/3 steps (33%), 1 s elapsed, about 2 s left'\n"
         "echo 'Writing model shards: 100%'\n"
         "echo '[warm start] 2/3 steps (67%), 2 s elapsed, about 1 s left'\n"
-        "sleep 0.6\n"
+        f"while [ ! -e {go} ]; do sleep 0.05; done\n"
         "echo '[tiny world] seed 0 built in 3 s (3 warm-start steps)'\n"
     )
     script.chmod(0o755)
     out = io.StringIO()
     reporter = setup_env.Reporter(out, terminal=False, interval_s=60)
-    world = setup_env.WorldBuild(str(script), [], tmp_path / "build.log")
+    log = tmp_path / "build.log"
+    world = setup_env.WorldBuild(str(script), [], log)
     world.start(reporter)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while (
+        log.read_text().count("[warm start]") < 2 and time.monotonic() < deadline
+    ):  # the install runs meanwhile
+        time.sleep(0.05)
     assert "[warm start]" not in out.getvalue()  # the install is still running: its estimate only
+
+    def let_go_once_waiting() -> None:
+        while "the install is done" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        go.touch()
+
+    threading.Thread(target=let_go_once_waiting, daemon=True).start()
     assert world.wait(reporter, poll_s=0.05) is True
     lines = out.getvalue().splitlines()[1:]
     assert lines[0].startswith("[setup] the install is done; the tiny world has been building for ")
