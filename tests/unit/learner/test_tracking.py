@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import wandb
 
 from common.sections import LoggingConfig
 from learner.safety_net import CheckpointsFailing
@@ -62,6 +63,7 @@ def test_wandb_offline_starts_logs_finishes_and_a_resume_continues_the_same_run(
     again = Tracker(run_dir, cfg)  # a resumed learner, or `sr1 run`'s final evaluation
     again.log({"loss/pg": 0.25}, step=4)
     again.close()
+    wandb.teardown()  # wandb's service writes its files after `finish` returns: done once it has stopped
     assert (run_dir / "wandb_run_id").read_text().strip() == run_id
     runs = _offline_runs(run_dir, run_id)
     assert runs, f"no offline run of id {run_id} under {run_dir / 'wandb'}: {os.listdir(run_dir / 'wandb')}"
@@ -82,6 +84,7 @@ def test_no_secret_reaches_wandb_or_any_file_of_the_run(tmp_path, offline_wandb,
     assert sys.argv == argv  # given back as it was
     tracker.log({"loss/pg": 0.5}, step=1)
     tracker.close()
+    wandb.teardown()
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     assert any(p.suffix == ".wandb" for p in files)
     for path in files:
