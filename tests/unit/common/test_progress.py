@@ -6,6 +6,7 @@ import io
 import time
 
 from common.progress import PhaseProgress, format_seconds
+from tests.timing import scaled
 
 
 class FakeClock:
@@ -42,7 +43,7 @@ def test_a_phase_without_a_count_estimates_from_its_usual_time_and_says_when_it_
 def test_without_a_terminal_a_line_comes_every_interval_even_without_updates_and_one_at_the_end():
     out = io.StringIO()
     with PhaseProgress("evaluation", expected_s=60, interval_s=0.05, stream=out, terminal=False):
-        time.sleep(0.3)  # no update at all: the lines still come
+        time.sleep(scaled(0.3))  # no update at all: the lines still come (one every 0.05 s)
     lines = out.getvalue().splitlines()
     assert len(lines) >= 3
     assert all(line.startswith("[evaluation] ") for line in lines)

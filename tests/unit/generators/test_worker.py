@@ -135,7 +135,8 @@ async def test_a_release_goes_round_the_waiting_workers(redis_url, toy_tokenizer
         for i in range(2)
     ]
     runs = [asyncio.create_task(w.run()) for w in workers]
-    await asyncio.sleep(1.5)  # both in their claim loops: blocked in a read but for a moment between reads
+    # both in their claim loops: blocked in a read but for a moment between reads
+    await asyncio.sleep(scaled(1.5))
     buffer.release_prompts(_prompts(8))
     while sum(len(w._held) for w in workers) < 8:
         await asyncio.sleep(0.01)

@@ -12,6 +12,7 @@ import pytest
 
 from sr1.plan.measured import with_retrieval_bench
 from sr1.plan.profile import load_profile, validate_profile
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "bench_retrieval.py"
@@ -19,7 +20,7 @@ SCRIPT = ROOT / "scripts" / "bench_retrieval.py"
 
 def test_bad_concurrency_levels_are_refused_before_anything_starts():
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--curve", "4,2"], capture_output=True, text=True, timeout=60
+        [sys.executable, str(SCRIPT), "--curve", "4,2"], capture_output=True, text=True, timeout=scaled(60)
     )
     assert done.returncode == 2
     assert "--curve '4,2': expected distinct, increasing concurrencies >= 1" in done.stderr
@@ -33,7 +34,7 @@ def test_the_curve_of_both_bm25_servers_feeds_the_planner(tmp_path):
         + ["--duration", "0.5", "--json", "--cache-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.script_modules import load_script
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -162,7 +163,7 @@ def test_a_second_run_with_nothing_changed_installs_nothing(setup_env, tmp_path)
     (venv / ".sr1-installed").write_text(setup_env.stamp_of("cpu,dev") + "\n")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "setup_env.py"), "--venv", str(venv), "--extras", "cpu,dev"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=scaled(120),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "installing" not in proc.stdout and "[setup] redis-server:" in proc.stdout

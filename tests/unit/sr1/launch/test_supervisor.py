@@ -150,7 +150,7 @@ def test_a_child_started_with_sigint_blocked_still_stops_on_sigint(tmp_path):
         if line.startswith("SigBlk:")
     )
     assert int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)) == 0
-    time.sleep(1.0)  # its handler is installed
+    time.sleep(scaled(1.0))  # its handler is installed
     assert child.stop(grace_s=10.0) == 0
     assert "got SIGINT" in (tmp_path / "b.log").read_text()
 
