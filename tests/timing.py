@@ -21,15 +21,15 @@ from __future__ import annotations
 import os
 import time
 
-# Wall seconds one round of `_work()` took on the reference machine, idle ("Intel(R) Xeon(R) Processor", 2 cores;
-# the fastest of 300 rounds (10.57 ms), measured on 2026-11-28 with `.venv/bin/python -c "import tests.timing as t; t.calibrate(300)"`).
+# Wall seconds one round of `_work()` takes on the reference machine, idle ("Intel(R) Xeon(R) Processor", 2 cores):
+# the fastest of 300 rounds was 10.57 ms on 2026-11-28, with
+# `.venv/bin/python -c "import tests.timing as t; t.calibrate(300)"`.
 REFERENCE_S = 0.0105
-ROUNDS = 5  # one measurement: ~50 ms at reference speed, long enough to span several scheduler slices
-REMEASURE_S = 10.0
+ROUNDS = 3  # one measurement: ~30 ms at reference speed, long enough to span several scheduler slices
+REMEASURE_S = 20.0  # a measurement costs ~30 ms times the slowness: at most a few percent of the time
 WINDOW_S = 60.0
-MAX_SLOWNESS = (
-    30.0  # past this a real hang would take too long to be reported; such a machine sets the variable
-)
+# past this a real hang would take too long to be reported; a machine slower still sets SR1_TEST_SLOWNESS
+MAX_SLOWNESS = 30.0
 ENV = "SR1_TEST_SLOWNESS"
 
 _measurements: list[tuple[float, float]] = []  # (time.monotonic() when taken, slowness)
