@@ -5,6 +5,7 @@
         [--trajectories 256] [--updates 2] [--warmup-trajectories 64] [--checkpointing full|none|...] [--json]
     python scripts/bench_learner.py --device cuda --shape qwen2.5-0.5b --workload tiny     # the old toy mix
     python scripts/bench_learner.py --logprob-memory [...]     # the LM head's memory: scripts/logprob_memory.py
+    python scripts/bench_learner.py --lora [--steps 3] [--rank 16]  # LoRA vs full weights: scripts/bench_learner_lora.py
 
 Workloads (scripts/learner_workloads.py; every printed figure and JSON object names its workload):
 - `search-r1` (the default with --shape): Search-R1's step. Trajectories drawn by the planner's sampler from the
@@ -439,6 +440,10 @@ def _measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--lora" in argv:  # the LoRA step against the full-weight step, each in its own process
+        import bench_learner_lora
+
+        return bench_learner_lora.main([a for a in argv if a != "--lora"])
     args = setup.parse(argv)
     result = _measure(args)
     if args.json_out:
