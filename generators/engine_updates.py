@@ -25,6 +25,21 @@ log = logging.getLogger(__name__)
 PAUSES_KEPT = 256  # the updates whose pauses the median and p95 are taken over
 
 
+def initial_update_stats() -> dict[str, float]:
+    """The update figures of an engine that loaded no update yet (the heartbeat's `rollout/update_*` and
+    `rollout/adapter_*` keys, docs/metrics-pools.md)."""
+    return {
+        "rollout/update_pause_s": 0.0,  # how long the last update stopped this engine's decoding
+        "rollout/update_pause_s_p50": 0.0,
+        "rollout/update_pause_s_p95": 0.0,
+        "rollout/update_pause_s_max": 0.0,
+        "rollout/updates_loaded": 0,
+        "rollout/adapter_probe_diff": 0.0,  # mean |log-prob difference| on the learner's probe tokens
+        "rollout/adapter_probe_kl": 0.0,
+        "rollout/adapter_mismatches": 0,  # updates after which the engine was found on another policy
+    }
+
+
 class EngineUpdates:
     """The update half of `VLLMEngine`: needs `llm`, `version`, `adapters`, `labels_versions`, `probe_tolerance`,
         `break_adapter_loads`, `update_stats`, `_pauses`, `_update_lock` and `_ids` (`init_update_state` sets the ones
@@ -49,16 +64,7 @@ class EngineUpdates:
         # test hook: an adapter load that receives the tensors but keeps sampling with the previous adapter
         self.break_adapter_loads = False
         self._pauses = deque(maxlen=PAUSES_KEPT)
-        self.update_stats = {
-            "rollout/update_pause_s": 0.0,  # how long the last update stopped this engine's decoding
-            "rollout/update_pause_s_p50": 0.0,
-            "rollout/update_pause_s_p95": 0.0,
-            "rollout/update_pause_s_max": 0.0,
-            "rollout/updates_loaded": 0,
-            "rollout/adapter_probe_diff": 0.0,  # mean |log-prob difference| on the learner's probe tokens
-            "rollout/adapter_probe_kl": 0.0,
-            "rollout/adapter_mismatches": 0,  # updates after which the engine was found on another policy
-        }
+        self.update_stats = initial_update_stats()
 
     async def apply_update(self, update: dict) -> int:
         """Load `update`; returns tensors loaded. Full weights are received in place between a pause and a resume;

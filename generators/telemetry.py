@@ -22,6 +22,7 @@ from typing import Any
 from buffer.records import Group
 from buffer.redis_buffer import ReplayBuffer
 from generators.agent import Rollout
+from generators.engine_updates import initial_update_stats
 from generators.tool_health import ToolHealth
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class WorkerTelemetry:
             "rollout/state": state,
             **self.tools.metrics(now),
             # the last weight update's pause of this engine's decoding, and the probe check (generators/adapters.py)
-            **getattr(self.engine, "update_stats", {}),
+            **(getattr(self.engine, "update_stats", None) or initial_update_stats()),
         }
         for reason, count in self.finish_reasons.items():
             out[f"rollout/finish/{reason}"] = count
