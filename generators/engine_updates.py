@@ -91,7 +91,14 @@ class EngineUpdates:
                     await self.llm.resume_generation()
                 pause_s = time.perf_counter() - started
             self._record_pause(pause_s)
-            await self.check_update(update)
+            try:
+                await self.check_update(update)
+            except (
+                Exception
+            ) as exc:  # the update is loaded: a probe that cannot be scored must not undo the sync
+                log.error(
+                    "probe check after loading version %s could not run: %s", update.get("version"), exc
+                )
         return int(sum(x or 0 for x in loaded)) if isinstance(loaded, list) else int(loaded or 0)
 
     def _record_pause(self, pause_s: float) -> None:

@@ -98,3 +98,12 @@ def test_an_adapter_for_an_engine_without_lora_is_refused(tmp_path):
         RuntimeError, match="update version 1 is a LoRA adapter but this engine serves no adapters"
     ):
         asyncio.run(engine.apply_update({"version": 1, "epoch": 1, "adapter": ADAPTER}))
+
+
+def test_a_probe_that_cannot_be_scored_leaves_the_update_loaded(tmp_path, caplog):
+    engine, llm = _engine(tmp_path)
+    bad_probe = {"token_ids": [4, 5, 6], "logprobs": [-1.0]}  # one log-prob short: the comparison fails
+    with caplog.at_level(logging.ERROR, logger="generators.engine_updates"):
+        asyncio.run(engine.apply_update({"version": 1, "epoch": 1, "adapter": ADAPTER, "probe": bad_probe}))
+    assert engine.version == 1 and ("add_lora", "sr1-v1", 1) in llm.calls
+    assert "probe check after loading version 1 could not run" in caplog.text
