@@ -44,16 +44,16 @@ EXPECTED_DATA = {
     "tokenizer": "fe48151d20b697b8fb27270aef27ea4a87a07a034f55ab3f3878aa290c80d9de",
 }
 # (low, high) for each figure of the greedy and forced probes over the 100 test questions
-BEHAVIOUR = {
-    "greedy/em": (0.22, 0.50),  # measured 0.36: low enough for RL to raise
+BEHAVIOUR = {  # "measured": WORLD_VERSION 4 (2026-11-24), then 5 (2026-11-28), Intel Xeon
+    "greedy/em": (0.22, 0.50),  # measured 0.36, 0.33: low enough for RL to raise
     "greedy/searched_and_answered": (0.95, 1.0),  # speaks the protocol
-    "greedy/imperfect_query": (0.70, 1.0),  # measured 0.90: prefers the first-name query, what RL fixes
-    "greedy/good_query": (0.0, 0.25),  # measured 0.09
-    "forced_good/em": (0.90, 1.0),  # measured 0.99: copies the answer when the right passage comes first
-    "forced_imperfect/em": (0.15, 0.45),  # measured 0.30: a namesake's passage often comes first
+    "greedy/imperfect_query": (0.70, 1.0),  # measured 0.90, 0.91: prefers the first-name query, what RL fixes
+    "greedy/good_query": (0.0, 0.25),  # measured 0.09, 0.06
+    "forced_good/em": (0.90, 1.0),  # measured 0.99, 0.99: copies the answer from the right passage
+    "forced_imperfect/em": (0.15, 0.45),  # measured 0.30, 0.30: a namesake's passage often comes first
     # room for RL: at temperature 1 the policy must write the full-name query now and then, or RL has nothing to
-    # reinforce (measured 0.18 on an AMD EPYC; a 6-epoch warm start gave 0.00 and its run went from EM 0.30 to
-    # 0.28, while every bound above held)
+    # reinforce (measured 0.18 on an AMD EPYC, then 0.09; a 6-epoch warm start gave 0.00 and its run went from EM
+    # 0.30 to 0.28, while every bound above held)
     "sampled/good_query": (0.05, 0.40),
 }
 
