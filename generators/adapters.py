@@ -101,14 +101,21 @@ class AdapterSet:
         """Forget every version older than the newest that no request uses; returns their LoRARequests (to
         `remove_lora`) and deletes their files."""
         gone = []
+        newest = self._held[self.newest].request
+        in_use = {str(self.path(self.newest))} | ({str(newest.lora_path)} if newest is not None else set())
         for version in sorted(self._held):
             held = self._held[version]
             if version == self.newest or held.users:
                 continue
             del self._held[version]
-            if held.request is not None and held.request is not self._held[self.newest].request:
+            # what was received for it, and the files it was loaded from (another version's, when a broken load
+            # kept an older adapter), unless new requests still sample from them
+            paths = {str(self.path(version))}
+            if held.request is not None and held.request is not newest:
                 gone.append(held.request)
-                shutil.rmtree(self.path(version), ignore_errors=True)
+                paths.add(str(held.request.lora_path))
+            for path in paths - in_use:
+                shutil.rmtree(path, ignore_errors=True)
         return gone
 
     def versions(self) -> dict[int, int]:

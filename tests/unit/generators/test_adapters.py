@@ -104,3 +104,17 @@ def test_the_config_sizes_the_engines_lora_from_the_learner():
     assert mine.generator_job().generators.lora.max_loras == 2
     with pytest.raises(ValueError, match="generators.lora.rank is set but learner.lora is not"):
         Config(generators={**small, "lora": {"rank": 8}})
+
+
+def test_an_adapter_kept_by_a_broken_load_goes_with_its_files_once_replaced(tmp_path):
+    adapters = AdapterSet(EngineLoraConfig(rank=8), tmp_path)
+    v1 = _loaded(adapters, 1)
+    adapters.path(2).mkdir()  # version 2 was received, but the engine kept sampling with sr1-v1
+    adapters.add(2, v1)
+    assert adapters.retire() == []  # sr1-v1 is what new requests still get
+    assert (tmp_path / "sr1-v1").exists()
+    v3 = _loaded(adapters, 3)
+    assert adapters.retire() == [v1]
+    assert not (tmp_path / "sr1-v1").exists() and not (tmp_path / "sr1-v2").exists()
+    assert adapters.versions() == {3: 0}
+    assert (tmp_path / "sr1-v3").exists() and v3.lora_name == "sr1-v3"
