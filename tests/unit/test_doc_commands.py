@@ -33,7 +33,7 @@ PAGES = sorted(
 BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 ANY_FENCED = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 INDENTED = re.compile(r"(?:^(?: {4}|\t).*\n?)+", re.MULTILINE)
-COMMAND = re.compile(r"^(sr1|python3?|torchrun|make)\s")
+COMMAND = re.compile(r"^(sr1|torchrun|make)\s|^python3?\s+(-m\s|scripts/)")  # `python -c` is no command of sr1
 
 
 def _blocks(text: str):
