@@ -20,6 +20,7 @@ from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
 from buffer.staleness import admission_limit
 from tests.fakes.groups import make_group, make_prompt
+from tests.timing import scaled
 
 LEASE_S = 0.3
 LEARNER_LEASE_S = 0.4
@@ -87,7 +88,7 @@ def test_staleness_bound_and_exactly_once_under_concurrency(redis_url, max_stale
         while u < steps:
             released = learner_buf.released_count()  # read before the version: both only grow
             assert released <= admission_limit(learner_buf.version(), groups_per_step=g, max_staleness=s)
-            batch = assembler.next_batch(u, timeout_s=20)
+            batch = assembler.next_batch(u, timeout_s=scaled(20))
             assert len(batch) == g, (
                 u,
                 len(batch),
@@ -116,7 +117,7 @@ def test_staleness_bound_and_exactly_once_under_concurrency(redis_url, max_stale
     finally:
         stop.set()
         for t in threads:
-            t.join(timeout=10)
+            t.join(timeout=scaled(10))
     assert not errors, errors
     assert consumed == Counter(p.group_id for p in dataset)  # each released group consumed exactly once
     stats = learner_buf.stats()

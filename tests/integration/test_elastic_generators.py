@@ -26,6 +26,7 @@ import pytest
 import redis
 
 from buffer.group_ids import RELEASED_RECORD, released_group_ids
+from tests.timing import scaled
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -114,7 +115,7 @@ class Watch:
 
     def until(self, predicate, timeout_s: float, what: str, stack: Stack) -> float:
         started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
+        while time.monotonic() - started < scaled(timeout_s):
             self.read_groups()
             if predicate():
                 return time.monotonic() - started
@@ -198,7 +199,7 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
 
         # 1. a second pool joins the live run (the learner paused right after a publish while its engine starts)
         rank = _process(stack.procs["learner"], "sr1.entrypoints.learner")
-        published, deadline = watch.version(), time.monotonic() + 300
+        published, deadline = watch.version(), time.monotonic() + scaled(300)
         while watch.version() == published and time.monotonic() < deadline:  # pause it between two publishes
             time.sleep(0.05)
         rank.suspend()

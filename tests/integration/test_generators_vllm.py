@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from tests.timing import scaled
+
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 TEMPERATURE = 0.9
@@ -133,11 +135,11 @@ async def test_groups_arrive_with_consistent_arrays_and_engine_logprobs(
     )
     run = asyncio.create_task(worker.run())
     taken = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while len(taken) < 2 and time.monotonic() < deadline:
         taken += await asyncio.to_thread(buffer.take, 2 - len(taken), "learner-test", 200)
     worker.request_stop()
-    assert await asyncio.wait_for(run, 60) == 0
+    assert await asyncio.wait_for(run, scaled(60)) == 0
     assert len(taken) == 2, "the worker did not deliver both groups"
 
     invalid_ids = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
@@ -270,7 +272,7 @@ async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_
         num_engines=1,
     )
     try:
-        await asyncio.wait_for(asyncio.to_thread(pub.connect), 60)
+        await asyncio.wait_for(asyncio.to_thread(pub.connect), scaled(60))
         # a long request in flight across the update: its tokens' versions never go backwards
         long_request = asyncio.create_task(
             engine.generate(prompts[0], SamplingSpec(max_tokens=150, temperature=1.0, stop=()))
@@ -286,6 +288,6 @@ async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_
         assert r.sismember(f"{NS}:ws:acks:1", "gen-ws")
     finally:
         worker.request_stop()
-        await asyncio.wait_for(run, 30)
+        await asyncio.wait_for(run, scaled(30))
         pub.close()
         buffer.close()

@@ -26,6 +26,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.timing import scaled
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 STEPS = 2
@@ -57,7 +59,7 @@ def _ray_start(*args: str, log: Path) -> subprocess.Popen:
             start_new_session=True,
             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
         )
-        assert proc.wait(300) == 0, log.read_text()[-3000:]
+        assert proc.wait(scaled(300)) == 0, log.read_text()[-3000:]
     return proc
 
 
@@ -67,7 +69,7 @@ def _stop_groups(pgids: list[int]) -> None:
         for pgid in pgids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + scaled(wait_s)
         while time.monotonic() < deadline:
             if not [pgid for pgid in pgids if _alive(pgid)]:
                 return
@@ -146,7 +148,7 @@ def _left_running(placement: dict[str, dict], wait_s: float = 30.0) -> list[str]
     pids = [where["pid"] for where in placement.values()] + [
         where["actor_pid"] for where in placement.values()
     ]
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + scaled(wait_s)
     while True:
         found = []
         for pid in pids:
@@ -172,7 +174,11 @@ def _nodes(address: str) -> dict[str, dict]:
         "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, address], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", script, address],
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -190,7 +196,7 @@ def test_launch_runs_every_part_on_the_cluster_then_stops_in_order(ray_cluster, 
     started = time.monotonic()
     proc = _launch(ray_cluster, "tiny", *overrides, "--run-dir", str(run_dir), *pinned, log=log)
     try:
-        assert proc.wait(900) == 0, log.read_text()[-5000:]
+        assert proc.wait(scaled(900)) == 0, log.read_text()[-5000:]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -220,7 +226,7 @@ def test_launch_runs_every_part_on_the_cluster_then_stops_in_order(ray_cluster, 
     started2 = time.monotonic()
     proc = _launch(ray_cluster, "--resume", str(run_dir), "learner.total_steps=200", *pinned, log=log2)
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + scaled(600)
         metrics = run_dir / "metrics.jsonl"
         while time.monotonic() < deadline and proc.poll() is None:
             steps = [json.loads(x).get("step", 0) for x in metrics.read_text().splitlines()]
@@ -230,7 +236,7 @@ def test_launch_runs_every_part_on_the_cluster_then_stops_in_order(ray_cluster, 
         placement = json.loads((run_dir / "placement.json").read_text())
         proc.send_signal(signal.SIGINT)
         try:
-            code = proc.wait(600)
+            code = proc.wait(scaled(600))
         except subprocess.TimeoutExpired:
             code = None
         learner_log = run_dir / "logs" / "learner.log"

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.timing import scaled
+
 pytestmark = pytest.mark.slow  # several processes, or many steps: `make test-fast` leaves it out
 
 NAMESPACE = "resume"
@@ -60,7 +62,7 @@ def _stop(generator, processes: list[subprocess.Popen]) -> None:
 
 
 def _wait_for_version(proc: subprocess.Popen, run_dir: Path, version: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if any(m["learner/version"] >= version for m in _metrics(run_dir)):
             return
@@ -120,19 +122,19 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
         first = _start(config_path, redis_url)
         _wait_for_version(first, run_dir, 4)
         first.send_signal(signal.SIGKILL)
-        first.wait(30)
+        first.wait(scaled(30))
         checkpoint = int((run_dir / "checkpoints" / "latest").read_text().split("_")[1])
         assert checkpoint == 3
         # 2. restart from the checkpoint; SIGTERM mid-way finishes the step, checkpoints and exits 0
         second = _start(config_path, redis_url, "--resume")
         _wait_for_version(second, run_dir, 6)
         second.send_signal(signal.SIGTERM)
-        assert second.wait(60) == 0
+        assert second.wait(scaled(60)) == 0
         graceful = int((run_dir / "checkpoints" / "latest").read_text().split("_")[1])
         assert graceful >= 6
         # 3. a third start finishes the run
         third = _start(config_path, redis_url, "--resume")
-        assert third.wait(120) == 0
+        assert third.wait(scaled(120)) == 0
     finally:
         _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
 
@@ -194,7 +196,7 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
         first = _start(config_path, redis_url)
         _wait_for_version(first, run_dir, 5)
         first.send_signal(signal.SIGTERM)
-        assert first.wait(60) == 0
+        assert first.wait(scaled(60)) == 0
         state = json.loads(
             (
                 run_dir
@@ -206,7 +208,7 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
         )
         assert state["extra"]["staleness"]["controller"]["bound"] == 3
         second = _start(config_path, redis_url, "--resume")
-        assert second.wait(120) == 0
+        assert second.wait(scaled(120)) == 0
     finally:
         _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
     buffer = ReplayBuffer(redis_url, namespace)
@@ -243,7 +245,7 @@ def _when_latest_is(proc: subprocess.Popen, run_dir: Path, name: str, timeout_s:
     """Wait until checkpoint `name` is complete, then freeze the learner (SIGSTOP): the caller injects a fault at
     exactly that point and lets it go on (SIGCONT)."""
     latest = run_dir / "checkpoints" / "latest"
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while not (latest.is_file() and latest.read_text().strip() == name):
         assert proc.poll() is None, f"learner exited early with {proc.returncode}"
         assert time.monotonic() < deadline, f"no {name} after {timeout_s} s"
@@ -302,7 +304,7 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
         _when_latest_is(first, run_dir, "step_4")
         trigger.write_text("30000")  # step_8's weights file gets 30 kB, then ENOSPC
         first.send_signal(signal.SIGCONT)
-        assert first.wait(120) == EXIT_CHECKPOINT_FAILED
+        assert first.wait(scaled(120)) == EXIT_CHECKPOINT_FAILED
         text = log.read_text()
         assert "checkpoint step_8 failed" in text and "Training goes on" in text
         assert "2 checkpoints in a row could not be written (step 8, step 12)" in text
@@ -320,12 +322,12 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
         # run's last (step_16), which finds the disk still full, waits and is tried again once there is space
         trigger.write_text("")
         second = _start(config_path, redis_url, "--resume", env=hook, log=log)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while "the run's last checkpoint (step 16) is tried again" not in log.read_text():
             assert second.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         trigger.unlink()
-        assert second.wait(120) == 0
+        assert second.wait(scaled(120)) == 0
     finally:
         _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_16"
@@ -349,13 +351,13 @@ def test_a_torn_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
         first = _start(config_path, redis_url, log=log)
         _when_latest_is(first, run_dir, "step_8")
         first.send_signal(signal.SIGKILL)
-        first.wait(30)
+        first.wait(scaled(30))
         step_8 = run_dir / "checkpoints" / "step_8"
         cut = [p for p in step_8.rglob("*") if p.is_file() and p.stat().st_size > 4096 and p.name != MANIFEST]
         for path in cut:
             os.truncate(path, path.stat().st_size // 2)
         second = _start(config_path, redis_url, "--resume", log=log)
-        assert second.wait(180) == 0, log.read_text()[-3000:]
+        assert second.wait(scaled(180)) == 0, log.read_text()[-3000:]
     finally:
         _stop(generator, [p for p in locals().values() if isinstance(p, subprocess.Popen)])
     text = log.read_text()

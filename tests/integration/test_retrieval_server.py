@@ -16,6 +16,7 @@ from retrieval.corpus import write_corpus_jsonl
 from tests.fakes import retrieval_server as retrieval_testing
 from tests.fakes.corpus import synthetic_records
 from tests.fakes.retrieval_server import stop_server
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = [
@@ -35,8 +36,8 @@ FACTS = [
 
 def start_server(args: list[str], port: int, timeout_s: float = 60.0) -> subprocess.Popen:
     """Start `python -m sr1.entrypoints.retrieval serve ...`, wait for its listening line and /health, return the process."""
-    proc, _ = retrieval_testing.start_server(args, port, timeout_s)
-    health = requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    proc, _ = retrieval_testing.start_server(args, port, scaled(timeout_s))
+    health = requests.get(f"http://127.0.0.1:{port}/health", timeout=scaled(5))
     assert health.status_code == 200 and health.json()["status"] == "ok"
     return proc
 
@@ -171,10 +172,10 @@ def test_build_index_then_serve_from_it(corpus, tmp_path):
 
     out = tmp_path / "bm25_index"
     t0 = time.monotonic()
-    done = _build_bm25_index(corpus, out, timeout_s=120)
+    done = _build_bm25_index(corpus, out, timeout_s=scaled(120))
     assert done.returncode == 0, done.stderr
     assert "built bm25 index over 2003 passages" in done.stdout
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < scaled(60)  # 60 s on the idle reference machine
     port = free_port()
     proc = start_server(["--method", "bm25", "--corpus", str(corpus), "--index", str(out)], port)
     try:
@@ -189,7 +190,7 @@ def test_build_index_then_serve_from_it(corpus, tmp_path):
 def test_bad_corpus_line_fails_with_the_line_number(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "0", "contents": "\\"A\\"\\nfine"}\n{"id": "1", "contents": \n')
-    done = _build_bm25_index(bad, tmp_path / "x", timeout_s=60)
+    done = _build_bm25_index(bad, tmp_path / "x", timeout_s=scaled(60))
     assert done.returncode != 0
     assert "bad.jsonl:2: not valid JSON" in done.stderr
 
@@ -233,7 +234,7 @@ def test_a_server_with_a_cross_encoder_answers_search_r1s_rerank_and_sr1s_client
     overrides = [f"retrieval.reranker.{k}={v}" for k, v in reranker.items()]
     proc = start_server(["--method", "bm25", "--corpus", str(corpus), *overrides], port)
     try:
-        assert requests.get(f"{base}/health", timeout=5).json()["rerank"] is True
+        assert requests.get(f"{base}/health", timeout=scaled(5)).json()["rerank"] is True
         # Search-R1's generation: /retrieve with scores, then /rerank with those entries as they came
         queries = ["largest city of France", "river in Africa"]
         retrieved = requests.post(
@@ -296,14 +297,21 @@ def _spawned_workers(proc: subprocess.Popen) -> list:
     return workers
 
 
+def _metrics_at(base: str, requests_counted: int) -> dict | None:
+    """The server's metrics once its workers have counted `requests_counted` requests (None before)."""
+    metrics = requests.get(f"{base}/metrics").json()
+    return metrics if metrics["retrieval/requests"] >= requests_counted else None
+
+
 def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
+    limit = scaled(timeout_s)
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
 
 
 def test_workers_share_the_port_count_together_and_a_dead_worker_is_replaced(corpus, bm25_index):
@@ -327,13 +335,13 @@ def test_workers_share_the_port_count_together_and_a_dead_worker_is_replaced(cor
 
         with ThreadPoolExecutor(8) as pool:
             assert set(pool.map(ask, range(64))) == {"paris"}
-        time.sleep(0.7)  # workers publish their counters every half second
-        metrics = requests.get(f"{base}/metrics").json()
+        # workers publish their counters every half second: wait until all 64 requests are counted
+        metrics = _wait_for(lambda: _metrics_at(base, 64), 10, "the workers' counters")
         assert metrics["retrieval/workers"] == 2 and metrics["retrieval/requests"] == 64
         assert min(metrics["retrieval/worker_requests"]) > 0, metrics["retrieval/worker_requests"]
 
         worker.kill()  # its open connections are reset (clients retry); once it is gone, the other takes them all
-        worker.wait(10)
+        worker.wait(scaled(10))
         assert {ask(i) for i in range(8)} == {"paris"}
         (replacement,) = _wait_for(
             lambda: [w for w in _spawned_workers(proc) if w.pid != worker.pid], 30, "a replacement worker"
@@ -341,12 +349,11 @@ def test_workers_share_the_port_count_together_and_a_dead_worker_is_replaced(cor
         _wait_for(lambda: "restarting it" in "".join(proc.output_tail), 5, "the restart in the log")
         with ThreadPoolExecutor(8) as pool:
             assert set(pool.map(ask, range(64))) == {"paris"}
-        time.sleep(0.7)
-        metrics = requests.get(f"{base}/metrics").json()
+        metrics = _wait_for(lambda: _metrics_at(base, 136), 10, "the workers' counters")
         assert metrics["retrieval/requests"] == 136  # the dead worker's count carried over by its replacement
     finally:
         proc.terminate()
-        assert proc.wait(15) == 0
+        assert proc.wait(scaled(15)) == 0
     assert not psutil.pid_exists(replacement.pid) or replacement.status() == psutil.STATUS_ZOMBIE
 
 
@@ -375,6 +382,6 @@ def test_workers_refuse_a_port_another_server_holds(corpus, bm25_index):
             str(port),
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 2
     assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in done.stderr

@@ -21,6 +21,7 @@ import sr1.launch.redis_server as redis_server
 from config import load_config
 from sr1.launch.redis_server import run_redis
 from sr1.run import Orchestrator
+from tests.timing import scaled
 from tests.unit.sr1.launch.test_redis_auth import exercise_sr1_commands
 
 NAMESPACE = "acl-run"
@@ -68,7 +69,7 @@ def _prepared(cfg, run_dir: Path, resume: bool = False) -> Orchestrator:
 
 def _raw(port: int, *commands: bytes) -> bytes:
     """What a client that does not log in (`redis-cli -p PORT ...`, RESP2) reads back."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(5)) as s:
         s.sendall(b"".join(commands))
         return s.recv(4096)
 
@@ -136,7 +137,9 @@ def test_sr1_runs_redis_lets_in_the_runs_user_only(binary, tiny_model_dir, tmp_p
 
         # the launcher serves /metrics where buffer.metrics_port says, on loopback
         assert orchestrator.metrics.server.server_address == ("127.0.0.1", free_port)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{free_port}/metrics", timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{free_port}/metrics", timeout=scaled(5)).read().decode()
+        )
         assert "sr1_buffer_version 1.0" in body  # exercise_sr1_commands published version 1
     finally:
         orchestrator.stop(interrupted=False)

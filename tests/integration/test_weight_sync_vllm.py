@@ -27,6 +27,7 @@ from tests.fakes.weight_sync import (
     receive_and_ack,
     start_engine,
 )
+from tests.timing import scaled
 from weight_sync.engine_side import EngineWeightSync
 from weight_sync.publisher import WeightPublisher
 from weight_sync.rendezvous import Rendezvous
@@ -52,7 +53,7 @@ def engine(vllm_engine):
 
 
 async def _wait_for(predicate, timeout_s: float = 60.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    deadline = asyncio.get_running_loop().time() + scaled(timeout_s)
     while True:
         value = predicate()
         if value:
