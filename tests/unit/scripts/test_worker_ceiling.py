@@ -9,6 +9,7 @@ import json
 import pytest
 
 from scripts import bench_generators
+from tests.timing import scaled
 
 
 @pytest.mark.slow
@@ -19,10 +20,11 @@ def test_the_null_engine_bench_reports_sane_figures_and_well_formed_trajectories
         "--null-engine",
         "--concurrency",
         "8,16",
+        # long enough for trajectories to finish on this machine now (a fixed 1 s saw none on a loaded VM)
         "--seconds",
-        "1",
+        str(scaled(1)),
         "--warmup-s",
-        "0.5",
+        str(scaled(0.5)),
         "--publish-every-s",
         "0.3",
         "--cpu-core",
