@@ -3,7 +3,7 @@
     world = build_world(Path("runs/.world-cache/seed0"), seed=0)    # cached per directory and parameters
     world.corpus_path, world.train_path, world.test_path, world.model_dir
 
-Everything is generated from one seed, offline, in a minute or two on one CPU core: the knowledge base, corpus
+Everything is generated from one seed, offline, in about two minutes on two CPU cores: the knowledge base, corpus
 and questions (`kb.py`), a byte-level BPE tokenizer and a small `Qwen2ForCausalLM` (`model.py`), and a supervised
 warm start on search trajectories built with the retrieval server's BM25 (`warmstart.py`).
 
@@ -17,7 +17,7 @@ What is the same everywhere. A seed gives byte-identical corpus, questions and t
 seeded `random`, a single-threaded BPE trainer). The warm-started weights are not promised byte for byte: training
 sums floating-point numbers, and another summation order (another CPU vendor's library path, another vector width)
 changes their last bits, which the warm start amplifies. The build narrows that: it runs in a child process whose
-math libraries are pinned to one code path and one thread (`PINNED_ENV`: MKL's conditional numerical
+math libraries are pinned to one code path and two threads (`PINNED_ENV`: MKL's conditional numerical
 reproducibility, ATen's and oneDNN's AVX2 kernels) with torch's deterministic algorithms, so one machine always
 builds the same bytes. But MKL's documentation says a fixed branch holds on Intel CPUs only (on others it takes
 its automatic branch instead), and an AMD EPYC machine built other weights. What is promised instead is the policy's behaviour before RL (`world.probe`: greedy exact match, the
@@ -55,8 +55,8 @@ log = logging.getLogger(__name__)
 MARKER_FILE = "tiny_world.json"
 DATA_S = 10  # about how long the corpus, questions and trajectories take on a 2-core VM (the estimate shown)
 # 2: warm-start observations from the retrieval server's BM25; 3-4: built with PINNED_ENV; 5: the lean forward on one
-# thread, 1,000 trajectories
-WORLD_VERSION = 5
+# thread, 1,000 trajectories; 6: back to 4's recipe (5 left RL too little to learn: docs/tiny-world.md)
+WORLD_VERSION = 6
 # the environment of the child process that builds a world: one code path and one split of every reduction on any
 # Intel CPU with AVX2, whatever its vector width or core count (on other vendors' CPUs MKL ignores MKL_CBWR and
 # takes its automatic branch, so AMD machines still round differently); pinning to the pre-AVX2 baseline instead was measured 2-3x slower per op,
@@ -65,10 +65,11 @@ PINNED_ENV = {
     "MKL_CBWR": "AVX2,STRICT",  # MKL: the AVX2 code path and reduction order, also on AVX-512 CPUs
     "ATEN_CPU_CAPABILITY": "avx2",  # ATen: its AVX2 kernels, not the AVX-512 ones
     "ONEDNN_MAX_CPU_ISA": "AVX2",
-    # one thread: the same split of every reduction whatever the core count, and no spinning thread waiting for a
-    # core another process holds (two threads on a busy 2-core VM made each step 5-25x slower; measured 2026-11-28)
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
+    # two threads: the same split of every reduction whatever the core count. One thread would not spin waiting for
+    # a core another process holds (two made each step 5-25x slower on a busy 2-core VM, 2026-11-28), but its build
+    # (with the lean forward) left RL less to learn; the recipe stays the one measured (docs/tiny-world.md)
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONHASHSEED": "0",
 }

@@ -89,9 +89,7 @@ class WorldSizes:
     num_last_names: int = 80
     num_cities: int = 40
     num_test: int = 100
-    # supervised trajectories: 1,000 seen 20 times each, not 2,000: the full-name query RL needs is sampled after
-    # about 20 passes over a trajectory (docs/tiny-world.md), and half the trajectories cost half the steps
-    num_warmstart: int = 1000
+    num_warmstart: int = 2000  # supervised trajectories
     good_query_share: float = 0.3  # share of warm-start trajectories that search with the full name
     vocab_size: int = 2048
     hidden_size: int = 128
@@ -105,6 +103,10 @@ class WorldSizes:
     # start with an output layer equal to the embeddings and an identity OV circuit in the last layer
     # (sr1.warmstart.copy_friendly_init); off by default: on seed 0 it gave a higher loss after one epoch
     copy_init: bool = False
+    # the warm start's forward through world/lean.py (the last layer only where a loss token is predicted): 15-20 %
+    # less CPU per step, other rounding; off by default: its build of seed 0 sampled the full-name query on 0.06 of
+    # the questions (0.18 with transformers' forward) and left RL less to learn (docs/tiny-world.md)
+    lean_forward: bool = False
 
 
 @dataclass(frozen=True)

@@ -189,8 +189,10 @@ def sft(
     batch_size: int,
     seed: int,
     progress: bool = True,
+    lean: bool = False,
 ) -> list[float]:
-    """AdamW with linear warmup and cosine decay over `epochs`; returns the loss of every step."""
+    """AdamW with linear warmup and cosine decay over `epochs`; returns the loss of every step. `lean`: the forward
+    of `world.lean` (the same function, other rounding) instead of transformers' own."""
     import torch
 
     gen = random.Random(seed)
@@ -214,7 +216,10 @@ def sft(
             gen.shuffle(order)
             for start in range(0, len(order), batch_size):
                 batch = [seqs[i] for i in order[start : start + batch_size]]
-                loss = -lean_logprobs(model, batch, pad_id, prefix_len)[0].mean()
+                if lean:
+                    loss = -lean_logprobs(model, batch, pad_id, prefix_len)[0].mean()
+                else:
+                    loss = sequence_loss(model, batch, pad_id, prefix_len)
                 optim.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -265,7 +270,7 @@ def warm_start(
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(2)
     torch.manual_seed(seed)
     model_dir = Path(model_dir)
     with PhaseProgress(
@@ -300,6 +305,7 @@ def warm_start(
         batch_size=sizes.warmstart_batch,
         seed=seed,
         progress=progress,
+        lean=sizes.lean_forward,
     )
     log.info("warm start: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
     model.save_pretrained(model_dir, safe_serialization=True)
