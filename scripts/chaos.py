@@ -30,6 +30,7 @@ Three other kinds of fault, each in one run checked the same way, live in their 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -212,6 +213,19 @@ class ChaosRun:
     def kill_everything_left(self) -> None:
         for proc in self.processes("parent"):  # every process naming the run directory
             proc.kill()
+
+
+def freeze(processes: list[psutil.Process], seconds: float, chaos: ChaosRun) -> None:
+    """SIGSTOP every process, wait `seconds` (watching the run), SIGCONT them whatever happened meanwhile."""
+    for proc in processes:
+        proc.send_signal(signal.SIGSTOP)
+    thaw_at = time.monotonic() + seconds
+    try:
+        chaos.wait(lambda: time.monotonic() >= thaw_at, seconds + 5, "the end of a freeze")
+    finally:
+        for proc in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)
 
 
 def alive(pids: set[int]) -> list[int]:

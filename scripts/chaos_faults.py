@@ -18,20 +18,17 @@ orphans), with dead-lettered prompts accounted for (not lost), and each event co
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.chaos import ChaosRun, Verdict, chosen, injection_steps, verify  # noqa: E402
+from scripts.chaos import ChaosRun, Verdict, chosen, freeze, injection_steps, verify  # noqa: E402
 
 FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
 
@@ -106,18 +103,7 @@ class FaultInjector:
         """Freeze the retrieval server and its worker processes (SIGSTOP) for `retriever_down_s`, then let them go
         on (SIGCONT): connections are accepted and never answered, as from a hung host."""
         (server,) = self.chaos.processes("retrieval")
-        frozen = [server, *server.children(recursive=True)]
-        for proc in frozen:
-            proc.send_signal(signal.SIGSTOP)
-        up_at = time.monotonic() + self.retriever_down_s
-        try:
-            self.chaos.wait(
-                lambda: time.monotonic() >= up_at, self.retriever_down_s + 5, "the retriever's outage"
-            )
-        finally:
-            for proc in frozen:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.send_signal(signal.SIGCONT)
+        freeze([server, *server.children(recursive=True)], self.retriever_down_s, self.chaos)
 
 
 @dataclass

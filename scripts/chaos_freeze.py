@@ -23,15 +23,13 @@ held, no orphans; and no learner restart unless the frozen part was the learner 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from scripts.chaos import ChaosRun, Verdict, chosen, injection_steps, run_overrides, verify
+from scripts.chaos import ChaosRun, Verdict, chosen, freeze, injection_steps, run_overrides, verify
 
 FREEZE_PARTS = ("generator", "engine", "redis", "retrieval", "learner")
 LEASE_S = 20  # buffer.lease_s of a freeze run: `lease` freezes last past it
@@ -86,19 +84,6 @@ def frozen_processes(chaos: ChaosRun, part: str) -> list[psutil.Process]:
         return chaos.processes("generator")
     (server,) = chaos.processes(part)
     return [server, *server.children(recursive=True)]
-
-
-def freeze(processes: list[psutil.Process], seconds: float, chaos: ChaosRun) -> None:
-    """SIGSTOP every process, wait `seconds` (watching the run), SIGCONT them whatever happened meanwhile."""
-    for proc in processes:
-        proc.send_signal(signal.SIGSTOP)
-    thaw_at = time.monotonic() + seconds
-    try:
-        chaos.wait(lambda: time.monotonic() >= thaw_at, seconds + 5, "the end of a freeze")
-    finally:
-        for proc in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGCONT)
 
 
 def learner_starts(run_dir: Path) -> int:
