@@ -42,6 +42,9 @@ def test_pool_delivers_groups_and_stops_cleanly_on_sigterm(tiny_model_dir, redis
         "retrieval.client.max_retries=0",
         "generators.group_size=2",
         "generators.heartbeat_s=0.5",
+        # the final "stopped" beat must outlive the pool's shutdown, which can take longer than the default TTL of
+        # 15 s on a loaded machine (the engines stop after the worker's last beat)
+        "buffer.heartbeat_ttl_s=600",
         "generators.engine.max_num_seqs=16",
     ]
     cmd = [sys.executable, "-m", "sr1", "generators", "--config", "tiny", "--redis-url", redis_url]
