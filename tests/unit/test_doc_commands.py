@@ -4,9 +4,6 @@ of the command it names (nothing runs: parsing stops the command), so a renamed 
 than on a reader's machine. `make` lines must name targets of the Makefile. Dated measurement pages are records of
 what was run then and are left out.
 
-Every ```yaml block loads as a part of a config (laid over the tiny preset), and every ```python block runs as
-written against a real Redis (`redis_url`).
-
 Placeholders readers fill in are allowed: an optional part in `[...]` is parsed as written out, `...` and `<...>` words
 are dropped, `a|b` takes `a`, and a word in capitals (`N`, `PRESET`, `URL`) stands for a value (`1`).
 """
@@ -36,9 +33,7 @@ PAGES = sorted(
 BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 ANY_FENCED = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 INDENTED = re.compile(r"(?:^(?: {4}|\t).*\n?)+", re.MULTILINE)
-COMMAND = re.compile(
-    r"^(sr1|torchrun|make)\s|^python3?\s+(-m\s|scripts/)"
-)  # `python -c` is no command of sr1
+COMMAND = re.compile(r"^(sr1|torchrun|make)\s|^python3?\s+(-m\s|scripts/)")  # `python -c` is no command of sr1
 
 
 def _blocks(text: str):
@@ -205,29 +200,3 @@ def test_documented_yaml_loads_as_a_config(page, line, block, tmp_path):
         load_config(path)
     except (ConfigError, ValueError) as error:
         pytest.fail(f"{page}:{line}: the YAML block does not load as a config: {error}")
-
-
-PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
-PYTHON_BLOCKS = [
-    (str(page.relative_to(ROOT)), page.read_text().count("\n", 0, m.start()) + 2, m.group(1))
-    for page in PAGES
-    for m in PYTHON_BLOCK.finditer(page.read_text())
-]
-
-
-def test_the_docs_show_python_blocks_to_run():
-    assert PYTHON_BLOCKS, f"found no ```python block in {len(PAGES)} pages: is PYTHON_BLOCK still right?"
-
-
-@pytest.mark.parametrize(
-    ("page", "line", "block"), PYTHON_BLOCKS, ids=[f"{p}:{n}" for p, n, _ in PYTHON_BLOCKS]
-)
-def test_documented_python_runs(page, line, block, redis_url, tmp_path, monkeypatch):
-    """A Python block of the docs runs as written (its asserts hold) against a real Redis, named `redis_url` as the
-    examples call it; a block that does not run fails with the page, the line and the error."""
-    monkeypatch.chdir(tmp_path)  # whatever a block writes lands in a temporary folder
-    namespace = {"__name__": "docs_example", "redis_url": redis_url}
-    try:
-        exec(compile(block, f"{page}:{line}", "exec"), namespace)
-    except Exception as error:  # noqa: BLE001 - any failure of the example is the finding
-        pytest.fail(f"{page}:{line}: the Python block fails: {type(error).__name__}: {error}")
