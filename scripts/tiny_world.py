@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="rebuild even when the directory is up to date")
     parser.add_argument(
+        "--no-shipped",
+        action="store_true",
+        help="build the default world (seed 0) too, instead of copying the one shipped in world/shipped/",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="evaluate the warm-started policy on test questions"
     )
     parser.add_argument("--questions", type=int, default=100, help="test questions for --check")
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.force:
         (args.out / MARKER_FILE).unlink(missing_ok=True)
     start = time.perf_counter()
-    world = build_world(args.out, args.seed, progress=True, **sizes)
+    world = build_world(args.out, args.seed, progress=True, shipped=not args.no_shipped, **sizes)
     figures: dict[str, object] = {"seed": args.seed, "build_s": round(time.perf_counter() - start, 1)}
     figures.update({k: str(v) for k, v in vars(world).items()})
     if args.check:

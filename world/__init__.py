@@ -34,6 +34,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -48,11 +49,15 @@ from retrieval.corpus import DocStore
 from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
 from world.warmstart import build_trajectories, warm_start
 
-__all__ = ["DATA_SOURCE", "MARKER_FILE", "TinyWorld", "WorldSizes", "build_world"]
+__all__ = ["DATA_SOURCE", "MARKER_FILE", "SHIPPED_DIR", "TinyWorld", "WorldSizes", "build_world", "shipped_world"]
 
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "tiny_world.json"
+# the default world (seed 0, default sizes), built once by `python scripts/tiny_world.py --out world/shipped/seed0
+# --force --no-shipped` and committed (2.7 MB): a first `make run`, CI and every test suite skip its warm start, the
+# largest part of a first run on a slow CPU; `tests/integration/test_world_determinism.py` rebuilds it and compares
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 DATA_S = 10  # about how long the corpus, questions and trajectories take on a 2-core VM (the estimate shown)
 # 2: warm-start observations from the retrieval server's BM25; 3-4: built with PINNED_ENV; 5: the lean forward on one
 # thread, 1,000 trajectories; 6: back to 4's recipe (5 left RL too little to learn: docs/tiny-world.md)
@@ -94,13 +99,21 @@ def _marker(seed: int, sizes: WorldSizes) -> dict[str, Any]:
 
 
 def build_world(
-    out_dir: Path, seed: int = 0, *, progress: bool = True, since: float | None = None, **sizes: Any
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    progress: bool = True,
+    since: float | None = None,
+    shipped: bool = True,
+    **sizes: Any,
 ) -> TinyWorld:
     """Build (or find cached) the tiny world in `out_dir`: corpus, train/test parquet and the warm-started model.
 
-    Returns at once when `out_dir` already holds a complete world built with the same seed and sizes.
-    `sizes` are `WorldSizes` fields (e.g. `num_people=200`, `hidden_size=256`). With `progress`, the build says
-    what it does and, once, how long it took in all (counted from `since`, a `time.time()`, when given).
+    Returns at once when `out_dir` already holds a complete world built with the same seed and sizes. The default
+    world (seed 0, default sizes) is copied from the one shipped in the package (`SHIPPED_DIR`) unless `shipped` is
+    false; any other seed or size is built. `sizes` are `WorldSizes` fields (e.g. `num_people=200`). With
+    `progress`, the build says what it does and, once, how long it took in all (counted from `since`, a
+    `time.time()`, when given).
     """
     unknown = set(sizes) - {f.name for f in dataclasses.fields(WorldSizes)}
     if unknown:
@@ -112,6 +125,14 @@ def build_world(
     wanted = _marker(seed, world_sizes)
     if _is_built(world, marker_path, wanted):
         log.info("tiny world: cached in %s", out_dir)
+        return world
+    source = shipped_world(seed, world_sizes) if shipped else None
+    if source is not None and source.resolve() != out_dir.resolve():
+        with _build_lock(out_dir, progress):
+            if not _is_built(world, marker_path, wanted):
+                _copy_world(source, out_dir)
+        if progress:
+            print(f"[tiny world] seed {seed}: the shipped copy ({source}), installed into {out_dir}", flush=True)
         return world
     if not pinned():
         # the build itself runs in a child process with the math libraries pinned (they read these at load time)
@@ -177,6 +198,29 @@ def build_world(
             flush=True,
         )
     return world
+
+
+def shipped_world(seed: int, sizes: WorldSizes) -> Path | None:
+    """The shipped copy of the world of `seed` and `sizes`, if the package holds one built by this recipe (its
+    marker names this `WORLD_VERSION`, seed and sizes); None otherwise."""
+    source = SHIPPED_DIR / f"seed{seed}"
+    if not _is_built(_paths(source), source / MARKER_FILE, _marker(seed, sizes)):
+        return None
+    return source
+
+
+def _copy_world(source: Path, out_dir: Path) -> None:
+    """Copy a built world into `out_dir`, its marker last (a copy cut short leaves no marker: it is copied again)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARKER_FILE).unlink(missing_ok=True)
+    model_dir = out_dir / "model"
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    shutil.copytree(source / "model", model_dir)
+    built = _paths(source)
+    for path in (built.corpus_path, built.train_path, built.test_path):
+        shutil.copyfile(path, out_dir / path.name)
+    shutil.copyfile(source / MARKER_FILE, out_dir / MARKER_FILE)
 
 
 def _is_built(world: TinyWorld, marker_path: Path, wanted: dict) -> bool:

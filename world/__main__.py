@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
 
         transformers.logging.disable_progress_bar()  # its per-file bars would interleave with the world's lines
     torch.use_deterministic_algorithms(True)
-    build_world(args.out, args.seed, progress=progress, since=args.since, **json.loads(args.sizes))
+    # this process exists to build (build_world found no shipped copy to install, or was told not to use one)
+    build_world(
+        args.out, args.seed, progress=progress, since=args.since, shipped=False, **json.loads(args.sizes)
+    )
     return 0
 
 

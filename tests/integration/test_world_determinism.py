@@ -38,7 +38,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SEED = 0  # the world `sr1 run` trains on by default (cached under runs/.world-cache/seed0, shared with other tests)
+SEED = 0  # the world `sr1 run` trains on by default (shipped in world/shipped/seed0, installed into runs/.world-cache)
 EXPECTED_DATA = {
     "corpus": "036d6c661b760a2b52858374d9ad0dd991993e2ac4ef40cbb677c8030313c390",
     "questions": "4ce59ed9a2c174212af6d83294b5710231bed4dcd07baef2bca15c07bf859c8a",
@@ -77,6 +77,14 @@ def data_checksums(world) -> dict[str, str]:
     }
 
 
+def _outside(figures: dict[str, float]) -> dict[str, tuple]:
+    return {
+        key: (round(figures[key], 3), bounds)
+        for key, bounds in BEHAVIOUR.items()
+        if not bounds[0] <= figures[key] <= bounds[1]
+    }
+
+
 @pytest.fixture(scope="module")
 def default_world():
     from sr1.embedded import RUNS_ROOT
@@ -100,14 +108,30 @@ def test_the_warm_started_policy_behaves_the_same_on_every_machine(default_world
             default_world, kb, kb.test, modes=("greedy", "forced_good", "forced_imperfect", "sampled")
         )
     )
-    outside = {
-        key: (round(figures[key], 3), bounds)
-        for key, bounds in BEHAVIOUR.items()
-        if not bounds[0] <= figures[key] <= bounds[1]
-    }
+    outside = _outside(figures)
     assert not outside, (
         f"the warm-started policy left its bounds (figure, (low, high)): {outside}; all: {figures}"
     )
+
+
+@pytest.mark.long
+@pytest.mark.timeout(2400)
+def test_a_rebuild_here_is_equivalent_to_the_shipped_world(default_world, tmp_path):
+    """The shipped default world (world/shipped/seed0, what every first run installs) is what this machine builds
+    from the recipe: the same corpus, questions and tokenizer, and a warm-started policy within the same bounds."""
+    from world import SHIPPED_DIR, WorldSizes, build_world
+    from world.kb import build_kb
+    from world.probe import probe_policy
+
+    rebuilt = build_world(tmp_path / "seed0", seed=SEED, progress=False, shipped=False)
+    shipped = build_world(SHIPPED_DIR / f"seed{SEED}", seed=SEED, progress=False)  # found as it is, never built
+    assert data_checksums(rebuilt) == data_checksums(shipped) == EXPECTED_DATA
+    kb = build_kb(SEED, WorldSizes())
+    figures = asyncio.run(
+        probe_policy(rebuilt, kb, kb.test, modes=("greedy", "forced_good", "forced_imperfect", "sampled"))
+    )
+    outside = _outside(figures)
+    assert not outside, f"the rebuilt policy left the bounds (figure, (low, high)): {outside}; all: {figures}"
 
 
 def test_the_probe_tells_a_policy_that_cannot_search_from_the_warm_started_one(default_world, tmp_path):
