@@ -7,7 +7,7 @@ PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast test-gpu gpu-check lint bench
+.PHONY: setup run test test-long test-fast test-gpu gpu-check lint bench
 
 setup:
 	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER)
@@ -16,10 +16,13 @@ run:  ## the main job: `sr1 run` on the embedded tiny default (ARGS="learner.max
 	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER) --world '$(ARGS)'  # a fresh install builds the world meanwhile
 	$(VENV)/bin/sr1 run $(ARGS)
 
-test:  ## the whole test suite, slow integration tests included (the tiny world the tests run on is built beside the install)
+test:  ## ruff, then every test but the long tier: unit and integration, slow ones included (what CI runs)
 	@$(PYTHON) scripts/setup_env.py --venv $(VENV) --installer $(INSTALLER) --world ''
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not long" $(PYTEST_ARGS)
+
+test-long: setup  ## the long tier (marked long): chaos rehearsals, the soak, full rebuilds, minutes each
+	$(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 
 test-fast: setup  ## every test not marked slow: the unit tests and the faster integration tests
 	$(VENV)/bin/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
