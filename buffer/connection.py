@@ -21,10 +21,11 @@ Lua script (a script is refused before its first write; once it has written, Red
 half-written and the retry is the first execution. The buffer stops releasing prompts well before that point
 (buffer/admission.py).
 
-Every write of the buffer is safe to repeat when it ran but its reply was lost (docs/network-and-redis.md, "Lost
-replies", lists how each one is made so). A read whose reply was lost can leave stream entries delivered to the
-reader that it never saw: the learner's batch assembler takes its pending entries back after a reconnect, and a
-generator gives back the leases it holds without knowing (generators/worker.py).
+Every write of the buffer is safe to repeat when it ran but its reply was lost
+(docs/measurements/network-and-redis.md, "Lost replies", lists how each one is made so). A read whose reply was lost
+can leave stream entries delivered to the reader that it never saw: the learner's batch assembler takes its pending
+entries back after a reconnect, and a generator gives back the leases it holds without knowing
+(generators/worker.py).
 """
 
 from __future__ import annotations

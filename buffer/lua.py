@@ -6,7 +6,7 @@ promise under `maxmemory` too: a script is refused (OOM) before its first write,
 
 Each script is also safe to run twice: a write whose reply was lost (a network cut, a Redis restart) is sent again
 by the client (buffer/connection.py), so the second run must change nothing the first one did. Each script says what
-makes it so; docs/network-and-redis.md ("Lost replies") lists every write of the buffer.
+makes it so; docs/measurements/network-and-redis.md ("Lost replies") lists every write of the buffer.
 """
 
 # the streams' consumer groups (the scripts below name them too)

@@ -83,7 +83,7 @@ class RedisMemory:
         return (
             f"Redis memory {_mib(memory.used)} of maxmemory {_mib(memory.maxmemory)} "
             f"({memory.fraction:.0%}) is above buffer.memory_high_water ({self.memory_high_water:.0%}): no prompt is "
-            f"released until the learner has trained what is queued (raise maxmemory, see docs/network-and-redis.md)"
+            f"released until the learner has trained what is queued (raise maxmemory, see docs/reliability.md)"
         )
 
     def put_pause_reason(self, memory: RedisMemoryInfo | None = None) -> str | None:

@@ -36,7 +36,8 @@ Keys, all under `<namespace>:`
 
 Every write that must not be torn (put a group and finish its prompt; ack and leave the in-flight set) is one Lua
 script (buffer/lua.py), so a crash between two calls never loses or duplicates a group. Every write is also safe to
-send again when its reply was lost (each method says how; docs/network-and-redis.md, "Lost replies", lists them all).
+send again when its reply was lost (each method says how; docs/measurements/network-and-redis.md, "Lost replies",
+lists them all).
 This module holds the streams' common steps and the group side (put, take, ack, trained, recalled). The rest is
 mixed in: prompt leases (claim, renew, fail, give back) are in buffer/prompt_leases.py, dead letters in
 buffer/dead_letters.py, releases and the remembered group ids in buffer/group_ids.py, durable groups in

@@ -86,7 +86,7 @@ class BufferConfig(BaseModel):
         gt=0,
         le=1,
         description="Stop releasing prompts while Redis's used_memory is above this fraction of its maxmemory (INFO "
-        "memory); the groups already released still finish and must fit in the rest (docs/network-and-redis.md says how "
+        "memory); the groups already released still finish and must fit in the rest (docs/reliability.md says how "
         "to size maxmemory). No effect when Redis has no maxmemory.",
     )
     local_maxmemory_mb: int = Field(

@@ -46,7 +46,7 @@ def write_private(path: Path, text: str) -> Path:
 
 def save_config(cfg: Config, run_dir: Path) -> Path:
     """Write the resolved config to `<run_dir>/config.yaml` (loadable again as a preset path), owner-only, its
-    secrets masked (a resume gives them again: docs/reliability.md, "Secrets")."""
+    secrets masked (a resume gives them again: docs/reliability.md, "Resuming a run whose secrets you gave")."""
     return write_private(run_dir / "config.yaml", config_to_yaml(cfg))
 
 

@@ -40,10 +40,10 @@ NOTES = {
     "docs/contributing.md": "adding a task, a retriever or an algorithm; tests, fakes, lint, docs",
     "docs/deployment.md": "Ray clusters, tensor-parallel engines, elastic generators, Redis at scale, the 8xH100 recipe",
     "docs/files.md": "one line per file (generated)",
-    "docs/memory-over-hours.md": "the soak test, and the freed heap memory the vLLM worker and the learner give back",
+    "docs/measurements/memory-over-hours.md": "the soak test, and the freed heap memory the vLLM worker and the learner give back",
     "docs/metrics.md": "every metric key, what it means and which part reports it",
     "docs/parts.md": "each package in depth: tasks, the replay buffer, the generators",
-    "docs/reliability.md": "crash anything, lose nothing: what happens when each part dies, the chaos test",
+    "docs/reliability.md": "one row per guarantee: how it holds, the command that checks it, its latest measurement",
     "docs/tiny-world.md": "the synthetic world `sr1 run` trains on: how it is built, what it measures, determinism",
     "docs/user-guide.md": "running sr1: `sr1 run`, pools, Search-R1 data, index, training, evaluation, wandb",
 }

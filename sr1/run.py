@@ -152,7 +152,7 @@ class Orchestrator:
             cfg = self._place_retrieval(cfg)
         # the run's config as a user would resume it: a local Redis is started again on its AOF, at a new port, and a
         # retrieval token the launcher made (`sr1 launch`) is made again; one the user gave is kept, masked (a resume
-        # asks for it again: docs/reliability.md, "Secrets")
+        # asks for it again: docs/measurements/security.md, "Secrets")
         resumable = cfg.model_copy(
             update={"retrieval": cfg.retrieval.model_copy(update={"token": given_token})}
         )
