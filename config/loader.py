@@ -51,7 +51,7 @@ gives the same error, so supervisors never restart a process that exits with it 
 EXIT_CHECKPOINT_FAILED = 74
 """The exit status of a learner that stopped because its checkpoints cannot be written (sysexits' EX_IOERR): two in
 a row failed (a full disk). A restart would fail the same way until someone frees space, so supervisors do not
-restart it; `--resume` goes on from the last good checkpoint once there is room (learner/safety_net.py)."""
+restart it; `--resume` goes on from the last good checkpoint once there is room (learner/checkpoints/safety_net.py)."""
 
 
 def list_presets() -> list[str]:

@@ -40,7 +40,7 @@ from buffer.stats import STALENESS_HIST, pool_metrics
 from common.busy import CHECKPOINTING, clear_busy, mark_busy
 from evaluation import Evaluations, Patience
 from learner.algorithms.shaping import informative
-from learner.checkpoint import Checkpointer, CheckpointWriteError, ResumeState
+from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError, ResumeState
 from learner.job import LearnerJob
 from learner.steps import StepHooks
 from learner.stop import StopFlag

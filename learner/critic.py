@@ -78,7 +78,7 @@ class Critic:
         **load_options,
     ):
         """`load_options`: how the policy's model is run (attention, checkpointing, compile, FSDP2 resharding:
-        learner.model.load_policy's keywords, from learner/execution.py); the critic runs the same way."""
+        learner.model.load_policy's keywords, from learner/execution/plan.py); the critic runs the same way."""
         self.cfg = cfg
         self.world = world
         self.path = Path(cfg.model_path) if cfg.model_path else Path(policy_path)

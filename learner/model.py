@@ -3,10 +3,10 @@
 Same code on CPU (gloo) and GPU (NCCL). Master weights stay fp32; with `model.dtype` bfloat16/float16 FSDP2's
 MixedPrecisionPolicy casts parameters for compute and reduces gradients in fp32. Each decoder layer is its own
 FSDP unit (all-gathered just before it runs, freed after, or with `reshard_after_forward=False` kept until the
-trainer lets it go: learner/execution.py decides), the embeddings and head belong to the root unit, which FSDP2
+trainer lets it go: learner/execution/plan.py decides), the embeddings and head belong to the root unit, which FSDP2
 does not reshard after the forward: the log-prob head (learner/packing.py) uses the head's weight between the
 forward and the backward. Before FSDP2 wraps a layer, its forward is wrapped for activation checkpointing
-(learner/recompute.py) and compiled (learner/compiled.py): `prepare_layers`.
+(learner/execution/recompute.py) and compiled (learner/execution/compiled.py): `prepare_layers`.
 
 `cpu_offload` (`learner.cpu_offload`): FSDP2's CPUOffloadPolicy keeps the sharded parameters, their gradients and
 so the optimizer state in CPU memory, copies each unit to the GPU for its forward/backward, and the optimizer steps
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from learner.attention import attention_implementation
-from learner.compiled import compiled_forward
 from learner.distributed import World
+from learner.execution.attention import attention_implementation
+from learner.execution.compiled import compiled_forward
+from learner.execution.memory import checkpointed_layers
+from learner.execution.recompute import checkpointed_forward
 from learner.lora import inject_lora
-from learner.memory import checkpointed_layers
-from learner.recompute import checkpointed_forward
 from learner.settings import LoraSettings
 
 log = logging.getLogger(__name__)
@@ -74,13 +74,13 @@ def load_policy(
 
     `value_head`: the model's body with a scalar head in place of the LM head (PPO's critic, learner/critic.py):
     transformers' token-classification class with one label and no dropout on the head. `attention`: how packed
-    rows are attended (learner/attention.py; auto picks by device). `gradient_checkpointing`: a policy of
-    learner/recompute.py (`full`, `every_n` with `checkpointing_every`, `selective`, `none`; true/false mean
-    full/none), applied to each decoder layer's forward, which `compile` then compiles (learner/compiled.py), both
-    before FSDP2 wraps the layer. `reshard_after_forward`: whether each layer frees its gathered (compute-dtype)
-    parameters after the forward; False keeps them for the backward (no second all-gather and cast). `lora`
-    (learner.lora): adapters injected before the layers are wrapped and sharded, the rest frozen in `dtype`
-    (learner/lora.py)."""
+    rows are attended (learner/execution/attention.py; auto picks by device). `gradient_checkpointing`: a policy of
+    learner/execution/recompute.py (`full`, `every_n` with `checkpointing_every`, `selective`, `none`; true/false mean
+    full/none), applied to each decoder layer's forward, which `compile` then compiles
+    (learner/execution/compiled.py), both before FSDP2 wraps the layer. `reshard_after_forward`: whether each layer
+    frees its gathered (compute-dtype) parameters after the forward; False keeps them for the backward (no second
+    all-gather and cast). `lora` (learner.lora): adapters injected before the layers are wrapped and sharded, the rest
+    frozen in `dtype` (learner/lora.py)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -137,8 +137,9 @@ def load_policy(
 def prepare_layers(
     model: torch.nn.Module, checkpointing: bool | str, *, every: int = 2, compile: bool = False
 ) -> list[torch.nn.Module]:
-    """Wrap each decoder layer's forward: checkpointed by policy (learner/recompute.py), then compiled
-    (learner/compiled.py). Before FSDP2: its hooks stay around the module call, outside both. Returns the layers."""
+    """Wrap each decoder layer's forward: checkpointed by policy (learner/execution/recompute.py), then compiled
+    (learner/execution/compiled.py). Before FSDP2: its hooks stay around the module call, outside both. Returns the
+    layers."""
     if isinstance(checkpointing, bool):
         checkpointing = "full" if checkpointing else "none"
     layers = _decoder_layers(model)

@@ -4,7 +4,7 @@ A trajectory is prompt + response in one row; the log-prob of response token j c
 position before it. Each packed micro-batch concatenates whole sequences (first-fit decreasing under
 `micro_batch_tokens`) and carries, per position t, the target token t + 1 and the loss inputs of that target.
 
-Sequences in a packed row must not attend to each other (learner/attention.py): flash_attention_2 and
+Sequences in a packed row must not attend to each other (learner/execution/attention.py): flash_attention_2 and
 sr1_torch_varlen (GPU) and the per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries
 (`cu_seq_lens_q`) and attend within each sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
 models get an explicit block-diagonal causal mask (`block_causal_mask`). All give the same log-probs as running each
@@ -19,16 +19,16 @@ import numpy as np
 import torch
 
 from buffer.records import Group
-from learner.attention import (
+from learner.execution.attention import (
     DEVICE_BOUNDARIES,
     FLEX_DOCUMENT,
     VARLEN_SDPA,
     VARLEN_TORCH,
     document_causal_block_mask,
 )
-from learner.chunked_logprobs import chunked_logprobs
-from learner.device import host_to_device
-from learner.fused_head import fused_logprobs
+from learner.execution.chunked_logprobs import chunked_logprobs
+from learner.execution.device import host_to_device
+from learner.execution.fused_head import fused_logprobs
 
 
 @dataclass
@@ -271,12 +271,13 @@ def token_logprobs(
     """fp32 log-probs (and entropies) of the targets at `mb.keep`, from logits / temperature like the engine's.
 
     The model body runs once over the packed row; its final hidden states at the `keep` positions then go through
-    the LM head, log-softmax and gather `chunk_tokens` at a time (learner/chunked_logprobs.py), so no
+    the LM head, log-softmax and gather `chunk_tokens` at a time (learner/execution/chunked_logprobs.py), so no
     [tokens x vocab] logits tensor exists in the forward or the backward (`final_hidden_states`). Under FSDP2 this
     still runs inside the root unit's forward/backward hooks, which all-gather the head with the embeddings and
     reduce-scatter its gradient after the backward.
     `with_entropy=False` computes no entropy; with it, the entropy's gradient is computed only if it reaches the loss.
-    `head`: `chunked` (learner/chunked_logprobs.py) or `fused` (learner/fused_head.py; learner.logprob_head).
+    `head`: `chunked` (learner/execution/chunked_logprobs.py) or `fused` (learner/execution/fused_head.py;
+    learner.logprob_head).
     """
     hidden = final_hidden_states(
         model,

@@ -147,7 +147,7 @@ class LearnerConfig(BaseModel):
         description="Activation checkpointing (recompute in the backward pass): `full` (every decoder layer), "
         "`every_n` (every learner.gradient_checkpointing_every-th layer), `selective` (cheap ops recomputed, matmul "
         "and attention outputs kept), `none`, or `auto`: on CUDA the least recompute whose estimated peak fits the "
-        "GPU (learner/memory.py, logged at start), on CPU none. true/false mean full/none.",
+        "GPU (learner/execution/memory.py, logged at start), on CPU none. true/false mean full/none.",
     )
     gradient_checkpointing_every: int = Field(
         2,
@@ -161,14 +161,14 @@ class LearnerConfig(BaseModel):
     )
     attention: AttentionName = Field(
         "auto",
-        description="How packed sequences are kept apart (learner/attention.py): flash_attention_2, "
+        description="How packed sequences are kept apart (learner/execution/attention.py): flash_attention_2, "
         "sr1_torch_varlen (torch.nn.attention.varlen), sr1_flex_document, sr1_varlen_sdpa, or auto: on CUDA the "
         "fastest of those present, measured once per GPU and shape and logged; on CPU the per-sequence SDPA loop.",
     )
     logprob_head: Literal["auto", "fused", "chunked"] = Field(
         "auto",
         description="The LM head's log-prob/entropy step: `fused` (one compiled pass per chunk over compute-dtype "
-        "logits, learner/fused_head.py), `chunked` (fp32 chunk buffers, learner/chunked_logprobs.py), or auto: "
+        "logits, learner/execution/fused_head.py), `chunked` (fp32 chunk buffers, learner/execution/chunked_logprobs.py), or auto: "
         "fused on CUDA, chunked on CPU.",
     )
     logprob_chunk_tokens: int = Field(

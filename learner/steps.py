@@ -25,10 +25,10 @@ from buffer.records import Group
 from buffer.staleness import StepBounds
 from common.heap import release_free_heap
 from common.model_paths import resolve_model_path, resolve_tokenizer_path
-from learner.checkpoint import Checkpointer, CheckpointWriteError, Resumed, ResumeState
+from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError, Resumed, ResumeState
+from learner.checkpoints.safety_net import FINAL_RETRY_S, CheckpointsFailing, SafetyNet
 from learner.distributed import World, all_reduce
 from learner.job import LearnerJob
-from learner.safety_net import FINAL_RETRY_S, CheckpointsFailing, SafetyNet
 from learner.stop import StopFlag
 from learner.tracking import Tracker, merge_metrics
 from learner.trainer import Learner
@@ -328,7 +328,7 @@ class RankSteps:
 
     def _checkpoint(self, hooks: StepHooks, last: bool) -> bool:
         """Save a checkpoint and let the hooks ack what it made durable; False when it could not be written (the
-        safety net decides whether the run goes on: see learner/safety_net.py)."""
+        safety net decides whether the run goes on: see learner/checkpoints/safety_net.py)."""
         learner = self.learner
         state = ResumeState(version=learner.version, extra=learner.resume_extra())
         hooks.checkpoint_state(state)

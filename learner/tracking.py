@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from common.secrets import mask_argv, mask_config
-from learner.checkpoint_files import NO_SPACE_ERRNOS
-from learner.safety_net import CheckpointsFailing
+from learner.checkpoints.files import NO_SPACE_ERRNOS
+from learner.checkpoints.safety_net import CheckpointsFailing
 
 log = logging.getLogger(__name__)
 

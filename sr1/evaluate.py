@@ -84,7 +84,7 @@ def _checkpoint_and_config(args: argparse.Namespace):
     """The checkpoint directory to evaluate and the config to evaluate it with."""
     # config/ and learner/ import torch: after --help has answered
     from config import load_config
-    from learner.checkpoint import latest_checkpoint
+    from learner.checkpoints.checkpointer import latest_checkpoint
 
     run_dir = args.run_dir
     if run_dir is not None:

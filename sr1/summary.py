@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from buffer.monitor import staleness_histogram
 from buffer.staleness import describe
-from learner.checkpoint import latest_checkpoint
+from learner.checkpoints.checkpointer import latest_checkpoint
 from sr1.report import (
     RunSummary,
     checkpoint_failures,

@@ -8,10 +8,10 @@ preset / root config file, from which the learner takes its job (learner/job.py)
 rendezvous come from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that
 `sr1 learner` or torchrun set; without them it is a single rank. SIGTERM/SIGINT finish the current step, write a
 checkpoint and exit 0. `--resume` continues from the newest checkpoint under `<run_dir>/checkpoints` whose files
-verify (learner/checkpoint.py). A configuration or data error (a bad job, an unreadable prompt file, overlong prompts
-that may not be dropped), `learner.max_nonfinite_steps` skipped updates in a row, and checkpoints none of which can be
-resumed from, exit with `config.EXIT_BAD_INPUT`; checkpoints that cannot be written (two in a row failed: a full
-disk) with `config.EXIT_CHECKPOINT_FAILED`. Supervisors restart neither.
+verify (learner/checkpoints/checkpointer.py). A configuration or data error (a bad job, an unreadable prompt file,
+overlong prompts that may not be dropped), `learner.max_nonfinite_steps` skipped updates in a row, and checkpoints
+none of which can be resumed from, exit with `config.EXIT_BAD_INPUT`; checkpoints that cannot be written (two in a row
+failed: a full disk) with `config.EXIT_CHECKPOINT_FAILED`. Supervisors restart neither.
 
 One learner per run: rank 0 holds the run directory's owner lock (sr1/launch/lock.py) while it lives, unless the
 launcher that started it holds it (`sr1 run`, `sr1 learner`, `sr1 launch` name themselves in `LAUNCHER_ENV`). A
@@ -119,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from buffer.memory import EvictingRedis
-    from learner.checkpoint import CheckpointLoadError
+    from learner.checkpoints.checkpointer import CheckpointLoadError
+    from learner.checkpoints.safety_net import CheckpointsFailing
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import run_learner
-    from learner.safety_net import CheckpointsFailing
     from learner.steps import NonFiniteTrainingError
 
     stop = StopFlag().install()

@@ -12,10 +12,10 @@ shape, and its source says how (docs/plan-model.md, "LoRA"):
 - the learner's tokens/s: the full-weight figure times the ratio of matmul FLOPs per token. A full-weight step does
   the forward (2P), the activations' gradients (2P), the weights' gradients (2P) and recomputes `recomputed_forwards`
   forwards (2P each). A LoRA step skips the frozen base's weight gradients and recomputes only what its own memory
-  plan needs (`learner/memory.py`'s policies and headroom, with the LoRA state below), plus the adapters' own 6A.
-  The same achieved FLOP rate is assumed: the adapters' small matmuls run slower than the base's;
-- the learner's memory: `learner/memory.py`'s own LoRA estimate: the frozen base in the compute dtype (no gradient,
-  no moments), the adapters in fp32 with their gradients and two AdamW moments (16 bytes each), sharded; the KL
+  plan needs (`learner/execution/memory.py`'s policies and headroom, with the LoRA state below), plus the adapters'
+  own 6A. The same achieved FLOP rate is assumed: the adapters' small matmuls run slower than the base's;
+- the learner's memory: `learner/execution/memory.py`'s own LoRA estimate: the frozen base in the compute dtype (no
+  gradient, no moments), the adapters in fp32 with their gradients and two AdamW moments (16 bytes each), sharded; the KL
   reference is the same model with the adapters disabled (0 bytes); activations at the chosen policy;
 - the publish: the adapter's bf16 bytes instead of the full weights', scaled from the full-weight publish time;
   no engine pause (each version loads as its own vLLM adapter beside the older ones);
@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from learner.memory import (
+from learner.execution.memory import (
     AUTO_EVERY,
     AUTO_HEADROOM,
     GIB,
@@ -76,7 +76,7 @@ def adapter_parameters(shape: ModelShape, rank: int, targets: list[str] | tuple[
 
 
 def step_shape(profile: Profile) -> StepShape:
-    """`learner/memory.py`'s shape of the profile's model (a ProfileError when the profile has none)."""
+    """`learner/execution/memory.py`'s shape of the profile's model (a ProfileError when the profile has none)."""
     s = profile.shape
     if s is None:
         raise ProfileError(
@@ -98,8 +98,9 @@ def lora_memory_plan(
     compute_bytes: int = WIRE_BYTES,
 ) -> tuple[str, float]:
     """(checkpointing policy, GiB per rank beside the sharded state) of a LoRA step of `tokens`, by
-    `learner/memory.py`'s own LoRA estimate: the named policy, or for `auto` the least recompute whose peak on one
-    rank (the tightest case of a plan) fits `capacity_gib`, in memory.py's order and with its headroom."""
+    `learner/execution/memory.py`'s own LoRA estimate: the named policy, or for `auto` the least recompute whose peak
+    on one rank (the tightest case of a plan) fits `capacity_gib`, in learner/execution/memory.py's order and with its
+    headroom."""
     shape = step_shape(profile)
     adapters = adapter_parameters(profile.shape, lora.rank, lora.target_modules)
     state = (
@@ -187,11 +188,12 @@ def lora_profile(
             0.0, "derived: the KL reference is the same model with the adapters disabled, never a second copy"
         ),
         "critic_bytes_per_param": _figure(
-            16.0, "learner/memory.py: a PPO critic beside a LoRA policy trains every weight (fp32, AdamW)"
+            16.0,
+            "learner/execution/memory.py: a PPO critic beside a LoRA policy trains every weight (fp32, AdamW)",
         ),
         "activation_gib": _figure(
             beside,
-            f"derived: learner/memory.py's estimate at {tokens:,}-token micro-batches with recompute '{chosen}' "
+            f"derived: learner/execution/memory.py's estimate at {tokens:,}-token micro-batches with recompute '{chosen}' "
             f"(the least that fits {'the GPU' if capacity is None else f'{capacity:.0f} GiB'} with the LoRA state), "
             "less the sharded state: unsharded bf16 layers, activations, the log-prob head's transient",
         ),

@@ -372,7 +372,7 @@ def profile_sources(profile: Profile) -> list[tuple[str, str, str]]:
 
 def learner_memory_gib(profile: Profile, ranks: int, *, reference: bool, critic: bool) -> float:
     """Peak GiB per learner rank: the sharded training state (and the frozen reference's fp32 shards, a critic's
-    state) plus activations, as the learner's own check counts them (learner/memory.py)."""
+    state) plus activations, as the learner's own check counts them (learner/execution/memory.py)."""
     params = profile.params_billion.value * 1e9
     learner = profile.learner
     state = params * learner.bytes_per_param.value

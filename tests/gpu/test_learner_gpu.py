@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.attention import (
+from learner.execution.attention import (
     FLASH_VARLEN,
     FLEX_DOCUMENT,
     VARLEN_SDPA,
@@ -70,7 +70,7 @@ def test_the_learner_picks_the_fastest_measured_kernel_on_cuda(
     cuda_world, tiny_model_dir, tmp_path, monkeypatch
 ):
     """auto times every kernel present on a probe row and takes the fastest; the choice is cached (on disk too)."""
-    from learner.attention_choice import _cache, cuda_candidates
+    from learner.execution.attention_choice import _cache, cuda_candidates
     from learner.trainer import Learner
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -154,8 +154,8 @@ def test_fused_adamw_on_cuda_shards_matches_the_loop(cuda_world, tiny_model_dir)
 def test_chunked_logprobs_in_bf16_match_full_logits(tiny_model_dir, head):
     """The chunked and the fused head (its kernels compiled: Triton) with bf16 hidden states and weight (as under
     FSDP2 mixed precision) against fp32 logits of the same bf16 products."""
-    from learner.chunked_logprobs import chunked_logprobs
-    from learner.fused_head import fused_logprobs
+    from learner.execution.chunked_logprobs import chunked_logprobs
+    from learner.execution.fused_head import fused_logprobs
 
     run = fused_logprobs if head == "fused" else chunked_logprobs
     torch.manual_seed(0)
@@ -205,7 +205,7 @@ def test_the_benchmark_runs_on_cuda(capsys):
 
 def test_the_benchmark_runs_the_search_r1_step_on_cuda(capsys):
     """bench_learner.py --workload search-r1 on CUDA, scaled down: the preset's step with the reference and proximal
-    forwards, the plain step beside it, the peak beside learner/memory.py's estimate, the compiler's counters."""
+    forwards, the plain step beside it, the peak beside learner/execution/memory.py's estimate, the compiler's counters."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import json
 

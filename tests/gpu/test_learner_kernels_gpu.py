@@ -23,8 +23,8 @@ def test_the_heads_memory_at_qwens_vocabulary(head):
     """A 16k-token micro-batch at 151,936 tokens of vocabulary (bf16, hidden 896): the head's peak beyond its
     inputs and their gradients stays under a quarter of the fp32 logits the unchunked head held (the fused head's
     is about 0.07x, the chunked one's about 0.18x)."""
-    from learner.chunked_logprobs import chunked_logprobs
-    from learner.fused_head import fused_logprobs
+    from learner.execution.chunked_logprobs import chunked_logprobs
+    from learner.execution.fused_head import fused_logprobs
 
     run = fused_logprobs if head == "fused" else chunked_logprobs
     tokens, width = 16384, 896
@@ -61,7 +61,7 @@ def test_compiled_layers_give_the_eager_step_without_graph_breaks(cuda_world, ti
     """fp32, FlexAttention inside the layers' graph: the same metrics and weights as eager layers over five steps of
     different packed shapes; no graph break; a few recompilations early (the BlockMask's length, one-block rows),
     none in the last step."""
-    from learner.compiled import compile_counters
+    from learner.execution.compiled import compile_counters
 
     torch._dynamo.reset()
     results = []
@@ -122,7 +122,7 @@ def test_no_host_synchronisation_inside_the_micro_batch_loops(cuda_world, tiny_m
 
 
 def test_a_micro_batch_copies_to_the_gpu_without_waiting(cuda_world):
-    from learner.device import host_to_device, synchronisation_check
+    from learner.execution.device import host_to_device, synchronisation_check
     from learner.packing import pack
     from tests.unit.learner.test_attention import packed_sequences
 

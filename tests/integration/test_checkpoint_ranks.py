@@ -30,8 +30,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, tmp: str) 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from learner.checkpoint import Checkpointer, CheckpointWriteError, ResumeState
-    from learner.checkpoint_files import read_manifest
+    from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError, ResumeState
+    from learner.checkpoints.files import read_manifest
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.settings import LearnerConfig
     from learner.trainer import Learner

@@ -79,7 +79,7 @@ def test_a_lora_run_resumes_past_a_torn_checkpoint(tiny_model_dir, redis_url, tm
     """Killed once step_8 exists, step_8's adapter and resume files cut to half their size, resumed: the learner
     names what is torn, loads step_4's adapters and AdamW state, and the run's final checkpoint exports the adapter
     and the merged model."""
-    from learner.checkpoint_files import MANIFEST
+    from learner.checkpoints.files import MANIFEST
     from tests.fakes.toy_generator import ToyGenerator
     from tests.integration.test_learner_resume import (
         _assert_every_group_once,

@@ -291,7 +291,7 @@ def test_a_full_disk_fails_two_checkpoints_stops_and_resumes_from_the_last_good_
     resume goes on from step_4; the run's last checkpoint then fails once more and is retried until it is written."""
     from buffer.redis_buffer import ReplayBuffer
     from config import EXIT_CHECKPOINT_FAILED
-    from learner.checkpoint_files import DISK_FULL_ENV
+    from learner.checkpoints.files import DISK_FULL_ENV
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace, total = "disk-full", 16
@@ -340,7 +340,7 @@ def test_a_torn_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
 ):
     """Issue 41's reproduction: killed once step_8 exists, step_8's files cut to half their size, resumed: the
     learner verifies step_8, names what is torn, loads step_4, and generates again the groups step_8 had acked."""
-    from learner.checkpoint_files import MANIFEST
+    from learner.checkpoints.files import MANIFEST
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace, total = "torn", 16

@@ -52,8 +52,8 @@ def emitted(world, tiny_model_dir, redis_server, tmp_path_factory) -> dict[str, 
     from generators.evaluation import answer_shard
     from generators.settings import GeneratorsConfig
     from generators.worker import GeneratorWorker
-    from learner.checkpoint import Checkpointer
-    from learner.safety_net import SafetyNet
+    from learner.checkpoints.checkpointer import Checkpointer
+    from learner.checkpoints.safety_net import SafetyNet
     from learner.settings import LearnerConfig
     from learner.steps import step_timing, tool_metrics
     from learner.tracking import metric_aliases

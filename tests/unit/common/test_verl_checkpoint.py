@@ -142,7 +142,7 @@ def test_sr1_checkpoints_load_as_search_r1_infer_loads_a_model(tiny_model_dir, w
     """Search-R1's infer.py: AutoTokenizer + AutoModelForCausalLM from the directory, nothing else."""
     import transformers
 
-    from learner.checkpoint import Checkpointer, ResumeState
+    from learner.checkpoints.checkpointer import Checkpointer, ResumeState
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from buffer.records import Group, Trajectory
-from learner.attention import (
+from learner.execution.attention import (
     FLASH_VARLEN,
     FLEX_DOCUMENT,
     VARLEN_SDPA,
@@ -157,7 +157,7 @@ def test_the_attention_is_chosen_by_device():
 def test_flex_pads_the_row_to_whole_blocks_and_drops_the_padding(tiny_model_dir, lengths):
     """Rows of 37, 128 and 256 tokens: FlexAttention runs at whole 128-token blocks (below one block the compiler
     would pick its decoding kernel), the padding is a sequence of its own, and the log-probs are the loop's."""
-    from learner.attention import document_causal_block_mask, flex_padded_length
+    from learner.execution.attention import document_causal_block_mask, flex_padded_length
 
     mb = pack(packed_sequences(3, lengths))
     total = int(sum(mb.seq_lens))

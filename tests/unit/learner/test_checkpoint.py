@@ -1,5 +1,6 @@
 """Checkpoints are written atomically with a manifest, verified before they are loaded, and a full disk during a
-write leaves the previous checkpoints as they were (learner/checkpoint.py, learner/checkpoint_files.py)."""
+write leaves the previous checkpoints as they were (learner/checkpoints/checkpointer.py,
+learner/checkpoints/files.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoint import (
+from learner.checkpoints.checkpointer import (
     LATEST,
     Checkpointer,
     CheckpointLoadError,
@@ -21,7 +22,7 @@ from learner.checkpoint import (
     ResumeState,
     latest_checkpoint,
 )
-from learner.checkpoint_files import (
+from learner.checkpoints.files import (
     DISK_FULL_ENV,
     MANIFEST,
     files_under,
@@ -222,7 +223,7 @@ def test_a_real_full_filesystem(world, trained, tiny_model_dir, tmp_path):
 def test_one_failed_checkpoint_goes_on_and_the_second_in_a_row_stops_saying_what_space_it_needs(
     world, trained, tiny_model_dir, tmp_path
 ):
-    from learner.safety_net import CheckpointsFailing, SafetyNet
+    from learner.checkpoints.safety_net import CheckpointsFailing, SafetyNet
 
     ckpt = Checkpointer(tmp_path / "checkpoints", world, tiny_model_dir)
     estimate, source = ckpt.space_needed(trained.model)  # no checkpoint yet: from the parameters

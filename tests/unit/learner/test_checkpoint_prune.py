@@ -1,5 +1,6 @@
 """Pruning after a fallback resume keeps the checkpoint resumed from, deletes nothing in place and clears what a
-crash left; the RNG state loads without running code (learner/checkpoint.py, learner/checkpoint_files.py)."""
+crash left; the RNG state loads without running code (learner/checkpoints/checkpointer.py,
+learner/checkpoints/files.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoint import Checkpointer, CheckpointLoadError, ResumeState
-from learner.checkpoint_files import MANIFEST, checksum_files, files_under, read_manifest, write_manifest
+from learner.checkpoints.checkpointer import Checkpointer, CheckpointLoadError, ResumeState
+from learner.checkpoints.files import MANIFEST, checksum_files, files_under, read_manifest, write_manifest
 from learner.settings import LearnerConfig
 from learner.trainer import Learner
 from tests.fakes.groups import random_groups

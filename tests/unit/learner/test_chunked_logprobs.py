@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import learner.chunked_logprobs as chunked
-from learner.chunked_logprobs import chunked_logprobs
+import learner.execution.chunked_logprobs as chunked
+from learner.execution.chunked_logprobs import chunked_logprobs
 
 
 def _inputs(num_tokens=37, hidden=16, vocab=101, dtype=torch.float32, seed=0):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.attention import FLEX_DOCUMENT, VARLEN_SDPA
-from learner.compiled import compile_counters, resolve_compile
+from learner.execution.attention import FLEX_DOCUMENT, VARLEN_SDPA
+from learner.execution.compiled import compile_counters, resolve_compile
 from learner.model import prepare_layers
 from learner.packing import pack, token_logprobs
 from tests.unit.learner.test_attention import packed_sequences
@@ -84,7 +84,7 @@ def test_flex_attention_inside_the_compiled_layer_settles_on_one_graph(tiny_mode
     recompile each, and then nothing more compiles."""
     from transformers import AutoModelForCausalLM
 
-    from learner.attention import register
+    from learner.execution.attention import register
 
     torch._dynamo.reset()
     register()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from learner.attention import VARLEN_SDPA
-from learner.execution import plan_execution
+from learner.execution.attention import VARLEN_SDPA
+from learner.execution.plan import plan_execution
 from learner.settings import LearnerConfig
 from tests.fakes.groups import random_groups
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.chunked_logprobs import chunked_logprobs
-from learner.fused_head import fused_logprobs, resolve_logprob_head
+from learner.execution.chunked_logprobs import chunked_logprobs
+from learner.execution.fused_head import fused_logprobs, resolve_logprob_head
 
 
 def _inputs(dtype, tokens=300, vocab=1000, hidden=64, seed=0):

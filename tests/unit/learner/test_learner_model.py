@@ -64,7 +64,7 @@ def test_memory_settings_are_validated():
 
 def test_gpu_presets_checkpoint_activations():
     """The 8xH100 presets train with gradient checkpointing: it is what keeps a 16k-token micro-batch of the 3B
-    policy within an 80 GB GPU (learner/memory.py)."""
+    policy within an 80 GB GPU (learner/execution/memory.py)."""
     from config import list_presets, load_config
 
     gpu_presets = [name for name in list_presets() if "8xh100" in name]

@@ -66,7 +66,7 @@ def test_pack_aligns_targets_with_response_tokens():
 def test_packed_logprobs_equal_per_sequence_logprobs(tiny_model_dir, attn):
     from transformers import AutoModelForCausalLM
 
-    from learner.attention import register
+    from learner.execution.attention import register
 
     register()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn).eval()
@@ -96,7 +96,7 @@ def test_packed_logprobs_equal_per_sequence_logprobs(tiny_model_dir, attn):
 def test_varlen_attention_falls_back_to_sdpa_on_padded_batches(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from learner.attention import VARLEN_SDPA, register
+    from learner.execution.attention import VARLEN_SDPA, register
 
     register()
     varlen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=VARLEN_SDPA).eval()

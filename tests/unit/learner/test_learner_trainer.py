@@ -62,7 +62,7 @@ def test_global_token_mean_does_not_depend_on_micro_batching(world, tiny_model_d
 def test_checkpoint_loads_in_transformers_and_resumes(world, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from learner.checkpoint import Checkpointer, ResumeState
+    from learner.checkpoints.checkpointer import Checkpointer, ResumeState
 
     learner = Learner(_cfg(), tiny_model_dir, world)
     learner.train_step(random_groups(np.random.default_rng(4), n_groups=2, group_size=2, version=0))

@@ -77,7 +77,7 @@ def test_critic_warmup_leaves_the_policy_alone(world, tiny_model_dir):
 
 
 def test_critic_is_checkpointed_and_resumed_with_the_policy(world, tiny_model_dir, tmp_path):
-    from learner.checkpoint import Checkpointer, ResumeState
+    from learner.checkpoints.checkpointer import Checkpointer, ResumeState
 
     cfg = _cfg(
         groups_per_step=2,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoint import Checkpointer, ResumeState
+from learner.checkpoints.checkpointer import Checkpointer, ResumeState
 from learner.lora import adapters_disabled, lora_layers
 from learner.settings import LearnerConfig, LoraSettings
 from learner.trainer import Learner
@@ -216,8 +216,8 @@ def test_the_final_checkpoint_exports_the_adapter_and_the_merged_model(world, ti
 
 
 def test_the_memory_estimate_counts_a_frozen_base_and_the_adapters_state():
+    from learner.execution.memory import MemorySettings, StepShape, memory_of
     from learner.lora import lora_parameters
-    from learner.memory import MemorySettings, StepShape, memory_of
 
     shape = StepShape(
         parameters=3_085_938_688,

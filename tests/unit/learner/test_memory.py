@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from learner.memory import GIB, StepShape, check_micro_batch_fits, step_memory
+from learner.execution.memory import GIB, StepShape, check_micro_batch_fits, step_memory
 
 # Qwen2.5 shapes (parameters, hidden, intermediate, layers, heads, kv heads) and the learner's peak measured on one
 # H100 80GB at micro_batch_tokens 16384, bf16, train mode (0.5B without gradient checkpointing)
@@ -78,7 +78,7 @@ QWEN_3B = MEASURED[2][0]
 def _plan(
     world_size: int, capacity_gib: float, requested="auto", *, compiled=True, reference=True, **overrides
 ):
-    from learner.memory import MemorySettings, plan_memory
+    from learner.execution.memory import MemorySettings, plan_memory
 
     settings = MemorySettings(
         world_size=world_size,
@@ -124,7 +124,7 @@ def test_a_named_policy_is_kept_and_the_fsdp2_settings_follow_memory():
 
 
 def test_the_policies_terms_order_as_their_recompute():
-    from learner.memory import layer_activation_bytes
+    from learner.execution.memory import layer_activation_bytes
 
     for compiled in (True, False):
         terms = {m: layer_activation_bytes(QWEN_3B, 2, m, compiled) for m in ("none", "selective", "full")}
@@ -141,7 +141,7 @@ def test_the_public_estimate_for_the_benchmark():
     should (the unsharded layers, the accumulators on several ranks only, the reference, offload)."""
     from transformers import Qwen2Config
 
-    from learner.memory import estimate_peak_bytes
+    from learner.execution.memory import estimate_peak_bytes
 
     config = Qwen2Config(
         hidden_size=2048,
@@ -182,7 +182,7 @@ def _kept_per_token(mode: str) -> dict:
     from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
-    from learner.recompute import checkpointed_forward
+    from learner.execution.recompute import checkpointed_forward
 
     class Created(TorchDispatchMode):  # every storage an op in the forward returns, held weakly
         def __init__(self):
@@ -231,7 +231,7 @@ def test_the_activation_terms_are_what_autograd_keeps():
     """The estimate's per-layer terms for eager none and selective against what a real layer keeps after its forward:
     none 10 % above the terms (SDPA's CPU path keeps K and V repeated to every query head, which GPU kernels do not),
     selective 4 % above, so within 12 %; and full keeping next to nothing (its input was made before the forward)."""
-    from learner.memory import layer_activation_bytes
+    from learner.execution.memory import layer_activation_bytes
 
     shape = StepShape(0, 256, 1024, 1, 4, 2, 16)
     measured = {mode: _kept_per_token(mode) for mode in ("none", "selective", "full")}

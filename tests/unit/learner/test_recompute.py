@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from learner.memory import checkpointed_layers
+from learner.execution.memory import checkpointed_layers
 from learner.model import prepare_layers
 from learner.packing import pack, token_logprobs
 from tests.unit.learner.test_attention import packed_sequences
@@ -30,7 +30,7 @@ def _backward_ops(model_dir, policy: str, every: int = 2):
     """Log-probs, gradients and the ops the backward ran, for the tiny model under `policy`."""
     from transformers import AutoModelForCausalLM
 
-    from learner.attention import VARLEN_SDPA, register
+    from learner.execution.attention import VARLEN_SDPA, register
 
     register()
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=VARLEN_SDPA).train()
@@ -67,7 +67,7 @@ def test_which_layers_each_policy_checkpoints():
 
 def test_no_grad_passes_do_not_checkpoint(tiny_model_dir):
     """The reference's and the no-gradient passes run the plain forward (nothing to recompute for)."""
-    from learner.recompute import checkpointed_forward
+    from learner.execution.recompute import checkpointed_forward
 
     calls = []
     forward = checkpointed_forward(lambda x: calls.append(torch.is_grad_enabled()) or (x * x).sin(), "full")

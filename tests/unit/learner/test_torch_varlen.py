@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner.attention import VARLEN_SDPA, VARLEN_TORCH, attention_implementation, register
-from learner.attention_choice import choose_attention, probe_lengths
+from learner.execution.attention import VARLEN_SDPA, VARLEN_TORCH, attention_implementation, register
+from learner.execution.attention_choice import choose_attention, probe_lengths
 from learner.packing import attention_kwargs, pack, token_logprobs
 from tests.unit.learner.test_attention import packed_sequences
 
@@ -71,7 +71,7 @@ def stand_in(request, monkeypatch):
     """torch's varlen_attn replaced by a CPU stand-in of one of its two signatures."""
     import torch.nn.attention.varlen as varlen
 
-    from learner.attention import _varlen_call_options
+    from learner.execution.attention import _varlen_call_options
 
     kernel = request.param()
     monkeypatch.setattr(varlen, "varlen_attn", kernel)

@@ -12,7 +12,7 @@ import pytest
 import wandb
 
 from common.sections import LoggingConfig
-from learner.safety_net import CheckpointsFailing
+from learner.checkpoints.safety_net import CheckpointsFailing
 from learner.tracking import RecordsFailing, Tracker, append_line
 
 PASSWORD = "s3cret-redis-pw-4711"

@@ -1,5 +1,5 @@
 """scripts/bench_learner_setup.py: the benchmark's learner settings are the preset's with the options over them, run
-as the learner plans them (learner/execution.py), with `auto` resolved before the plain step copies it."""
+as the learner plans them (learner/execution/plan.py), with `auto` resolved before the plain step copies it."""
 
 from __future__ import annotations
 

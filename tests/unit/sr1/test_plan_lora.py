@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from config import list_presets, load_config
-from learner.memory import GIB
+from learner.execution.memory import GIB
 from sr1.plan.figures import Figure, ModelShape
 from sr1.plan.lora import LORA_TARGETS, adapter_parameters, lora_profile
 from sr1.plan.profile import (
@@ -89,7 +89,7 @@ def test_adapter_bytes_per_update_are_about_one_percent_of_the_weights():
 
 def test_the_lora_learner_memory_holds_a_bf16_base_and_fp32_adapters():
     """Per rank: 2 bytes per base parameter and 16 per adapter parameter, sharded; the KL reference costs nothing
-    (the base with the adapters off); activations from learner/memory.py at the least recompute that fits."""
+    (the base with the adapters off); activations from learner/execution/memory.py at the least recompute that fits."""
     full, lora = load_profile("qwen2.5-3b-h100"), _derive("qwen2.5-3b-h100")
     params, adapters = full.params_billion.value * 1e9, 29_933_568
     for ranks in (1, 6):
@@ -262,9 +262,9 @@ def test_the_adapter_travels_in_the_models_dtype():
 
 @pytest.mark.parametrize("profile", ["qwen2.5-3b-h100", "qwen2.5-7b-h100"])
 def test_the_planners_lora_memory_is_the_learners_own_estimate(profile):
-    """On every split the planner's LoRA memory per rank is learner/memory.py's peak for the same step (the policy
+    """On every split the planner's LoRA memory per rank is learner/execution/memory.py's peak for the same step (the policy
     it chose, the adapters trained, the reference the base itself), so the two checks agree."""
-    from learner.memory import MemorySettings, memory_of
+    from learner.execution.memory import MemorySettings, memory_of
     from sr1.plan.lora import step_shape
 
     full, lora = load_profile(profile), _derive(profile)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from learner.attention import FLEX_BLOCK, VARLEN_SDPA, flex_padded_length
+from learner.execution.attention import FLEX_BLOCK, VARLEN_SDPA, flex_padded_length
 
 log = logging.getLogger(__name__)
 

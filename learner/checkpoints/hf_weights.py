@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from learner.checkpoint_files import WriteBudget, write_durably
+from learner.checkpoints.files import WriteBudget, write_durably
 from learner.distributed import World
 from learner.model import full_tensor, named_weights
 

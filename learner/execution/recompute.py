@@ -8,7 +8,7 @@ cheap ops (`selective`), or nothing.
 backward. `selective` is the same call with a selective-checkpoint policy: the outputs of matrix products and of
 the attention kernels are saved in the forward (recomputing them costs what the forward did), everything else
 (RMSNorm, RoPE, SiLU, the products and sums around them: memory-bound, cheap) is recomputed. Which layers run how
-is `learner.memory.checkpointed_layers`; which policy fits the GPU is `learner.memory.plan_memory`.
+is `learner.execution.memory.checkpointed_layers`; which policy fits the GPU is `learner.execution.memory.plan_memory`.
 
 The wrapper goes around the layer's `forward`, inside the module call: FSDP2's hooks (all-gather before the forward,
 the pre-backward all-gather) stay outside the checkpointed region, so a recompute runs on parameters FSDP2 has

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 
-from learner.checkpoint import Checkpointer, CheckpointWriteError
+from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ left out and the failure logged.
 
 The result is cached per GPU, torch version and shape: in this process, and in `$XDG_CACHE_HOME/sr1/attention.json`
 (`~/.cache/...`), so a second run on the same machine does not measure again. The learner logs the choice and the
-timings. On CPU `auto` is the per-sequence SDPA loop, unmeasured (learner/attention.py says why).
+timings. On CPU `auto` is the per-sequence SDPA loop, unmeasured (learner/execution/attention.py says why).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from learner.attention import (
+from learner.execution.attention import (
     FLASH_VARLEN,
     FLEX_DOCUMENT,
     VARLEN_TORCH,
@@ -40,7 +40,7 @@ from learner.attention import (
     torch_varlen_available,
     torch_varlen_forward,
 )
-from learner.device import host_to_device
+from learner.execution.device import host_to_device
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ compiled pass over each chunk of compute-dtype (bf16) logits and no fp32 [chunk 
 
     logprobs, entropy = fused_logprobs(hidden, weight, targets, temperature=1.0, chunk_tokens=1024, with_entropy=True)
 
-Same contract and results as `learner.chunked_logprobs.chunked_logprobs` (the fallback, used on CPU), different
-passes:
+Same contract and results as `learner.execution.chunked_logprobs.chunked_logprobs` (the fallback, used on CPU),
+different passes:
 - forward, a chunk of tokens at a time: the head's matmul writes the chunk's logits in the compute dtype; one
   compiled kernel (`chunk_statistics`) reads them once, upcasting in registers, and writes three fp32 numbers per
   token: the log-prob of the target, the log-normaliser (log-sum-exp of logits / temperature) and the entropy.
@@ -30,7 +30,7 @@ import logging
 
 import torch
 
-from learner.compiled import keep_compilation_records
+from learner.execution.compiled import keep_compilation_records
 
 log = logging.getLogger(__name__)
 

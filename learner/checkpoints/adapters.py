@@ -1,5 +1,5 @@
-"""The LoRA side of a checkpoint (learner/checkpoint.py calls these): the adapter in PEFT's layout, the merged model
-in the final checkpoint, and the DCP resume state of the adapters and their optimizer state only.
+"""The LoRA side of a checkpoint (learner/checkpoints/checkpointer.py calls these): the adapter in PEFT's layout, the
+merged model in the final checkpoint, and the DCP resume state of the adapters and their optimizer state only.
 
     <checkpoint>/adapter/adapter_config.json, adapter_model.safetensors   every LoRA checkpoint (fp32 adapters)
     <checkpoint>/model.safetensors, config.json, tokenizer files           the final one: base + alpha/r B A merged
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from learner.checkpoint_files import WriteBudget, write_durably
+from learner.checkpoints.files import WriteBudget, write_durably
+from learner.checkpoints.hf_weights import save_hf_weights
 from learner.distributed import World
-from learner.hf_weights import save_hf_weights
 from learner.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,

@@ -5,13 +5,13 @@ reshard and gradient-sync settings.
     execution = plan_execution(cfg.learner, model_path, world, "bfloat16", reference=True, critic=False)
     load_policy(..., **execution.load_options())
 
-On CUDA the choices follow the GPU: `attention: auto` times the kernels present (learner/attention_choice.py),
+On CUDA the choices follow the GPU: `attention: auto` times the kernels present (learner/execution/attention_choice.py),
 `compile: auto` compiles unless the attention is the per-sequence loop, `logprob_head: auto` is the fused head, and
-learner/memory.py's estimate of the step's peak picks the checkpointing policy (`auto`) and whether parameters stay
-unsharded through an update and gradient sync waits for its last micro-batch; a micro-batch budget that cannot fit
-fails here, naming the budget that would. On CPU: the loop, eager layers, the chunked head, no checkpointing (for
-`auto`), the sync on the last micro-batch, as before, and at world size 1 parameters kept unsharded through an update
-when a copy of the layers takes under a tenth of the available memory.
+learner/execution/memory.py's estimate of the step's peak picks the checkpointing policy (`auto`) and whether
+parameters stay unsharded through an update and gradient sync waits for its last micro-batch; a micro-batch budget
+that cannot fit fails here, naming the budget that would. On CPU: the loop, eager layers, the chunked head, no
+checkpointing (for `auto`), the sync on the last micro-batch, as before, and at world size 1 parameters kept unsharded
+through an update when a copy of the layers takes under a tenth of the available memory.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 
-from learner.attention_choice import choose_attention
-from learner.compiled import resolve_compile
 from learner.distributed import World
-from learner.fused_head import resolve_logprob_head
-from learner.lora import lora_parameters
-from learner.memory import (
+from learner.execution.attention_choice import choose_attention
+from learner.execution.compiled import resolve_compile
+from learner.execution.fused_head import resolve_logprob_head
+from learner.execution.memory import (
     MemoryPlan,
     MemorySettings,
     StepShape,
@@ -35,6 +34,7 @@ from learner.memory import (
     memory_of,
     plan_memory,
 )
+from learner.lora import lora_parameters
 from learner.model import DTYPES
 from learner.settings import LearnerConfig
 

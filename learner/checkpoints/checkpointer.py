@@ -7,20 +7,20 @@
                            AdamW state (no gather; reloads under another world size too), and PPO's critic's
         resume/rng_rank<r>.pt   each rank's torch RNG state and learning-rate schedules
         resume/state.json  version, data cursor, groups used since the previous checkpoint (acked at resume)
-        sr1-manifest.json  every file's size and CRC-32 (learner/checkpoint_files.py)
+        sr1-manifest.json  every file's size and CRC-32 (learner/checkpoints/files.py)
         adapter/           learner.lora: the PEFT adapter; DCP holds it and its AdamW state, the merged model is exported
     <run_dir>/checkpoints/.step_<N>.partial/   the same while it is written; renamed to step_<N> once complete
     <run_dir>/checkpoints/.step_<N>.stale/     a checkpoint being deleted: renamed aside first, so no step_<N> is
                                                ever half-deleted (leftovers of a crash are cleared at start and prune)
     <run_dir>/checkpoints/latest               name of the newest complete checkpoint (written last)
 
-Saving (every rank): rank 0 streams the HF weights (learner/hf_weights.py) and copies the model's files, every
-rank writes its DCP shards and RNG state and checksums the files it wrote, then rank 0 writes the manifest, fsyncs
-the directory tree, renames the directory to `step_<N>` and points `latest` at it; only then are older checkpoints
-pruned (`keep`: the newest good ones, the one just written among them; one that `resume` skipped does not count, so
-after a fallback resume the next prune keeps the checkpoint it resumed from). The ranks agree after each phase (one
-all-gather): when any rank failed to write (no space, an I/O error), every rank raises `CheckpointWriteError`, the
-partial directory is removed, and the previous checkpoints are as they were.
+Saving (every rank): rank 0 streams the HF weights (learner/checkpoints/hf_weights.py) and copies the model's files,
+every rank writes its DCP shards and RNG state and checksums the files it wrote, then rank 0 writes the manifest,
+fsyncs the directory tree, renames the directory to `step_<N>` and points `latest` at it; only then are older
+checkpoints pruned (`keep`: the newest good ones, the one just written among them; one that `resume` skipped does not
+count, so after a fallback resume the next prune keeps the checkpoint it resumed from). The ranks agree after each
+phase (one all-gather): when any rank failed to write (no space, an I/O error), every rank raises
+`CheckpointWriteError`, the partial directory is removed, and the previous checkpoints are as they were.
 
 Resuming (`resume`): the newest `step_<N>` whose files match their manifest (each rank checksums a share) and load
 is used; each one skipped is named with why. None left: `CheckpointLoadError` (deterministic: not worth a restart).
@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.checkpoint_files import (
+from learner.checkpoints.adapters import check_resumable, save_weights, state_dict_options
+from learner.checkpoints.files import (
     MANIFEST,
     ManifestError,
     WriteBudget,
@@ -59,9 +60,8 @@ from learner.checkpoint_files import (
     write_durably,
     write_manifest,
 )
+from learner.checkpoints.hf_weights import copy_hf_files, hf_weight_bytes
 from learner.distributed import World, all_gather_objects
-from learner.hf_weights import copy_hf_files, hf_weight_bytes
-from learner.lora_checkpoint import check_resumable, save_weights, state_dict_options
 from learner.model import DTYPES
 from learner.settings import LoraSettings
 

@@ -2,7 +2,7 @@
 
 A packed row of T tokens holding sequences of lengths L_1..L_n needs block-diagonal ("document") causal attention.
 The learner picks one of four implementations when it loads a model (`attention_implementation`; `auto` on CUDA
-times the ones present and takes the fastest, learner/attention_choice.py):
+times the ones present and takes the fastest, learner/execution/attention_choice.py):
 
 - `flash_attention_2` (CUDA, when flash-attn is installed: the `gpu` extra): flash-attention's varlen kernel gets
   the sequence boundaries (`cu_seq_lens_q/k`, int32 on the device) and the longest length (`max_length_q/k`, an
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from learner.device import host_to_device
+from learner.execution.device import host_to_device
 
 VARLEN_SDPA = "sr1_varlen_sdpa"
 FLEX_DOCUMENT = "sr1_flex_document"
@@ -70,7 +70,7 @@ def torch_varlen_available() -> bool:
 def attention_implementation(device: torch.device, requested: str = "auto") -> str:
     """The attention a model on `device` uses for packed rows: `requested` if given, else flash-attention's varlen
     kernel on CUDA when installed, FlexAttention on CUDA otherwise, the per-sequence SDPA loop on CPU. (The learner
-    resolves `auto` on CUDA by timing the kernels present first: learner/attention_choice.py.)"""
+    resolves `auto` on CUDA by timing the kernels present first: learner/execution/attention_choice.py.)"""
     if requested != "auto":
         if requested not in IMPLEMENTATIONS:
             raise ValueError(f"attention {requested!r} is not one of auto, {', '.join(IMPLEMENTATIONS)}")
@@ -271,7 +271,7 @@ def flex_document_forward(
         raise ValueError(f"the BlockMask spans {attention_mask.seq_lengths[0]} tokens, the row {tokens}")
     if pad:
         query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
-    # inside a compiled decoder layer (learner/compiled.py) the kernel is compiled with the layer's graph
+    # inside a compiled decoder layer (learner/execution/compiled.py) the kernel is compiled with the layer's graph
     attend = _flex_attention(query.device.type) if not torch.compiler.is_compiling() else _flex_eager()
     out = attend(
         query,
