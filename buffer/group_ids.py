@@ -23,9 +23,9 @@ up) is a watermark that stands for the ids the sets have forgotten:
 `forget_ids`, called by the learner after each checkpoint, raises the watermark and removes what it covers. Between
 two checkpoints the sets hold the ids released since the last one and those of groups still in flight: about
 (checkpoint_every + max_staleness + 1) x groups_per_step each, whatever the run's length. Ids released without a
-position (tools, tests, `scripts/chaos.py`'s injected prompts) are kept.
+position (tools, tests, `scripts/chaos/chaos.py`'s injected prompts) are kept.
 
-An audit that needs every id the run released (`scripts/chaos.py`: nothing lost, nothing trained twice) reads them
+An audit that needs every id the run released (`scripts/chaos/chaos.py`: nothing lost, nothing trained twice) reads them
 from `record`, a file the forgotten released ids are appended to (and fsynced) before they leave Redis, and from the
 set (`released_group_ids`). After a crash between the two an id may be listed twice.
 """

@@ -13,7 +13,7 @@ use. `docs/memory-over-hours.md` says where sr1 calls it and what it changed.
 
 It takes milliseconds for a heap of a few hundred MiB. Elsewhere than glibc (musl, macOS) it does nothing.
 Setting `SR1_KEEP_FREED_HEAP=1` in a process's environment turns it off there (and in the processes it starts), to
-compare with glibc's own behaviour: `scripts/worker_memory.py --keep-freed-heap` does.
+compare with glibc's own behaviour: `scripts/bench/worker_memory.py --keep-freed-heap` does.
 """
 
 from __future__ import annotations

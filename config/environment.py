@@ -26,7 +26,7 @@ ENV_NESTED_DELIMITER = "__"
 # sr1's variables that are not config keys -> who sets them, for whom
 NOT_CONFIG: dict[str, str] = {
     DIE_WITH_PARENT_ENV: "a generator worker, for its vLLM engine's processes (generators/engine.py)",
-    KEEP_FREED_ENV: "a user or scripts/worker_memory.py: processes keep their freed heap pages (common/heap.py)",
+    KEEP_FREED_ENV: "a user or scripts/bench/worker_memory.py: processes keep their freed heap pages (common/heap.py)",
     LAUNCHER_ENV: "a launcher holding the run lock, for the learner it starts (common/launcher.py)",
 }
 

@@ -11,7 +11,7 @@ that sampled it. Where vLLM labels output tokens with the engine's weight versio
 sets the label while generation is paused), a call reads only the request's final output and turns the label spans
 into one version per token; an older vLLM streams every step's output and each token takes the version the engine
 holds when it arrives. Reading one output per call instead of one per step is what lets one worker process keep up
-with a GPU engine at hundreds of sequences (`scripts/bench_generators.py --null-engine`). Prefix caching is on, so
+with a GPU engine at hundreds of sequences (`scripts/bench/bench_generators.py --null-engine`). Prefix caching is on, so
 later turns and the other samples of a GRPO group reuse the KV of their shared prefix.
 
 Weight updates (`generators/engine_updates.py`, weight_sync/README.md): full weights are reloaded in place between a

@@ -24,7 +24,7 @@ def serving_process() -> Iterator[None]:
     """Serve inside: a generator process whose engine has started (and that has built what it keeps for its life)
     settles in, as vLLM's own engine-core and server processes do; leaving undoes it. In the worker process vLLM's
     front end and the agent loop share one core, and at hundreds of sequences these three settings are much of what
-    lets it keep up with a GPU engine (`scripts/bench_generators.py --null-engine` measures it):
+    lets it keep up with a GPU engine (`scripts/bench/bench_generators.py --null-engine` measures it):
 
     - `VLLM_*` variables are cached (vLLM's `envs.enable_envs_cache`): vLLM's front end reads some on every output it
       processes (`envs.VLLM_COMPUTE_NANS_IN_LOGITS` in every request's stats at every step), each an `os.getenv`.

@@ -132,7 +132,7 @@ class GeneratorsConfig(BaseModel):
     cpu_cores: list[int] | None = Field(
         None,
         description="Linux: pin this pool's processes (and their threads) to these CPU cores, a dedicated pool as a "
-        "GPU is; None: any core. `scripts/bench_async.py` gives each pool its own core this way.",
+        "GPU is; None: any core. `scripts/bench/bench_async.py` gives each pool its own core this way.",
     )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine arguments.")
     lora: EngineLoraConfig = Field(

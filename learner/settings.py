@@ -137,7 +137,7 @@ class LearnerConfig(BaseModel):
     cpu_cores: list[int] | None = Field(
         None,
         description="Linux: pin this pool's processes (and their threads) to these CPU cores, a dedicated pool as a "
-        "GPU is; None: any core. `scripts/bench_async.py` gives each pool its own core this way.",
+        "GPU is; None: any core. `scripts/bench/bench_async.py` gives each pool its own core this way.",
     )
     micro_batch_tokens: int = Field(
         8192, ge=16, description="Token budget of one packed micro-batch (sequence packing without padding)."

@@ -105,7 +105,7 @@ def _bench(key: str, out: Path, dry: bool, shape: str, trajectories: int, *extra
     """bench_learner.py on the Search-R1 workload of sr1's 8xH100 preset: one timed step of two updates of
     `trajectories`, after a warm-up step of two updates of a quarter of that. DRY=1: the small random model on the
     CPU, every length x 0.05, four trajectories per update."""
-    args = ["scripts/bench_learner.py", "--workload", "search-r1", "--preset", "qwen2.5-3b-8xh100"]
+    args = ["scripts/bench/bench_learner.py", "--workload", "search-r1", "--preset", "qwen2.5-3b-8xh100"]
     args += ["--steps", "1", "--updates", "2"]
     if dry:
         args += ["--device", "cpu", "--dtype", "float32", "--length-scale", "0.05", "--budget", "1024"]
@@ -442,12 +442,10 @@ def execution_plans(
 ) -> dict:
     """How the learner would run sr1's 8xH100 preset for each Qwen2.5 shape at each number of ranks on this device:
     learner/execution.py's own plan (no model is loaded; `auto` attention is timed on CUDA)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from learner_baselines import shape_config
-
     from config.loader import load_config
     from learner.distributed import World
     from learner.execution import plan_execution
+    from scripts.bench.learner_baselines import shape_config
 
     cfg = load_config("qwen2.5-3b-8xh100").learner.model_copy(update={"gradient_checkpointing": "auto"})
     plans = {}

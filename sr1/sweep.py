@@ -6,7 +6,7 @@
 Every run is `sr1 run <preset> seed=<s> <the case's overrides> <extra overrides>` in `<out>/<case>-s<seed>/`, its
 output in `<out>/logs/`. A run whose `report.json` exists is not run again, so an interrupted sweep continues where it
 stopped (a run cut off before its report starts again from scratch; delete a run's directory to run it again).
-`scripts/compare_algorithms.py` and `scripts/compare_staleness.py` are sweeps; `read_run` is what they tabulate
+`scripts/bench/compare_algorithms.py` and `scripts/bench/compare_staleness.py` are sweeps; `read_run` is what they tabulate
 and plot.
 """
 

@@ -137,7 +137,7 @@ class WeightSyncExtension:
 
     def ws_memory(self) -> dict:
         """This worker's memory, in MiB: resident (`rss_mib`) and malloc's `in_use_mib` / `free_mib` (absent without
-        glibc's `mallinfo2`). `scripts/worker_memory.py` samples it between updates."""
+        glibc's `mallinfo2`). `scripts/bench/worker_memory.py` samples it between updates."""
         import psutil
 
         return {"rss_mib": psutil.Process().memory_info().rss / 2**20, **(heap_usage() or {})}

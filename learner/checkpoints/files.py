@@ -13,7 +13,7 @@ Checksum: CRC-32 (`zlib.crc32`) of each whole file, read back in 8 MiB chunks on
 `HASH_THREADS` threads (zlib releases the GIL on large buffers). It catches what tears a checkpoint: files cut short,
 holes, blocks of zeros, flipped bits; it is no defence against someone who edits a file on purpose. Chosen for speed:
 on this project's VM one thread checksums 5.5 GB/s from the page cache with CRC-32, 1.8 GB/s with SHA-256 and 1.3
-GB/s with BLAKE2b, while writing the same bytes with fsync ran at 0.37 GB/s (`python scripts/bench_checkpoint_io.py`,
+GB/s with BLAKE2b, while writing the same bytes with fsync ran at 0.37 GB/s (`python scripts/bench/bench_checkpoint_io.py`,
 docs/reliability.md); xxhash is not a dependency.
 
 A test hook stands in for a full disk where no size-limited filesystem can be mounted: while the file named by the

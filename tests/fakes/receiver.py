@@ -1,6 +1,6 @@
 """A weight-sync receiver without vLLM: joins the group and receives updates with the extension's own code.
 
-Used by the tests (loopback, dead-engine handling); `scripts/bench_weight_sync.py` builds its receivers from
+Used by the tests (loopback, dead-engine handling); `scripts/bench/bench_weight_sync.py` builds its receivers from
 `join_group` and `wait_update`, so leaving vLLM out means the transport alone is measured. Runs as a separate
 process (`multiprocessing` spawn target, or from the command line):
 

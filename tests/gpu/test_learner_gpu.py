@@ -4,9 +4,6 @@ publisher's bf16 gather, and the benchmark's CUDA run. Skipped without CUDA (tes
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -190,8 +187,7 @@ def test_publisher_bf16_gather_on_cuda(cuda_world, tiny_model_dir):
 
 def test_the_benchmark_runs_on_cuda(capsys):
     """bench_learner.py --device cuda on the small model: packed, padded and the plain step, with MFU and peaks."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    import bench_learner
+    import scripts.bench.bench_learner as bench_learner
 
     assert bench_learner.main(["--device", "cuda", "--quick", "--json", "--steps", "1"]) == 0
     import json
@@ -206,10 +202,9 @@ def test_the_benchmark_runs_on_cuda(capsys):
 def test_the_benchmark_runs_the_search_r1_step_on_cuda(capsys):
     """bench_learner.py --workload search-r1 on CUDA, scaled down: the preset's step with the reference and proximal
     forwards, the plain step beside it, the peak beside learner/execution/memory.py's estimate, the compiler's counters."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import json
 
-    import bench_learner
+    import scripts.bench.bench_learner as bench_learner
 
     argv = ["--device", "cuda", "--workload", "search-r1", "--length-scale", "0.1", "--trajectories", "8"]
     argv += ["--warmup-trajectories", "2", "--budget", "2048", "--json"]

@@ -1,14 +1,10 @@
-"""`scripts/bench_weight_sync.py --quick` runs end to end: both dtypes, each against its own raw broadcast."""
+"""`scripts/bench/bench_weight_sync.py --quick` runs end to end: both dtypes, each against its own raw broadcast."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import bench_weight_sync  # noqa: E402
+import scripts.bench.bench_weight_sync as bench_weight_sync
 
 
 def test_quick_benchmark_reports_both_dtypes_and_sends_fp32_in_place(capsys):

@@ -1,6 +1,6 @@
 """Crash anything, lose nothing: a short `sr1 run` in which the generator, the learner, Redis, the retrieval server
 and the `sr1 run` parent itself are SIGKILLed in turn at random steps (resumed with `sr1 run --resume` when the
-parent died). The machinery is `scripts/chaos.py`, which also prints the table of one run per part.
+parent died). The machinery is `scripts/chaos/chaos.py`, which also prints the table of one run per part.
 
 Asserted at the end: the run reaches its last step; in the history that survives, every released prompt is trained
 exactly once or is still pending, and versions strictly increase; the staleness bound held on every loss token; no
@@ -29,7 +29,7 @@ MAX_STALENESS = 2
 
 
 def test_kill_every_part_in_turn_and_finish(tmp_path):
-    from scripts import chaos
+    from scripts.chaos import chaos
     from sr1.summary import surviving_history
 
     run_dir = tmp_path / "chaos"

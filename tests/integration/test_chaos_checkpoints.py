@@ -1,4 +1,4 @@
-"""A full disk, then a torn checkpoint, in a real run (`scripts/chaos.py --checkpoint-faults`): two saves in a row fail
+"""A full disk, then a torn checkpoint, in a real run (`scripts/chaos/chaos.py --checkpoint-faults`): two saves in a row fail
 and the run stops with exit status 74, leaving no partial files; its last good checkpoint is cut to half, and the
 resume skips it, loads the one before and finishes the run. Asserted as for the kills (`test_chaos.py`): complete,
 nothing lost or trained twice, the staleness bound held, no orphans.
@@ -24,8 +24,8 @@ def test_a_full_disk_and_a_torn_checkpoint_are_survived(tmp_path):
     """10 steps, a checkpoint every 2: the disk fills up once step_4 is written (step_6 fails, training goes on,
     step_8 fails and the run stops with 74 saying the space it needs), step_4 is then cut to half and the resume
     loads step_2 and finishes. The disk fills up through the checkpoint writer's ENOSPC hook, which needs no
-    privileges; `scripts/chaos.py --checkpoint-faults --disk-full tmpfs` does it with a real tmpfs."""
-    from scripts import chaos_checkpoints as checkpoints
+    privileges; `scripts/chaos/chaos.py --checkpoint-faults --disk-full tmpfs` does it with a real tmpfs."""
+    from scripts.chaos import chaos_checkpoints as checkpoints
 
     verdict, faults = checkpoints.run_checkpoint_faults(
         tmp_path / "ckpt", every=2, max_staleness=MAX_STALENESS

@@ -1,4 +1,4 @@
-"""Hang anything, restart nothing (`scripts/chaos.py --freeze`, scripts/chaos_freeze.py): a run of two learner ranks
+"""Hang anything, restart nothing (`scripts/chaos/chaos.py --freeze`, scripts/chaos/chaos_freeze.py): a run of two learner ranks
 in which every part is frozen in turn (SIGSTOP, then SIGCONT), the retrieval server and the generator past the
 learner's collective timeout (made short by `learner.collective_timeout_s`), Redis, the engine core and a learner
 rank for a few seconds. Asserted as for the kills (`test_chaos.py`): the run finishes, nothing lost or trained twice,
@@ -18,7 +18,7 @@ SHORT_S = 5
 
 
 def test_freezes_past_the_collective_timeout_restart_nothing(tmp_path):
-    from scripts import chaos_freeze
+    from scripts.chaos import chaos_freeze
 
     past_timeout = chaos_freeze.freeze_seconds("timeout")
     freezes = [

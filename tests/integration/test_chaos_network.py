@@ -1,4 +1,4 @@
-"""A Redis that fills up and a network that drops, in a real `sr1 run` (scripts/chaos_network.py): first Redis's
+"""A Redis that fills up and a network that drops, in a real `sr1 run` (scripts/chaos/chaos_network.py): first Redis's
 maxmemory lowered under the run (high water, then full); then the generator cut from Redis, the learner cut from
 Redis and the generator cut from the retrieval server, through fault proxies that black-hole the connections (open,
 unanswered, delivered late), each for 5 s (under every lease and the socket timeout: replies only come late) and then
@@ -9,7 +9,7 @@ pending, versions only went up, the staleness bound held, no orphans; and each c
 where the run reports it.
 
 The 60 s cuts (past `buffer.reconnect_s` as well: the calls give up) cost minutes, so they run only with
-`CHAOS_LONG=1` (or `python scripts/chaos.py --network --cut-s 60`).
+`CHAOS_LONG=1` (or `python scripts/chaos/chaos.py --network --cut-s 60`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MEMORY_S = 8
 
 
 def _run(tmp_path, cuts_s: list[float], steps: int, cut_mode: str = "blackhole"):
-    from scripts.chaos_network import NETWORK_FAULTS, injections, run_network_faults
+    from scripts.chaos.chaos_network import NETWORK_FAULTS, injections, run_network_faults
 
     faults = list(NETWORK_FAULTS)
     verdict, counts = run_network_faults(

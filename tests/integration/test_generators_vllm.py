@@ -211,9 +211,8 @@ async def test_later_turns_reuse_the_prompt_kv_in_whole_blocks(engine, tokenizer
 
 
 async def test_the_engine_curve_bench_measures_decode_at_each_concurrency(engine, tokenizer):
-    from tests.script_modules import load_script
+    from scripts.bench import bench_generators as bench
 
-    bench = load_script("bench_generators")
     prompts = [
         tokenizer(f"who founded {w} harbor?")["input_ids"] for w in ("alpha", "delta", "garnet", "juniper")
     ]

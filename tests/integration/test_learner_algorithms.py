@@ -1,6 +1,6 @@
 """Every RL method through the real learner loop for a few steps: the buffer, admission, the step, the weights pushed
 to a stand-in generator pool (tests/fakes/toy_generator.py), metrics and the final checkpoint. A smoke test: that
-each method learns on the tiny world is `scripts/compare_algorithms.py`'s job (an hour of CPU, not CI)."""
+each method learns on the tiny world is `scripts/bench/compare_algorithms.py`'s job (an hour of CPU, not CI)."""
 
 from __future__ import annotations
 

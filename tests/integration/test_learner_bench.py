@@ -1,4 +1,4 @@
-"""`scripts/bench_learner.py` on CPU: the trainer's own step (packed), the padded step and the plain PyTorch step run
+"""`scripts/bench/bench_learner.py` on CPU: the trainer's own step (packed), the padded step and the plain PyTorch step run
 and report their figures on the toy mix and on Search-R1's workload (scaled down); the prepared GPU call runs its
 stages on CPU (`DRY=1 scripts/gpu_check.sh`, in CI, so the GPU run cannot fail on something trivial); the Qwen2.5
 shape table builds models of the published sizes."""
@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+import scripts.bench.bench_learner as bench_learner
+from scripts.bench.learner_baselines import QWEN_VOCAB, SHAPES
 
-import bench_learner  # noqa: E402
-from learner_baselines import QWEN_VOCAB, SHAPES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)

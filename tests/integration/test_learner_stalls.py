@@ -1,8 +1,8 @@
 """A learner of two ranks waits out a stall of generation longer than its collective timeout (issue #49): the
 retrieval server frozen (SIGSTOP, then SIGCONT: the tool pause stops all sampling), then the generator worker frozen,
-each past `learner.collective_timeout_s` (made short by `scripts/chaos_freeze.py`), under synchronous training. Rank 0 waits for the batch as long
+each past `learner.collective_timeout_s` (made short by `scripts/chaos/chaos_freeze.py`), under synchronous training. Rank 0 waits for the batch as long
 as it must and holds the other rank every 2 s (learner/distributed.py's `Hold`), so the run finishes with no learner
-restart, nothing lost or trained twice (audited as the kills: `scripts/chaos.py`). Before the holds, rank 1's
+restart, nothing lost or trained twice (audited as the kills: `scripts/chaos/chaos.py`). Before the holds, rank 1's
 collective timed out and the supervisor restarted the whole learner at the first stall.
 
 `test_chaos_freeze.py` freezes every part in one longer run; this is the short run of the two stalls the issue met.
@@ -21,7 +21,7 @@ STEPS = 8  # a stall at version 2 or 3, the next at 5 or 6 (`injection_steps`), 
 
 
 def test_generation_stalled_past_the_collective_timeout_restarts_no_learner(tmp_path):
-    from scripts import chaos_freeze
+    from scripts.chaos import chaos_freeze
 
     past_timeout = chaos_freeze.freeze_seconds("timeout")
     assert past_timeout > chaos_freeze.COLLECTIVE_TIMEOUT_S

@@ -1,4 +1,4 @@
-"""The soak's short CI variant: `scripts/soak.py` runs the tiny preset for a few minutes, samples every process of
+"""The soak's short CI variant: `scripts/chaos/soak.py` runs the tiny preset for a few minutes, samples every process of
 the run and Redis, stops the run cleanly and judges growth. Asserted: the run stopped cleanly with no process left
 behind, samples of every kind of process (the launcher, Redis, the retrieval server, the generator worker, its vLLM
 engine, the learner) and of Redis's memory and key count, a growth verdict for each, consistent with the exit code,
@@ -24,7 +24,7 @@ KINDS = {"sr1-run", "redis", "retrieval", "generator", "engine-core", "learner"}
 
 def test_a_short_soak_samples_every_process_and_stops_the_run_cleanly(tmp_path):
     out = tmp_path / "soak"
-    cmd = [sys.executable, str(ROOT / "scripts" / "soak.py"), "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "scripts" / "chaos" / "soak.py"), "--out", str(out)]
     cmd += ["--duration", "100", "--interval", "4", "--warmup", "55", "--window", "20", "--bound", "0.5"]
     cmd += ["--", "eval.max_prompts=16"]
     env = os.environ | {"PYTHONPATH": str(ROOT)}

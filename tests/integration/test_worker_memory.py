@@ -1,18 +1,18 @@
-"""scripts/worker_memory.py on the session's engine: weight updates applied as a generator worker applies them, with
+"""scripts/bench/worker_memory.py on the session's engine: weight updates applied as a generator worker applies them, with
 generation between them, and the worker's memory sampled through the extension's `ws_memory`."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.script_modules import load_script
-
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 
 @pytest.fixture(scope="module")
 def worker_memory():
-    return load_script("worker_memory")
+    from scripts.bench import worker_memory
+
+    return worker_memory
 
 
 async def test_updates_are_applied_and_the_worker_sampled_every_n(

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_modules import load_script
-
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(
     p
@@ -33,7 +31,9 @@ PAGES = sorted(
 BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 ANY_FENCED = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 INDENTED = re.compile(r"(?:^(?: {4}|\t).*\n?)+", re.MULTILINE)
-COMMAND = re.compile(r"^(sr1|torchrun|make)\s|^python3?\s+(-m\s|scripts/)")  # `python -c` is no command of sr1
+COMMAND = re.compile(
+    r"^(sr1|torchrun|make)\s|^python3?\s+(-m\s|scripts/)"
+)  # `python -c` is no command of sr1
 
 
 def _blocks(text: str):
@@ -130,7 +130,7 @@ def entry_point(argv: list[str]):
     assert script.parts[0] == "scripts" and script.suffix == ".py", (
         f"not a script of this repository: {rest[0]}"
     )
-    main = load_script(script.stem).main
+    main = importlib.import_module(".".join(script.with_suffix("").parts)).main  # scripts is a package
     if not inspect.signature(main).parameters:  # a main that reads sys.argv itself
         return lambda args: _with_argv([rest[0], *args], main), rest[1:]
     return main, rest[1:]

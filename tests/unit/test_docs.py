@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_modules import load_script
-
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 
 
 def _update_docs():
-    return load_script("update_docs")
+    from scripts import update_docs
+
+    return update_docs
 
 
 def _generated(page: str) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.script_modules import load_script
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check_layers():
-    return load_script("check_layers")
+    from scripts import check_layers
+
+    return check_layers
 
 
 def test_every_import_points_down_the_layers_and_none_runs_in_a_circle():

@@ -84,7 +84,7 @@ def test_shards_merge_into_the_summary_of_one_evaluation_with_pass_at_k():
 
 def test_a_recorded_evaluation_leaves_redis(redis_url, tmp_path):
     """Whoever asked records the merged result in evals.jsonl and deletes the answers: a long run kept every
-    evaluation's answers in Redis for a week (found by scripts/soak.py's key count)."""
+    evaluation's answers in Redis for a week (found by scripts/chaos/soak.py's key count)."""
     from types import SimpleNamespace
 
     from buffer.redis_buffer import ReplayBuffer

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from tests.script_modules import load_script
-
 
 def _bench_module():
-    return load_script("bench_generators")
+    from scripts.bench import bench_generators
+
+    return bench_generators
 
 
 def test_identity_layers_leave_the_logits_unchanged(tiny_model_dir, tmp_path):

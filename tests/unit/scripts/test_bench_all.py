@@ -1,4 +1,4 @@
-"""scripts/bench_all.py: the range it reports is over every round, and a failed round is counted, not hidden."""
+"""scripts/bench/bench_all.py: the range it reports is over every round, and a failed round is counted, not hidden."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_modules import load_script
-
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def bench_all():
-    return load_script("bench_all")
+    from scripts.bench import bench_all
+
+    return bench_all
 
 
 def test_the_table_gives_the_lowest_and_highest_round_and_counts_failures(bench_all):

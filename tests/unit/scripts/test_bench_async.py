@@ -1,15 +1,15 @@
-"""scripts/bench_async.py: which runs it starts for a preset, an adaptive bound and a correction, and what it refuses."""
+"""scripts/bench/bench_async.py: which runs it starts for a preset, an adaptive bound and a correction, and what it refuses."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.script_modules import load_script
-
 
 @pytest.fixture
 def bench_async():
-    return load_script("bench_async")
+    from scripts.bench import bench_async
+
+    return bench_async
 
 
 def test_an_adaptive_bound_on_a_preset_is_run_against_the_synchronous_run(

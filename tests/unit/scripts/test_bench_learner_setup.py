@@ -1,17 +1,11 @@
-"""scripts/bench_learner_setup.py: the benchmark's learner settings are the preset's with the options over them, run
+"""scripts/bench/bench_learner_setup.py: the benchmark's learner settings are the preset's with the options over them, run
 as the learner plans them (learner/execution/plan.py), with `auto` resolved before the plain step copies it."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-
-import bench_learner_setup as setup  # noqa: E402
-
+import scripts.bench.bench_learner_setup as setup
 from config.loader import load_config  # noqa: E402
 from learner.settings import LearnerConfig  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/bench_retrieval.py --curve: requests/s against concurrent clients for the naive and the batched server,
+"""scripts/bench/bench_retrieval.py --curve: requests/s against concurrent clients for the naive and the batched server,
 in the form `sr1 plan --retrieval-bench` reads."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sr1.plan.profile import load_profile, validate_profile
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "scripts" / "bench_retrieval.py"
+SCRIPT = ROOT / "scripts" / "bench" / "bench_retrieval.py"
 
 
 def test_bad_concurrency_levels_are_refused_before_anything_starts():

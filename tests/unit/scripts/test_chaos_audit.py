@@ -1,4 +1,4 @@
-"""scripts/chaos.py's audit (nothing lost, nothing trained twice) on a run whose Redis forgot the released ids of
+"""scripts/chaos/chaos.py's audit (nothing lost, nothing trained twice) on a run whose Redis forgot the released ids of
 checkpointed groups: it reads them from the run's record beside Redis's set (the runs themselves:
 tests/integration/test_chaos.py)."""
 
@@ -12,11 +12,12 @@ from buffer.group_ids import RELEASED_RECORD
 from buffer.redis_buffer import ReplayBuffer
 from sr1.launch.redis_server import LocalRedis
 from tests.fakes.groups import make_group, make_prompt
-from tests.script_modules import load_script
 
 
 def _chaos():
-    return load_script("chaos")
+    from scripts.chaos import chaos
+
+    return chaos
 
 
 def test_the_audit_finds_every_released_group_including_those_redis_forgot(tmp_path):

@@ -1,4 +1,4 @@
-"""scripts/chaos_checkpoints.py: the tear cuts what a dying node leaves cut, and the checks of the run name every
+"""scripts/chaos/chaos_checkpoints.py: the tear cuts what a dying node leaves cut, and the checks of the run name every
 expectation it missed (the run itself: tests/integration/test_chaos.py)."""
 
 from __future__ import annotations
@@ -7,17 +7,12 @@ import argparse
 
 import pytest
 
-from tests.script_modules import load_script
-
-
-def _load(name: str):
-    return load_script(name)
-
 
 @pytest.fixture(scope="module")
 def checkpoints():
-    _load("chaos")
-    return _load("chaos_checkpoints")
+    from scripts.chaos import chaos_checkpoints
+
+    return chaos_checkpoints
 
 
 def test_a_tear_halves_every_file_over_4_kb_and_leaves_the_small_ones(checkpoints, tmp_path):

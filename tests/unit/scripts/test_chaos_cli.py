@@ -1,4 +1,4 @@
-"""scripts/chaos.py's command line: each kind of fault is run by its own module (chaos_checkpoints, chaos_faults,
+"""scripts/chaos/chaos.py's command line: each kind of fault is run by its own module (chaos_checkpoints, chaos_faults,
 chaos_network, chaos_freeze), and a name none of them knows is refused before any run starts."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
     ],
 )
 def test_an_unknown_name_is_a_usage_error_that_names_it(argv, named, capsys, tmp_path):
-    from scripts.chaos import main
+    from scripts.chaos.chaos import main
 
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--out", str(tmp_path)])
@@ -27,7 +27,7 @@ def test_an_unknown_name_is_a_usage_error_that_names_it(argv, named, capsys, tmp
 
 def test_every_fault_kind_adds_its_options_and_runs_from_its_own_module(monkeypatch, tmp_path):
     """`--faults` goes to chaos_faults.chaos_main with the options it added; the kill table does not run."""
-    from scripts import chaos, chaos_faults
+    from scripts.chaos import chaos, chaos_faults
 
     seen = {}
 
@@ -42,7 +42,7 @@ def test_every_fault_kind_adds_its_options_and_runs_from_its_own_module(monkeypa
 
 
 def test_freeze_durations_name_the_lease_and_the_collective_timeout():
-    from scripts import chaos_freeze
+    from scripts.chaos import chaos_freeze
 
     assert chaos_freeze.freeze_seconds("lease") > chaos_freeze.LEASE_S
     assert chaos_freeze.freeze_seconds("timeout") > chaos_freeze.COLLECTIVE_TIMEOUT_S

@@ -1,10 +1,10 @@
-"""scripts/chaos_network.py without a run: what `--cut-s` injects, in which order, and when a cut counts as seen."""
+"""scripts/chaos/chaos_network.py without a run: what `--cut-s` injects, in which order, and when a cut counts as seen."""
 
 from __future__ import annotations
 
 import pytest
 
-from scripts.chaos_network import NETWORK_FAULTS, Cut, NetworkCounts, injections, parse_injection
+from scripts.chaos.chaos_network import NETWORK_FAULTS, Cut, NetworkCounts, injections, parse_injection
 
 
 def _counts(
@@ -67,7 +67,7 @@ def test_a_retrieval_cut_is_seen_by_its_tool_errors_and_the_memory_fault_by_its_
 
 @pytest.mark.parametrize("bad", ["5,x", "0", ","])
 def test_bad_cut_durations_are_refused_before_anything_starts(bad, capsys):
-    from scripts.chaos import main
+    from scripts.chaos.chaos import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--network", "--cut-s", bad])

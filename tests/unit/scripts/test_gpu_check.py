@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from scripts import gpu_check
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import gpu_check  # noqa: E402
 
 
 def test_a_stage_that_cannot_fit_is_skipped_and_one_that_can_gets_what_is_left():
@@ -61,7 +59,7 @@ def test_a_command_past_its_limit_is_ended_with_its_children(tmp_path):
 
 @pytest.mark.parametrize("dry", [True, False])
 def test_every_benchmark_stage_passes_options_bench_learner_accepts(tmp_path, dry):
-    import bench_learner_setup
+    import scripts.bench.bench_learner_setup as bench_learner_setup
 
     benches = [s for s in gpu_check.stages(tmp_path, dry) if s.kind == "bench"]
     assert [s.key for s in benches] == [
@@ -69,7 +67,7 @@ def test_every_benchmark_stage_passes_options_bench_learner_accepts(tmp_path, dr
     ]  # fmt: skip
     for stage in benches:
         (cmd,) = stage.commands
-        assert cmd[0] == "scripts/bench_learner.py"
+        assert cmd[0] == "scripts/bench/bench_learner.py"
         args = bench_learner_setup.parse(list(cmd[1:]))
         assert args.workload == "search-r1" and args.preset == "qwen2.5-3b-8xh100"
         assert args.json_out == str(tmp_path / f"{stage.key}.json")

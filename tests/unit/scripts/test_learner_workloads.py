@@ -1,20 +1,15 @@
-"""scripts/learner_workloads.py: the benchmark's Search-R1 batches are laid out as the generators write trajectories
+"""scripts/bench/learner_workloads.py: the benchmark's Search-R1 batches are laid out as the generators write trajectories
 (turn, observation, turn, ...; observations out of the loss), drawn by the planner's sampler, cut into mini-batches of
 whole trajectories."""
 
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-
-import learner_workloads as workloads  # noqa: E402
-
+import scripts.bench.learner_workloads as workloads
 from config.loader import load_config  # noqa: E402
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_modules import load_script
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def setup_env():
-    return load_script("setup_env")
+    from scripts import setup_env
+
+    return setup_env
 
 
 class FakeRunner:

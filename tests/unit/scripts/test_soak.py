@@ -1,4 +1,4 @@
-"""scripts/soak.py's growth verdict (scripts/soak_samples.py) on synthetic series: flat passes, growing fails, noisy flat passes; and what it
+"""scripts/chaos/soak.py's growth verdict (scripts/chaos/soak_samples.py) on synthetic series: flat passes, growing fails, noisy flat passes; and what it
 says about processes that come and go during the measured span."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from tests.script_modules import load_script
-
 WARMUP, WINDOW, BOUND = 600.0, 300.0, 0.05
 
 
 @pytest.fixture(scope="module")
 def soak():
-    return load_script("soak")  # imports soak_samples
+    from scripts.chaos import soak
+
+    return soak
 
 
 def _samples(

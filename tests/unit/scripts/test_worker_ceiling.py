@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from scripts import bench_generators
+from scripts.bench import bench_generators
 from tests.timing import scaled
 
 

@@ -1,4 +1,4 @@
-"""scripts/worker_memory.py's growth figure, from samples (the measurement itself: tests/integration/test_worker_memory.py)."""
+"""scripts/bench/worker_memory.py's growth figure, from samples (the measurement itself: tests/integration/test_worker_memory.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from tests.script_modules import load_script
-
 
 @pytest.fixture(scope="module")
 def worker_memory():
-    return load_script("worker_memory")
+    from scripts.bench import worker_memory
+
+    return worker_memory
 
 
 def test_growth_needs_two_samples_after_the_warm_up(worker_memory):

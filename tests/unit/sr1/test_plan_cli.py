@@ -154,14 +154,10 @@ def test_no_split_fits_exits_1_with_the_reasons(capsys):
 
 
 def _calibration_harness(monkeypatch):
-    """scripts/calibrate_plan.py, imported as a module (and forgotten after the test)."""
-    import sys
+    """scripts/bench/calibrate_plan.py, imported as a module."""
+    from scripts.bench import calibrate_plan
 
-    from tests.script_modules import load_script
-
-    # the module is forgotten again when the test ends
-    monkeypatch.setitem(sys.modules, "calibrate_plan", None)
-    return load_script("calibrate_plan")
+    return calibrate_plan
 
 
 def test_calibration_harness_predicts_every_case(tmp_path, capsys, monkeypatch):

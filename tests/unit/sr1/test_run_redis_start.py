@@ -1,6 +1,6 @@
 """`sr1 run` rides out its Redis dying in the first second, before anything else started: the supervisor restarts it
 on its port and AOF while `prepare` waits, as it does later in the run (the whole run is tried by
-tests/integration/test_chaos_network.py and `scripts/chaos.py`)."""
+tests/integration/test_chaos_network.py and `scripts/chaos/chaos.py`)."""
 
 from __future__ import annotations
 

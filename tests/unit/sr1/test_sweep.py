@@ -4,14 +4,11 @@ settings and table."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from sr1.sweep import Case, RunFailed, mean_std, parse_bounds, read_run, run_case
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 
 
 def _fake_run(run_dir: Path, em_before: float, em_after: float) -> None:
@@ -66,7 +63,7 @@ def test_mean_std():
 
 
 def test_staleness_settings_run_sync_once_and_tabulate_gains(tmp_path):
-    import compare_staleness
+    import scripts.bench.compare_staleness as compare_staleness
 
     cases = compare_staleness.cases([0, 2], ["none", "tis"])
     assert [c.name for c in cases] == ["s0-none", "s2-none", "s2-tis"]
@@ -78,7 +75,7 @@ def test_staleness_settings_run_sync_once_and_tabulate_gains(tmp_path):
 def test_staleness_comparison_takes_auto_and_tabulates_the_off_policy_diagnostics(tmp_path):
     """`--staleness 0,8,auto`: auto is a setting of its own; each run's per-step mismatch KL, ESS, clipped share and
     bound in force (metrics.jsonl) reach the table and the plots."""
-    import compare_staleness
+    import scripts.bench.compare_staleness as compare_staleness
 
     assert parse_bounds("0, 8,auto,auto:1-16") == [0, 8, "auto", "auto:1-16"]
     assert compare_staleness.cases(["auto:1-16"], ["none"])[0].overrides == [
