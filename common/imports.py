@@ -1,5 +1,6 @@
-"""Plug-ins named by import path ("package.module:attribute") from outside the repository, such as a user's
-`task.reward_function`; the project's own variants are imported by their factories (`build_task`, ...)."""
+"""Objects named by import path ("package.module:attribute"): plug-ins from outside the repository, such as a user's
+`task.reward_function`, and the implementation a variant's settings name (`common/variants.py`), imported when
+built so that the settings load without it."""
 
 from __future__ import annotations
 

@@ -12,17 +12,18 @@ and that one line. A retriever defined outside the package registers the same wa
 The union is open: `RETRIEVERS` is filled when `retrieval.settings` is imported, and a config is checked against
 the members registered when it is loaded. Unknown methods and another member's knobs fail naming what is known.
 Members' modules import their heavy libraries (bm25s, transformers, faiss, aiohttp) inside functions, so a
-retriever's settings load without them.
+retriever's settings load without them. The family's machinery is `common/variants.py`, the same for every variant
+family (algorithms, corrections, tasks).
 """
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny
+from pydantic import BaseModel, ConfigDict, Field
 
+from common.variants import Family
 from retrieval.base import Retriever
 from retrieval.corpus import DocStore
 
@@ -34,18 +35,12 @@ class RetrieverSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # read by the config layer (`config/unions.py`): this base stands for the union of its registered members
-    union_tag: ClassVar[str] = TAG
     # searches data on this machine, so `sr1 run` starts a retrieval server for it (False: a web search API)
     local: ClassVar[bool] = True
     # loads torch (an encoder): the server applies `retrieval.server.torch_threads` before building it
     uses_torch: ClassVar[bool] = False
 
     method: str = Field(description="Which retriever (the union's tag).")
-
-    @classmethod
-    def union_members(cls) -> list[type[RetrieverSettings]]:
-        return list(RETRIEVERS.values())
 
     def build(self, show_progress: bool = False) -> Retriever:
         """The retriever these settings describe, loaded (indexes read or built, models loaded)."""
@@ -100,72 +95,15 @@ class IndexedSettings(CorpusSettings):
         raise NotImplementedError(f"{type(self).__name__} does not say how to write its index")
 
 
-# -- the registry ------------------------------------------------------------------------------------------------
+# -- the family ---------------------------------------------------------------------------------------------------
 
 # `method` -> member, in the order they were registered (the first is the default); filled by `retrieval.settings`
-RETRIEVERS: dict[str, type[RetrieverSettings]] = {}
-
-M = typing.TypeVar("M", bound=type[RetrieverSettings])
-
-
-def method_of(member: type[RetrieverSettings]) -> str:
-    """The tag of a member: the default of its `method` field."""
-    default = member.model_fields[TAG].default
-    if not isinstance(default, str):
-        raise TypeError(f"{member.__name__}.{TAG} needs its name as default: `{TAG}: Literal['x'] = 'x'`")
-    return default
-
-
-def register_retriever(member: M) -> M:
-    """Add `member` to the union (idempotent for the same class); TypeError for a name already taken."""
-    if not (isinstance(member, type) and issubclass(member, RetrieverSettings)):
-        raise TypeError(f"a retriever member is a RetrieverSettings subclass, not {member!r}")
-    name = method_of(member)
-    taken = RETRIEVERS.get(name)
-    if taken is not None and taken is not member:
-        raise TypeError(f"retrieval method {name!r} is already {taken.__name__}'s")
-    RETRIEVERS[name] = member
-    return member
-
-
-def default_retriever() -> RetrieverSettings:
-    """The first registered member with its defaults (BM25)."""
-    return next(iter(RETRIEVERS.values()))()
-
-
-def _known() -> str:
-    return ", ".join(RETRIEVERS)
-
-
-def choose_retriever(value: Any) -> Any:
-    """The member `value` names: a method name, a mapping with `method` (absent: the default member), or settings
-    already made. ValueError naming the known methods, or the members that have a knob the chosen one has not."""
-    if isinstance(value, RetrieverSettings):
-        if RETRIEVERS.get(value.method) is not type(value):
-            raise ValueError(
-                f"{type(value).__name__} is not a registered retriever; known methods: {_known()}"
-            )
-        return value
-    if isinstance(value, str):
-        value = {TAG: value}
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"retrieval.retriever must be a method name or a mapping with a {TAG!r}, got {type(value).__name__}"
-        )
-    name = value.get(TAG, next(iter(RETRIEVERS)))
-    member = RETRIEVERS.get(name) if isinstance(name, str) else None
-    if member is None:
-        raise ValueError(f"unknown retrieval.retriever.{TAG} {name!r}; known methods: {_known()}")
-    for key in value:
-        if key not in member.model_fields:
-            owners = [other for other, m in RETRIEVERS.items() if key in m.model_fields]
-            if owners:
-                raise ValueError(
-                    f"retrieval.retriever.{key} is a setting of {', '.join(owners)}, not of {name!r} (its settings: "
-                    f"{', '.join(member.model_fields)})"
-                )
-    return member.model_validate(value)
-
+FAMILY = Family(RetrieverSettings, tag=TAG, section="retrieval.retriever", noun="retriever")
+RETRIEVERS: dict[str, type[RetrieverSettings]] = FAMILY.members
+method_of = FAMILY.tag_of
+register_retriever = FAMILY.register
+default_retriever = FAMILY.default
+choose_retriever = FAMILY.choose
 
 # the type of `retrieval.retriever`: any registered member, picked by `method`, dumped with all of its fields
-RetrieverChoice = Annotated[SerializeAsAny[RetrieverSettings], BeforeValidator(choose_retriever)]
+RetrieverChoice = FAMILY.choice

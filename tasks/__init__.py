@@ -3,8 +3,8 @@
     task = build_task(config.task, retrieval=config.retrieval)
 
 The agent loop, the engines, the buffer and the learner are the same for every task; `tasks/base.py` is the
-contract. Adding a task is its folder (`tasks/search_r1/`), its member of the `task` config union
-(`tasks/settings.py`) and its line in `TASKS` below.
+contract. Adding a task is its folder (`tasks/search_r1/`) and its member of the `task` family (`tasks/settings.py`,
+registered in `TASKS` there), which builds the task.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.base import Action, DataError, Observation, Score, Task, Transcript
-from tasks.search_r1 import SearchR1Task
-from tasks.settings import SearchR1Config, TaskConfig
+from tasks.settings import TASKS, TaskConfig, TaskSettings
 
 __all__ = [
     "TASKS",
@@ -27,15 +26,10 @@ __all__ = [
     "build_task",
 ]
 
-# each member of the `task` union and the class `build_task` makes of it (with its `from_config`)
-TASKS: dict[type, type[Task]] = {SearchR1Config: SearchR1Task}
-
 
 def build_task(cfg: TaskConfig, retrieval: Any = None) -> Task:
-    """The task of `cfg` (a member of the `task` union); `retrieval` (a RetrievalConfig) is where tasks that search
+    """The task of `cfg` (a member of the `task` family); `retrieval` (a RetrievalConfig) is where tasks that search
     find their server. TypeError naming the known tasks for any other config."""
-    cls = TASKS.get(type(cfg))
-    if cls is None:
-        known = ", ".join(member.model_fields["type"].default for member in TASKS)
-        raise TypeError(f"no task is built from {type(cfg).__name__}; known tasks: {known}")
-    return cls.from_config(cfg, retrieval)
+    if not isinstance(cfg, TaskSettings) or TASKS.members.get(cfg.type) is not type(cfg):
+        raise TypeError(f"no task is built from {type(cfg).__name__}; known tasks: {TASKS.known()}")
+    return cfg.build(retrieval)

@@ -11,7 +11,7 @@ learner) is the same for every task and never imports one by name:
     score = task.score(rollout, prompt.ground_truth)   # reward + per-trajectory metrics
 
 A task is one folder under `tasks/` (its protocol, its data readers, its rewards and a `from_config(cfg, retrieval)`
-classmethod), one member of the `task` config union (`tasks/settings.py`) and one line in `tasks.TASKS`. See
+classmethod) and one member of the `task` config family (`tasks/settings.py`, registered in its `TASKS`). See
 `tasks/search_r1/` for the Search-R1 task.
 """
 

@@ -1,23 +1,48 @@
 """The `task` config section: which RL task the system runs, and that task's own knobs.
 
-A discriminated union on `type` (one member per task), so a task's fields sit with it and a field of another task
-fails at load time. This module is data only: `tasks.build_task` (`tasks/__init__.py`) pairs each member with its
-task class in `TASKS` and builds it with `from_config(cfg, retrieval)`. Adding a task: its folder under `tasks/`, its
-member here (and in `TaskConfig`), and its line in `TASKS`.
+A family of variants on `type` (`common/variants.py`; one member per task), so a task's fields sit with it and a
+field of another task fails at load time. Each member builds its own task (`build(retrieval)`, which imports the
+task its `implementation` names only then, so this module stays data only). Adding a task: its folder under `tasks/`, its member here
+and its line in `TASKS`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.imports import import_object
+from common.variants import Family
 
-class SearchR1Config(BaseModel):
-    """Search-R1: answer a question, searching a retrieval server with `<search>` as often as needed."""
+if TYPE_CHECKING:
+    from tasks.base import Task
+
+
+class TaskSettings(BaseModel):
+    """Base of every member of the `task` family: its tag, and how it makes its task."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # the `tasks.base.Task` that implements it, by import path: imported when built (the task's folder imports these
+    # settings, and loads its own libraries)
+    implementation: ClassVar[str] = ""
+
+    type: str = Field(description="Which task (the union's tag).")
+
+    def build(self, retrieval: Any = None) -> Task:
+        """The task these settings describe (its `from_config`); `retrieval` (a RetrievalConfig) is where a task
+        that searches finds its server."""
+        if not self.implementation:
+            raise NotImplementedError(f"{type(self).__name__} names no implementation to build")
+        return import_object(self.implementation).from_config(self, retrieval)
+
+
+class SearchR1Config(TaskSettings):
+    """Search-R1: answer a question, searching a retrieval server with `<search>` as often as needed."""
+
+    implementation: ClassVar[str] = "tasks.search_r1:SearchR1Task"
 
     type: Literal["search_r1"] = Field("search_r1", description="Which task (the union's tag).")
     reward: Literal["em", "f1", "format_em", "substring_em"] = Field(
@@ -62,4 +87,9 @@ class SearchR1Config(BaseModel):
         return value
 
 
-TaskConfig = Annotated[SearchR1Config, Field(discriminator="type")]
+# the task family, chosen by `task.type`; the first member is the default. Adding a task: its folder, its member
+# above (naming it as `implementation`) and its line here.
+TASKS = Family(TaskSettings, tag="type", section="task", noun="task")
+for _member in (SearchR1Config,):
+    TASKS.register(_member)
+TaskConfig = TASKS.choice

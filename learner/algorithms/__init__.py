@@ -13,8 +13,9 @@
 
 Off-policy corrections (`learner.correction.type`: none, tis, icepop, decoupled) are in `corrections.py`; the KL
 estimators and controller in `kl.py`; DAPO's reward shaping in `shaping.py`; the config members in `settings.py`.
-`ALGORITHMS` below pairs each config member with its class: adding an algorithm is its file here, its config member
-in `settings.py` (in the `AlgorithmConfig` union) and its line in `ALGORITHMS`.
+Each config member builds its own class and owns its facts (`needs_critic`, `group_baseline`, `needs_reference`):
+adding an algorithm is its file here and its member in `settings.py`, registered in the `ALGORITHMS` family
+(`common/variants.py`); nothing else names it.
 """
 
 from __future__ import annotations
@@ -27,21 +28,12 @@ from learner.algorithms.base import (
     TrajectoryTokens,
     policy_loss,
 )
-from learner.algorithms.grpo import GRPO, DrGRPO
 from learner.algorithms.kl import kl_estimate, low_var_kl
-from learner.algorithms.ppo import PPO
-from learner.algorithms.reinforce import ReinforceBaseline, ReinforcePP
-from learner.algorithms.rloo import RLOO
 from learner.algorithms.settings import (
+    ALGORITHMS,
     AlgorithmConfig,
     CorrectionConfig,
-    DrGRPOConfig,
-    GRPOConfig,
     PolicyLossConfig,
-    PPOConfig,
-    ReinforceBaselineConfig,
-    ReinforcePPConfig,
-    RLOOConfig,
 )
 
 __all__ = [
@@ -58,22 +50,11 @@ __all__ = [
 ]
 
 
-# each member of the `learner.algorithm` union and the class `build_algorithm` makes of it
-ALGORITHMS: dict[type[PolicyLossConfig], type[Algorithm]] = {
-    GRPOConfig: GRPO,
-    DrGRPOConfig: DrGRPO,
-    RLOOConfig: RLOO,
-    ReinforcePPConfig: ReinforcePP,
-    ReinforceBaselineConfig: ReinforceBaseline,
-    PPOConfig: PPO,
-}
-
-
 def build_algorithm(cfg: AlgorithmConfig, correction: CorrectionConfig) -> Algorithm:
-    """The algorithm of `cfg` (a member of the `learner.algorithm` union), with its correction; TypeError naming the
+    """The algorithm of `cfg` (a member of the `learner.algorithm` family), with its correction; TypeError naming the
     known algorithms for any other config."""
-    cls = ALGORITHMS.get(type(cfg))
-    if cls is None:
-        known = ", ".join(member.model_fields["type"].default for member in ALGORITHMS)
-        raise TypeError(f"no algorithm is built from {type(cfg).__name__}; known algorithms: {known}")
-    return cls(cfg, correction)
+    if not isinstance(cfg, PolicyLossConfig) or ALGORITHMS.members.get(cfg.type) is not type(cfg):
+        raise TypeError(
+            f"no algorithm is built from {type(cfg).__name__}; known algorithms: {ALGORITHMS.known()}"
+        )
+    return cfg.build(correction)

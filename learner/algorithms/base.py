@@ -35,7 +35,7 @@ import torch
 from buffer.records import Group
 from learner.algorithms.corrections import importance_weights
 from learner.algorithms.kl import KLController, kl_estimate
-from learner.algorithms.settings import CorrectionConfig, PolicyLossConfig
+from learner.algorithms.settings import CorrectionSettings, PolicyLossConfig
 
 
 @dataclass
@@ -115,7 +115,7 @@ def policy_loss(
     loss_mask: torch.Tensor,
     staleness: torch.Tensor,
     loss_cfg: PolicyLossConfig,
-    correction: CorrectionConfig,
+    correction: CorrectionSettings,
     *,
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
@@ -171,15 +171,15 @@ def policy_loss(
 class Algorithm(ABC):
     """An RL algorithm as the learner's step sees it. `cfg` is its member of the `learner.algorithm` union."""
 
-    def __init__(self, cfg: PolicyLossConfig, correction: CorrectionConfig):
+    def __init__(self, cfg: PolicyLossConfig, correction: CorrectionSettings):
         self.cfg = cfg
         self.correction = correction
         self.kl_controller = KLController(cfg.kl_coef, cfg.kl_ctrl)
 
     @property
     def needs_reference(self) -> bool:
-        """Whether the learner must keep a frozen copy of the initial policy (a KL penalty)."""
-        return self.cfg.kl_coef > 0
+        """Whether the learner must keep a frozen copy of the initial policy (a KL penalty): its config's fact."""
+        return self.cfg.needs_reference
 
     @property
     def needs_entropy(self) -> bool:
@@ -188,8 +188,8 @@ class Algorithm(ABC):
 
     @property
     def needs_values(self) -> bool:
-        """Whether the step needs a critic (its values before the step, its returns after)."""
-        return False
+        """Whether the step needs a critic (its values before the step, its returns after): its config's fact."""
+        return self.cfg.needs_critic
 
     def advantages(self, groups: list[Group], scores: list[np.ndarray] | None = None) -> BatchAdvantages:
         """One advantage per trajectory of every group from its outcome score (default: its reward)."""

@@ -28,13 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from learner.algorithms.settings import (
-    CorrectionConfig,
-    DecoupledCorrection,
-    IcePopCorrection,
-    NoCorrection,
-    TISCorrection,
-)
+from learner.algorithms.settings import CorrectionSettings
 
 
 def loglinear_proximal(
@@ -47,7 +41,7 @@ def loglinear_proximal(
 
 
 def importance_weights(
-    correction: CorrectionConfig,
+    correction: CorrectionSettings,
     logprobs: torch.Tensor,
     behavior: torch.Tensor,
     staleness: torch.Tensor,
@@ -55,24 +49,14 @@ def importance_weights(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log ratio r, detached weight w, masked-out tokens) of the table above, per token. `recomputed`: the step's
     starting policy's log-probs when the step makes several updates (`recompute` then uses them)."""
-    masked_out = torch.zeros_like(logprobs, dtype=torch.bool)
-    if isinstance(correction, NoCorrection):
-        return logprobs - behavior, torch.ones_like(logprobs), masked_out
+    if not correction.uses_proximal:
+        return logprobs - behavior, torch.ones_like(logprobs), torch.zeros_like(logprobs, dtype=torch.bool)
     if correction.proximal == "recompute":
         proximal = logprobs.detach() if recomputed is None else recomputed.detach()
     else:
         proximal = loglinear_proximal(logprobs, behavior, staleness)
-    raw = torch.exp(proximal - behavior)
-    if isinstance(correction, TISCorrection):
-        weight = raw.clamp(max=correction.cap)
-    else:
-        if isinstance(correction, IcePopCorrection):
-            masked_out = (raw < correction.low) | (raw > correction.high)
-        elif isinstance(correction, DecoupledCorrection):
-            masked_out = raw > correction.cap
-        else:  # pragma: no cover - the config union admits nothing else
-            raise TypeError(f"unknown correction {correction!r}")
-        weight = torch.where(masked_out, torch.zeros_like(raw), raw)
+    # each correction's own rule (its member's `weigh`: truncate, or mask outside a band or above a cap)
+    weight, masked_out = correction.weigh(torch.exp(proximal - behavior))
     return logprobs - proximal, weight.detach(), masked_out
 
 

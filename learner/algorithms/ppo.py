@@ -56,9 +56,7 @@ def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float) -> tu
 
 
 class PPO(Algorithm):
-    @property
-    def needs_values(self) -> bool:
-        return True
+    """PPO's advantages and returns from the critic's values (`PPOConfig.needs_critic`: the learner trains one)."""
 
     def token_advantages(self, batch: AdvantageBatch) -> TokenAdvantages:
         advantages, returns = [], []

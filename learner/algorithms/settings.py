@@ -14,11 +14,14 @@
         kl_estimator: k1
         critic: {lr: 1.0e-5, warmup_steps: 15, value_clip: 0.5}
 
-Both are discriminated unions on `type`: a variant's own fields sit with it, and a field of another variant (or an
-unknown type) fails when the config is loaded. A bare string is shorthand for the variant with its defaults
-(`learner.correction=icepop`, `learner.algorithm=rloo`). This module is data only: `build_algorithm`
-(`learner/algorithms/__init__.py`) pairs each member with its class in `ALGORITHMS`. Adding an algorithm: its file in
-`learner/algorithms/`, its member here (and in `AlgorithmConfig`), and its line in `ALGORITHMS`.
+Both are families of variants on `type` (`common/variants.py`: `ALGORITHMS`, `CORRECTIONS`): a variant's own fields
+sit with it, and a field of another variant (or an unknown type) fails when the config is loaded. A bare string is
+shorthand for the variant with its defaults (`learner.correction=icepop`, `learner.algorithm=rloo`). A member owns
+the facts the rest reads (`needs_critic`, `group_baseline`, `needs_reference`; a correction's `uses_proximal` and
+its weight rule `weigh`) and builds its algorithm (`build`: its `implementation`, imported only then, so this module
+loads without torch). Adding an algorithm: its file in `learner/algorithms/` and its member here, registered in
+`ALGORITHMS`; the learner, the config checks and the planner read its facts. A member with `needs_critic` carries a
+`critic` section (`CriticConfig`), which the learner's critic is built from.
 
 Every member shares the policy loss (PPO-clip), the KL term (in the loss or in the reward, with its estimator and
 controller), the entropy bonus and DAPO's options (dynamic sampling, overlong shaping); only `ppo` has a critic.
@@ -26,9 +29,15 @@ controller), the entropy bonus and DAPO's options (dynamic sampling, overlong sh
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from common.imports import import_object
+from common.variants import Family
+
+if TYPE_CHECKING:
+    import torch
 
 
 def variant_shorthand(value: Any) -> Any:
@@ -89,8 +98,14 @@ class PolicyLossConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # the facts a member owns, read by the config's checks, the learner and the planner (none repeats them)
     # whether the advantage compares a trajectory with the other samples of its group (a group of one has none)
     group_baseline: ClassVar[bool] = False
+    # whether the step trains a value model beside the policy (its values before the step, its returns after)
+    needs_critic: ClassVar[bool] = False
+    # the `learner.algorithms.base.Algorithm` that implements it, by import path: imported when built, so these
+    # settings load without torch (and the implementation may import them)
+    implementation: ClassVar[str] = ""
 
     type: str = Field(description="Which algorithm (the union's tag).")
     clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
@@ -136,6 +151,17 @@ class PolicyLossConfig(BaseModel):
     def kl_in_reward(self) -> bool:
         return self.kl_coef > 0 and self.kl_placement == "reward"
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the learner keeps a frozen copy of the initial policy (a KL penalty)."""
+        return self.kl_coef > 0
+
+    def build(self, correction: CorrectionSettings) -> Any:
+        """The algorithm (a `learner.algorithms.base.Algorithm`) these settings describe, with its correction."""
+        if not self.implementation:
+            raise NotImplementedError(f"{type(self).__name__} names no implementation to build")
+        return import_object(self.implementation)(self, correction)
+
 
 # -- algorithms -------------------------------------------------------------------------------------------------
 
@@ -144,6 +170,7 @@ class GRPOConfig(PolicyLossConfig):
     """GRPO: advantage (r - mean) / std within the group (DeepSeekMath, Shao et al. 2024)."""
 
     group_baseline: ClassVar[bool] = True
+    implementation: ClassVar[str] = "learner.algorithms.grpo:GRPO"
 
     type: Literal["grpo"] = Field("grpo", description="Which algorithm (the union's tag).")
 
@@ -152,6 +179,7 @@ class DrGRPOConfig(PolicyLossConfig):
     """Dr. GRPO: advantage r - mean within the group, no std (Liu et al. 2025)."""
 
     group_baseline: ClassVar[bool] = True
+    implementation: ClassVar[str] = "learner.algorithms.grpo:DrGRPO"
 
     type: Literal["drgrpo"] = Field("drgrpo", description="Which algorithm (the union's tag).")
 
@@ -160,12 +188,15 @@ class RLOOConfig(PolicyLossConfig):
     """RLOO: advantage r_i - mean of the other samples' rewards (Ahmadian et al. 2024)."""
 
     group_baseline: ClassVar[bool] = True
+    implementation: ClassVar[str] = "learner.algorithms.rloo:RLOO"
 
     type: Literal["rloo"] = Field("rloo", description="Which algorithm (the union's tag).")
 
 
 class ReinforcePPConfig(PolicyLossConfig):
     """REINFORCE++: token-level KL in the reward, returns-to-go, advantages normalised over the batch (Hu 2025)."""
+
+    implementation: ClassVar[str] = "learner.algorithms.reinforce:ReinforcePP"
 
     type: Literal["reinforce_pp"] = Field("reinforce_pp", description="Which algorithm (the union's tag).")
     kl_coef: float = Field(
@@ -189,6 +220,7 @@ class ReinforceBaselineConfig(PolicyLossConfig):
     """REINFORCE with a group baseline (REINFORCE++-baseline): r - group mean, normalised over the whole batch."""
 
     group_baseline: ClassVar[bool] = True
+    implementation: ClassVar[str] = "learner.algorithms.reinforce:ReinforceBaseline"
 
     type: Literal["reinforce_baseline"] = Field(
         "reinforce_baseline", description="Which algorithm (the union's tag)."
@@ -219,6 +251,9 @@ class CriticConfig(BaseModel):
 class PPOConfig(PolicyLossConfig):
     """PPO with a critic: GAE over the sampled tokens, a clipped value loss (Schulman et al. 2017)."""
 
+    needs_critic: ClassVar[bool] = True
+    implementation: ClassVar[str] = "learner.algorithms.ppo:PPO"
+
     type: Literal["ppo"] = Field("ppo", description="Which algorithm (the union's tag).")
     gamma: float = Field(1.0, ge=0, le=1, description=GAMMA_DESCRIPTION)
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
@@ -233,10 +268,12 @@ class PPOConfig(PolicyLossConfig):
     )
 
 
-AlgorithmConfig = Annotated[
-    GRPOConfig | DrGRPOConfig | RLOOConfig | ReinforcePPConfig | ReinforceBaselineConfig | PPOConfig,
-    Field(discriminator="type"),
-]
+# the algorithm family, chosen by `learner.algorithm.type`; the first member is the default. Adding an algorithm: its
+# module in `learner/algorithms/`, its member above (naming it as `implementation`) and its line here.
+ALGORITHMS = Family(PolicyLossConfig, tag="type", section="learner.algorithm", noun="algorithm")
+for _member in (GRPOConfig, DrGRPOConfig, RLOOConfig, ReinforcePPConfig, ReinforceBaselineConfig, PPOConfig):
+    ALGORITHMS.register(_member)
+AlgorithmConfig = ALGORITHMS.choice
 
 
 # -- off-policy corrections -------------------------------------------------------------------------------------
@@ -251,26 +288,53 @@ PROXIMAL_DESCRIPTION = (
 )
 
 
-class NoCorrection(BaseModel):
-    """Plain PPO ratio against the behaviour log-probs of the engine that sampled the token."""
+class CorrectionSettings(BaseModel):
+    """Base of every off-policy correction: its tag, the facts the trainer reads and its weight rule
+    (`corrections.py` applies it)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # whether the ratio is taken against the proximal policy (the step's start) and weighted back to the behaviour
+    # one; False: the plain ratio against the behaviour log-probs, weight 1
+    uses_proximal: ClassVar[bool] = True
+
+    type: str = Field(description="Which correction (the union's tag).")
+
+    @property
+    def recomputes_proximal(self) -> bool:
+        """Whether the proximal log-probs are the step's starting policy's own (a forward pass when the step makes
+        several updates), rather than none or the log-linear approximation."""
+        return self.uses_proximal and getattr(self, "proximal", None) == "recompute"
+
+    def weigh(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight w, masked-out tokens) from the raw importance weights exp(l_p - l_mu), per token."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how it weighs a token")
+
+
+class NoCorrection(CorrectionSettings):
+    """Plain PPO ratio against the behaviour log-probs of the engine that sampled the token."""
+
+    uses_proximal: ClassVar[bool] = False
+
     type: Literal["none"] = Field("none", description="Which correction (the union's tag).")
 
 
-class TISCorrection(BaseModel):
+class TISCorrection(CorrectionSettings):
     """Truncated importance sampling between the proximal and the behaviour policy."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["tis"] = Field("tis", description="Which correction (the union's tag).")
     cap: float = Field(2.0, gt=0, description=CAP_DESCRIPTION)
     proximal: Proximal = Field("recompute", description=PROXIMAL_DESCRIPTION)
 
+    def weigh(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
 
-class IcePopCorrection(BaseModel):
+        return raw.clamp(max=self.cap), torch.zeros_like(raw, dtype=torch.bool)
+
+
+class IcePopCorrection(CorrectionSettings):
     """IcePop: tokens whose importance weight falls outside [low, high] are masked out."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["icepop"] = Field("icepop", description="Which correction (the union's tag).")
     low: float = Field(0.5, gt=0, description="Weights below this are masked out.")
     high: float = Field(2.0, gt=0, description="Weights above this are masked out.")
@@ -282,16 +346,30 @@ class IcePopCorrection(BaseModel):
             raise ValueError(f"icepop low ({self.low}) must be < high ({self.high})")
         return self
 
+    def weigh(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return masked_weights(raw, (raw < self.low) | (raw > self.high))
 
-class DecoupledCorrection(BaseModel):
+
+class DecoupledCorrection(CorrectionSettings):
     """AReaL's decoupled PPO: like `tis`, but tokens whose weight exceeds the cap are masked, not truncated."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["decoupled"] = Field("decoupled", description="Which correction (the union's tag).")
     cap: float = Field(2.0, gt=0, description=CAP_DESCRIPTION)
     proximal: Proximal = Field("recompute", description=PROXIMAL_DESCRIPTION)
 
+    def weigh(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return masked_weights(raw, raw > self.cap)
 
-CorrectionConfig = Annotated[
-    NoCorrection | TISCorrection | IcePopCorrection | DecoupledCorrection, Field(discriminator="type")
-]
+
+def masked_weights(raw: torch.Tensor, masked_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The raw weights with the masked-out tokens' set to 0, and the mask."""
+    import torch
+
+    return torch.where(masked_out, torch.zeros_like(raw), raw), masked_out
+
+
+# the correction family, chosen by `learner.correction.type`; adding one: its member above (with `weigh`) and its line
+CORRECTIONS = Family(CorrectionSettings, tag="type", section="learner.correction", noun="correction")
+for _member in (NoCorrection, TISCorrection, IcePopCorrection, DecoupledCorrection):
+    CORRECTIONS.register(_member)
+CorrectionConfig = CORRECTIONS.choice

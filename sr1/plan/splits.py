@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from learner.execution.memory import COMPUTE_BYTES
+from learner.memory import COMPUTE_BYTES
 from sr1.plan.lora import adapter_summary, lora_profile, shared_gpu_refusal
 from sr1.plan.profile import (
     Profile,
@@ -124,8 +124,9 @@ def _lora(cfg, profile: Profile, hardware, bounds: list[int], learner_share: flo
 
 
 def _memory_flags(cfg) -> dict[str, bool]:
+    """The models beside the policy that the learner of `cfg` keeps: the facts its algorithm owns."""
     algorithm = cfg.learner.algorithm
-    return {"reference": algorithm.kl_coef > 0, "critic": algorithm.type == "ppo"}
+    return {"reference": algorithm.needs_reference, "critic": algorithm.needs_critic}
 
 
 def fit_search_r1(

@@ -44,9 +44,15 @@ from learner.algorithms.settings import PPOConfig, ReinforcePPConfig, RLOOConfig
             "learner.algorithm.critic_warmup (40) must be below learner.total_steps (40)",
         ),
         # a field of another variant, an unknown variant, a bad estimator: the message names the field
-        (["learner.algorithm.critic_warmup=2"], "learner.algorithm.grpo.critic_warmup: Extra inputs"),
-        (["learner.algorithm.type=rlhf"], "Input tag 'rlhf' found using 'type' does not match"),
-        (["learner.algorithm.kl_estimator=k4"], "learner.algorithm.grpo.kl_estimator: Input should be 'k1'"),
+        (
+            ["learner.algorithm.critic_warmup=2"],
+            "learner.algorithm.critic_warmup is a setting of ppo, not of 'grpo'",
+        ),
+        (
+            ["learner.algorithm.type=rlhf"],
+            "unknown learner.algorithm.type 'rlhf'; known types: grpo, drgrpo, rloo",
+        ),
+        (["learner.algorithm.kl_estimator=k4"], "learner.algorithm.kl_estimator: Input should be 'k1'"),
         (["learner.algorithm.kl_ctrl.type=adaptive"], "kl_ctrl.type adaptive needs kl_coef > 0"),
         (["learner.algorithm.type=ppo", "learner.algorithm.critic.value_clip=0"], "critic.value_clip"),
         (["learner.ppo_epochs=0"], "learner.ppo_epochs: Input should be greater than or equal to 1"),

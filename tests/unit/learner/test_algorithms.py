@@ -168,24 +168,21 @@ def test_mismatch_kl_is_k3_of_the_behaviour_ratio():
 def test_unknown_correction_is_a_clear_error():
     from config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="'ppo'.*'none', 'tis', 'icepop', 'decoupled'"):
+    with pytest.raises(ConfigError, match="'ppo'; known types: none, tis, icepop, decoupled"):
         load_config("tiny", ["learner.correction=ppo"])
 
 
 def test_every_algorithm_of_the_union_builds_its_class():
-    from typing import get_args
-
-    from learner.algorithms import ALGORITHMS
     from learner.algorithms.grpo import GRPO, DrGRPO
     from learner.algorithms.ppo import PPO
     from learner.algorithms.reinforce import ReinforceBaseline, ReinforcePP
     from learner.algorithms.rloo import RLOO
-    from learner.algorithms.settings import AlgorithmConfig
+    from learner.algorithms.settings import ALGORITHMS
 
     expected = {"grpo": GRPO, "drgrpo": DrGRPO, "rloo": RLOO, "reinforce_pp": ReinforcePP}
     expected |= {"reinforce_baseline": ReinforceBaseline, "ppo": PPO}
-    members = get_args(get_args(AlgorithmConfig)[0])
-    assert set(ALGORITHMS) == set(members)
+    members = list(ALGORITHMS.members.values())
+    assert list(ALGORITHMS.members) == ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_baseline", "ppo"]
     for member in members:
         algorithm = build_algorithm(member(), NoCorrection())
         assert type(algorithm) is expected.pop(member().type), member
@@ -195,3 +192,19 @@ def test_every_algorithm_of_the_union_builds_its_class():
 def test_an_unknown_algorithm_config_fails_naming_the_known_ones():
     with pytest.raises(TypeError, match="NoCorrection; known algorithms: grpo, drgrpo, rloo, reinforce_pp"):
         build_algorithm(NoCorrection(), NoCorrection())
+
+
+def test_each_member_owns_the_facts_others_read():
+    from learner.algorithms.settings import ALGORITHMS, DecoupledCorrection, IcePopCorrection, TISCorrection
+
+    assert [name for name, member in ALGORITHMS.members.items() if member.needs_critic] == ["ppo"]
+    for member in ALGORITHMS.members.values():
+        assert build_algorithm(member(), NoCorrection()).needs_values is member.needs_critic
+    assert GRPOConfig(kl_coef=0.01).needs_reference and not GRPOConfig().needs_reference
+    corrections = [
+        NoCorrection(),
+        TISCorrection(),
+        IcePopCorrection(proximal="loglinear"),
+        DecoupledCorrection(),
+    ]
+    assert [c.recomputes_proximal for c in corrections] == [False, True, False, True]
