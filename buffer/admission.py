@@ -32,7 +32,8 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -275,45 +276,6 @@ class BatchAssembler:
                 [t for t in self.buffer.pending_groups(self.consumer) if t.group.group_id not in self._handed]
             )
 
-    def _select(self, version: int, unconsumed: dict[str, int]) -> list[TakenGroup] | None:
-        """The batch for `version` from the held groups, or None if it needs groups that are not finished yet."""
-        g = self.groups_per_step
-        deadline = {gid: self.schedule.deadline(rv) for gid, rv in unconsumed.items()}
-        held = list(self._held.values())  # stream order: oldest finished first
-        due = {t.entry_id: deadline[t.group.group_id] for t in held}
-        by_deadline = sorted(held, key=lambda t: due[t.entry_id])  # stable: stream order within a deadline
-        # for a constant bound s the latest deadline is version + s: the quotas j = 0..s-1 (docs/staleness.md)
-        horizon = max(max(deadline.values(), default=version), version + self.schedule.at(version)) - version
-        chosen: dict[str, TakenGroup] = {}
-        for j in range(max(horizon, 1)):
-            threshold = version + j
-            quota = sum(1 for d in deadline.values() if d <= threshold) - j * g
-            have = sum(1 for eid in chosen if due[eid] <= threshold)
-            for t in by_deadline:
-                if have >= quota:
-                    break
-                if due[t.entry_id] <= threshold and t.entry_id not in chosen:
-                    chosen[t.entry_id] = t
-                    have += 1
-            if have < quota:
-                return None
-        if len(chosen) > g:
-            log.warning(
-                "step at version %d needs %d groups to keep the staleness bound (%d in force), more than "
-                "groups_per_step=%d (admission was not followed, e.g. a resume at another version); taking them all",
-                version,
-                len(chosen),
-                self.schedule.in_force(version),
-                g,
-            )
-        for t in held:
-            if len(chosen) >= g:
-                break
-            chosen.setdefault(t.entry_id, t)
-        if len(chosen) < g:
-            return None
-        return [t for t in held if t.entry_id in chosen]
-
     def outstanding(self) -> int:
         """Released groups not handed out in a batch yet (held here, queued or still generating): what the next
         batches can be made of without new releases."""
@@ -332,7 +294,19 @@ class BatchAssembler:
             unconsumed = {gid: rv for gid, rv in inflight.items() if gid not in self._handed}
             for t in self._held.values():  # groups put without a release (tests, benchmarks) still count
                 unconsumed.setdefault(t.group.group_id, t.group.release_version)
-            batch = self._select(version, unconsumed)
+            batch = select_batch(
+                version, list(self._held.values()), unconsumed, self.schedule, self.groups_per_step
+            )
+            if batch is not None and len(batch) > self.groups_per_step:
+                log.warning(
+                    "step at version %d needs %d groups to keep the staleness bound (%d in force), more than "
+                    "groups_per_step=%d (admission was not followed, e.g. a resume at another version); taking them "
+                    "all",
+                    version,
+                    len(batch),
+                    self.schedule.in_force(version),
+                    self.groups_per_step,
+                )
             if batch is not None:
                 for t in batch:
                     del self._held[t.entry_id]
@@ -351,3 +325,54 @@ class BatchAssembler:
             self.buffer.renew_taken(self.consumer, list(self._held))
             wait_ms = 1000 if remaining is None else max(1, min(1000, int(remaining * 1000)))
             self._pull(block_ms=wait_ms)
+
+
+T = TypeVar("T")
+
+
+def taken_group_id(taken: TakenGroup) -> str:
+    return taken.group.group_id
+
+
+def select_batch(
+    version: int,
+    held: Sequence[T],
+    unconsumed: Mapping[str, int],
+    schedule: StalenessSchedule,
+    groups_per_step: int,
+    group_id: Callable[[T], str] = taken_group_id,
+) -> list[T] | None:
+    """The batch for the step at `version`, or None if it needs groups that are not finished yet. A pure function:
+    `held` are the finished groups at hand in stream order (oldest finished first; `group_id` reads an item's group
+    id), `unconsumed` every released group not trained yet (group id -> release version, the held ones included),
+    `schedule` the staleness bound of each release version. The batch holds every group whose deadline (release
+    version + its bound) has come, earliest deadline first, and is filled up to `groups_per_step` with the oldest
+    finished groups; it holds more than `groups_per_step` only when the bound needs them all (admission was not
+    followed). Returned in stream order. `BatchAssembler` and the planner's simulation (`sr1/plan/admission.py`)
+    both choose with it."""
+    g = groups_per_step
+    deadline = {gid: schedule.deadline(rv) for gid, rv in unconsumed.items()}
+    due = [deadline[group_id(t)] for t in held]
+    by_deadline = sorted(range(len(held)), key=lambda i: due[i])  # stable: stream order within a deadline
+    # for a constant bound s the latest deadline is version + s: the quotas j = 0..s-1 (docs/staleness.md)
+    horizon = max(max(deadline.values(), default=version), version + schedule.at(version)) - version
+    chosen: dict[int, None] = {}  # positions in `held`, an ordered set
+    for j in range(max(horizon, 1)):
+        threshold = version + j
+        quota = sum(1 for d in deadline.values() if d <= threshold) - j * g
+        have = sum(1 for i in chosen if due[i] <= threshold)
+        for i in by_deadline:
+            if have >= quota:
+                break
+            if due[i] <= threshold and i not in chosen:
+                chosen[i] = None
+                have += 1
+        if have < quota:
+            return None
+    for i in range(len(held)):
+        if len(chosen) >= g:
+            break
+        chosen.setdefault(i, None)
+    if len(chosen) < g:
+        return None
+    return [t for i, t in enumerate(held) if i in chosen]

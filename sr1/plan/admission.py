@@ -1,15 +1,14 @@
 """sr1's own admission and batch assembly, run inside a simulation: the real `PromptFeeder.pump` against an
-in-memory stand-in for the buffer counters it reads, and the real `BatchAssembler._select` through one thin adapter
-(`choose_batch`). No Redis: `simulate.py` keeps the groups, these keep the decisions sr1's code makes about them.
+in-memory stand-in for the buffer counters it reads, and the assembler's own choice, `buffer.admission.select_batch`
+(a pure function, `choose_batch`). No Redis: `simulate.py` keeps the groups, these keep the decisions sr1's code
+makes about them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from types import SimpleNamespace
 
-from buffer.admission import BatchAssembler
+from buffer.admission import select_batch
 from buffer.records import PromptRecord
 from buffer.staleness import StalenessSchedule
 from sr1.plan.pipeline import Pipeline
@@ -54,19 +53,9 @@ class CountingBuffer:
         return None
 
 
-@dataclass
-class _Taken:
-    entry_id: str
-    group: Group
-
-
 def choose_batch(version: int, held: list[Group], unconsumed: dict[str, int], pipe: Pipeline) -> list | None:
-    """The batch for `version`, chosen by `BatchAssembler._select` itself (thin adapter: `_select` reads only
-    `_held`, `schedule` and `groups_per_step` of its assembler, none of the Redis state)."""
-    assembler = SimpleNamespace(
-        _held={g.group_id: _Taken(g.group_id, g) for g in held},
-        schedule=StalenessSchedule(pipe.max_staleness),
-        groups_per_step=pipe.groups_per_step,
+    """The batch for `version`, chosen by the learner's own batch selection (`select_batch`)."""
+    schedule = StalenessSchedule(pipe.max_staleness)
+    return select_batch(
+        version, held, unconsumed, schedule, pipe.groups_per_step, group_id=lambda g: g.group_id
     )
-    chosen = BatchAssembler._select(assembler, version, unconsumed)
-    return None if chosen is None else [t.group for t in chosen]

@@ -18,7 +18,7 @@ What is modelled:
   `max_tokens_per_turn`, and the whole response by `max_response_tokens`).
 - Admission and batch assembly are sr1's own code, not a copy: the real `buffer.admission.PromptFeeder.pump` runs
   against an in-memory stand-in for the four buffer counters it reads, and batches are chosen by
-  `BatchAssembler._select` (`admission.py`: `CountingBuffer`, `choose_batch`, the one thin adapter). Dynamic sampling drops a finished group with
+  the assembler's own `buffer.admission.select_batch` (`admission.py`: `CountingBuffer`, `choose_batch`). Dynamic sampling drops a finished group with
   the profile's probability; the feeder then releases one more, as the real buffer's `dropped` counter makes it.
 - Hand-offs: a released prompt reaches a worker's engine `handoff_s` later (the claim, the worker's wait for the
   published weights, and on the way back the group's put and the learner's take, lumped together).
@@ -265,7 +265,7 @@ class _Simulation:
         if self.learner_idle_since is None or len(self.finished) < self.pipe.groups_per_step:
             return
         if not self.stragglers_done():
-            return  # the hard bound needs a group still generating: _select would say so, at a higher cost
+            return  # the hard bound needs a group still generating: select_batch would say so, at a higher cost
         batch = choose_batch(self.version, list(self.finished.values()), self.unconsumed, self.pipe)
         if batch is None:
             return

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import buffer.admission
+import sr1.plan.admission
 from sr1.plan.profile import Figure, Profile, load_profile, with_figures
 from sr1.plan.simulate import Pipeline, simulate, slowest_rank_tokens
 
@@ -109,18 +110,19 @@ def test_asynchrony_buys_at_most_the_decoupling_limit():
 
 def test_the_admission_and_assembly_are_sr1s_own_code(monkeypatch):
     calls = {"limit": 0, "select": 0}
-    real_limit, real_select = buffer.admission.admission_limit, buffer.admission.BatchAssembler._select
+    real_limit, real_select = buffer.admission.admission_limit, buffer.admission.select_batch
+    assert sr1.plan.admission.select_batch is real_select  # the learner's own choice, not a copy
 
     def limit(*args, **kwargs):
         calls["limit"] += 1
         return real_limit(*args, **kwargs)
 
-    def select(self, *args):
+    def select(*args, **kwargs):
         calls["select"] += 1
-        return real_select(self, *args)
+        return real_select(*args, **kwargs)
 
     monkeypatch.setattr(buffer.admission, "admission_limit", limit)
-    monkeypatch.setattr(buffer.admission.BatchAssembler, "_select", select)
+    monkeypatch.setattr(sr1.plan.admission, "select_batch", select)
     simulate(pipe(max_staleness=1), fixed_profile(), steps=4, warmup=1)
     assert calls["limit"] > 0 and calls["select"] >= 4
 
