@@ -35,9 +35,9 @@ from learner.algorithms import AdvantageBatch, TokenAdvantages, TrajectoryTokens
 from learner.algorithms.corrections import offpolicy_stats
 from learner.algorithms.shaping import shaped_rewards, truncated
 from learner.critic import Critic
-from learner.device import synchronisation_check
 from learner.distributed import World, all_reduce
-from learner.execution import plan_execution
+from learner.execution.device import synchronisation_check
+from learner.execution.plan import plan_execution
 from learner.lora import adapter_config, adapter_weights, adapters_disabled
 from learner.minibatches import MiniBatch, PackedPart, plan_updates
 from learner.model import build_optimizer, clip_and_step, load_policy, named_weights, reshard
@@ -70,10 +70,10 @@ class Learner:
         max_response_tokens: int | None = None,
         attention: str | None = None,
     ):
-        """`attention`: how packed sequences are kept apart (learner/attention.py); None or auto follows
+        """`attention`: how packed sequences are kept apart (learner/execution/attention.py); None or auto follows
         learner.attention, the benchmark and the GPU tests name one to compare them. How the step runs on this device
         (attention, compiled layers, log-prob head, checkpointing, FSDP2 settings) is decided once, before any model
-        loads, and logged (learner/execution.py); a micro-batch budget that cannot fit the GPU fails there."""
+        loads, and logged (learner/execution/plan.py); a micro-batch budget that cannot fit the GPU fails there."""
         torch.manual_seed(seed)
         self.cfg = cfg
         self.world = world

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from learner.memory import COMPUTE_BYTES
+from learner.execution.memory import COMPUTE_BYTES
 from sr1.plan.lora import adapter_summary, lora_profile, shared_gpu_refusal
 from sr1.plan.profile import (
     Profile,

@@ -1,12 +1,12 @@
-"""The Qwen2.5-7B recipes for 8 x H100: their memory plan passes the learner's own check (learner/memory.py) and the
-planner's, and `sr1 plan` runs them on the split they name."""
+"""The Qwen2.5-7B recipes for 8 x H100: their memory plan passes the learner's own check (learner/execution/memory.py)
+and the planner's, and `sr1 plan` runs them on the split they name."""
 
 from __future__ import annotations
 
 import pytest
 
 from config import load_config
-from learner.memory import GIB, StepShape, check_micro_batch_fits, step_memory
+from learner.execution.memory import GIB, StepShape, check_micro_batch_fits, step_memory
 from sr1.plan.profile import check_memory, engine_memory_gib, gpu_kind, load_profile
 from sr1.plan.splits import make_plan
 
@@ -55,7 +55,7 @@ def test_the_7b_memory_plan_fits_an_h100(preset):
 
 
 def test_the_planners_activation_figure_is_the_learners_estimate():
-    """qwen2.5-7b-h100's activation memory is learner/memory.py's peak less the sharded state, so the two checks
+    """qwen2.5-7b-h100's activation memory is learner/execution/memory.py's peak less the sharded state, so the two checks
     agree on every split."""
     profile = load_profile("qwen2.5-7b-h100")
     for ranks in (3, 4, 6):
