@@ -47,6 +47,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from scripts.bench import worker_ceiling  # noqa: E402 - the --null-engine mode
+from scripts.bench.worker_ceiling import concurrencies  # noqa: E402
+
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -442,22 +445,9 @@ def _device() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu: {cpu_model()}"
 
 
-def concurrencies(text: str, flag: str = "--curve") -> list[int]:
-    """A list of concurrencies given to `flag` (--curve, --concurrency): distinct increasing positive integers."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"{flag} {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
-    if not values or values != sorted(set(values)) or values[0] < 1:
-        raise SystemExit(f"{flag} {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     if "--null-engine" in (sys.argv[1:] if argv is None else argv):
-        from scripts.bench.worker_ceiling import main as null_engine_main
-
-        return null_engine_main(argv)
+        return worker_ceiling.main(argv)
     args = _parse_args(argv)
     if args.curve is not None:
         args.curve = concurrencies(args.curve)

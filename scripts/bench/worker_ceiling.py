@@ -50,6 +50,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from scripts.bench.null_workload import NullModel, Workload, instant_search, null_model_dir, prompts  # noqa: E402
 
 
+def concurrencies(text: str, flag: str = "--curve") -> list[int]:
+    """A list of concurrencies given to `flag` (--curve, --concurrency): distinct increasing positive integers."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: expected comma-separated integers, e.g. 8,32,128") from None
+    if not values or values != sorted(set(values)) or values[0] < 1:
+        raise SystemExit(f"{flag} {text!r}: expected distinct increasing concurrencies >= 1, e.g. 8,32,128")
+    return values
+
+
 def pin(core: int) -> set[int]:
     """Pin this process (and the threads it starts from now on) to `core`; returns the other allowed cores."""
     allowed = os.sched_getaffinity(0)
@@ -366,8 +377,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. generators.group_size=8")
     args = parser.parse_args(argv)
-    from scripts.bench.bench_generators import concurrencies
-
     args.concurrency = concurrencies(args.concurrency, "--concurrency")
     for name in ("seconds", "warmup_s", "publish_every_s"):
         if getattr(args, name) <= 0:

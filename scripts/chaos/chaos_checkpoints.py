@@ -15,7 +15,7 @@ One `sr1 run` of the tiny preset, a checkpoint every `c` steps (2 by default), `
 needs one launch less than a kill, a tear and a separate full disk, for the same two faults.)
 The disk fills up either through the checkpoint writer's test hook (`SR1TEST_DISK_FULL`: its own writes raise
 ENOSPC; no privileges needed, what CI runs) or for real: `<run_dir>/checkpoints` is a tmpfs of `--tmpfs-mb` and a
-ballast file takes its free space (root with CAP_SYS_ADMIN only). Both are checked by the audit of `chaos.py`
+ballast file takes its free space (root with CAP_SYS_ADMIN only). Both are checked by the audit, `verify` in base.py
 (complete, nothing lost or trained twice, versions only go up, bound held, no orphans) and by `CheckpointFaults`.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.chaos.chaos import ChaosRun, Verdict, run_overrides, verify  # noqa: E402
+from scripts.chaos.base import ChaosRun, Verdict, run_overrides, verify  # noqa: E402
 
 CHECKPOINT_FAULTS = ("torn-checkpoint", "disk-full")
 EXIT_CHECKPOINT_FAILED = (

@@ -10,7 +10,7 @@ and the faults injected in turn, one every two steps or so (`--seed` picks the s
 - malformed-eval: an evaluation request that is not JSON and one with a bad field: counted, answered with an error;
 - retriever-down: the retrieval server frozen with SIGSTOP for `--retriever-down-s`: tool errors counted, sampling
   paused, resumed after.
-Checked by the audit of `chaos.py` (complete, nothing lost or trained twice, versions only go up, bound held, no
+Checked by the audit, `verify` in base.py (complete, nothing lost or trained twice, versions only go up, bound held, no
 orphans), with dead-lettered prompts accounted for (not lost), and each event counted where the run reports it
 (report.json, metrics.jsonl, Redis): `FaultCounts`. `scripts/chaos/chaos_network.py` injects its faults the same way.
 """
@@ -28,7 +28,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.chaos.chaos import ChaosRun, Verdict, chosen, freeze, injection_steps, verify  # noqa: E402
+from scripts.chaos.base import ChaosRun, Verdict, chosen, freeze, injection_steps, verify  # noqa: E402
 
 FAULTS = ("poison-prompt", "malformed-group", "malformed-eval", "retriever-down")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from scripts.chaos.chaos import ChaosRun, Verdict, chosen, freeze, injection_steps, run_overrides, verify
+from scripts.chaos.base import ChaosRun, Verdict, chosen, freeze, injection_steps, run_overrides, verify
 
 FREEZE_PARTS = ("generator", "engine", "redis", "retrieval", "learner")
 LEASE_S = 20  # buffer.lease_s of a freeze run: `lease` freezes last past it

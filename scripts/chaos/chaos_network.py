@@ -42,7 +42,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.chaos.chaos import PART_MODULES, ChaosRun, Verdict, chosen, injection_steps, verify  # noqa: E402
+from scripts.chaos.base import PART_MODULES, ChaosRun, Verdict, chosen, injection_steps, verify  # noqa: E402
 from scripts.chaos.chaos_faults import (  # noqa: E402
     FAST_TOOL_FAILURES,
     inject_in_turn,

@@ -30,6 +30,7 @@ MAX_STALENESS = 2
 
 def test_kill_every_part_in_turn_and_finish(tmp_path):
     from scripts.chaos import chaos
+    from scripts.chaos.base import surviving_steps
     from sr1.summary import surviving_history
 
     run_dir = tmp_path / "chaos"
@@ -58,4 +59,4 @@ def test_kill_every_part_in_turn_and_finish(tmp_path):
     # the learner restarted after its own kill, and with the new stack after the parent's
     assert len(segments) >= 3
     # the metrics' surviving history is the one the groups file describes (a step lost to a crash is in neither)
-    assert [r["step"] for r in rows] == [s["version"] for s in chaos.surviving_steps(run_dir)]
+    assert [r["step"] for r in rows] == [s["version"] for s in surviving_steps(run_dir)]

@@ -1,6 +1,6 @@
-"""scripts/chaos/chaos.py's audit (nothing lost, nothing trained twice) on a run whose Redis forgot the released ids of
-checkpointed groups: it reads them from the run's record beside Redis's set (the runs themselves:
-tests/integration/test_chaos.py)."""
+"""The chaos runs' audit (`verify` in scripts/chaos/base.py: nothing lost, nothing trained twice) on a run whose
+Redis forgot the released ids of checkpointed groups: it reads them from the run's record beside Redis's set (the runs
+themselves: tests/integration/test_chaos.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from sr1.launch.redis_server import LocalRedis
 from tests.fakes.groups import make_group, make_prompt
 
 
-def _chaos():
-    from scripts.chaos import chaos
+def _base():
+    from scripts.chaos import base
 
-    return chaos
+    return base
 
 
 def test_the_audit_finds_every_released_group_including_those_redis_forgot(tmp_path):
-    chaos = _chaos()
+    base = _base()
     run_dir = tmp_path / "run"
     server = LocalRedis(run_dir / "redis").start()
     buf = ReplayBuffer(server.url, "sr1")
@@ -42,7 +42,7 @@ def test_the_audit_finds_every_released_group_including_those_redis_forgot(tmp_p
     def audit(trained_steps: list[dict]):
         lines = [json.dumps(s) for s in trained_steps]
         (run_dir / "learner_groups.jsonl").write_text("\n".join(lines) + "\n")
-        return chaos.verify(SimpleNamespace(seen=set(), run_dir=run_dir), 0, 2, 1, [])
+        return base.verify(SimpleNamespace(seen=set(), run_dir=run_dir), 0, 2, 1, [])
 
     verdict = audit(steps)
     assert verdict.completed and verdict.lost == 0 and verdict.trained_twice == 0 and verdict.ok
