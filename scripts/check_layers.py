@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("scripts",),  # benchmarks, fault injection, tools: they may import anything below; nothing imports them
+    ("fakes",),  # stand-ins the tests and the benchmarks share: never imported by the product
     ("sr1",),  # the command line, the processes' entry points, the launchers and their supervisor, reports
     ("world",),  # the synthetic tiny world: data, tokenizer, a warm-started policy
     ("config",),  # the root config: composes every role's settings, presets, overrides, job files

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from buffer.codec import decode_group, encode_group  # noqa: E402
 from buffer.redis_buffer import ReplayBuffer  # noqa: E402
+from fakes.groups import make_group, make_prompt  # noqa: E402
 from sr1.launch.redis_server import LocalRedis  # noqa: E402
-from tests.fakes.groups import make_group, make_prompt  # noqa: E402
 
 
 def run_ours(buf: ReplayBuffer, groups, batch: int, seconds: float, counter: list[int], each: bool) -> float:

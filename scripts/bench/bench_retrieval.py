@@ -82,10 +82,10 @@ def passage_vectors(store, encoder, n_full: int):
 
 def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tuple[Path, Path]]:
     """Corpora and index directories (built once, reused across runs)."""
+    from fakes.corpus import synthetic_records
     from retrieval.bm25 import BM25Settings
     from retrieval.build_index import build_index
     from retrieval.corpus import DocStore, write_corpus_jsonl
-    from tests.fakes.corpus import synthetic_records
 
     out: dict[str, tuple[Path, Path]] = {}
     for method, n in sizes.items():
@@ -118,7 +118,7 @@ def prepare(cache_dir: Path, sizes: dict[str, int], n_full: int) -> dict[str, tu
 def start_server(
     method: str, corpus: Path, index: Path, batching: bool, torch_threads: int = 0, workers: int = 0
 ) -> tuple[subprocess.Popen, str]:
-    from tests.fakes.retrieval_server import start_server as spawn
+    from fakes.retrieval_server import start_server as spawn
 
     args = ["--method", method, "--corpus", str(corpus), "--index", str(index)]
     args += ["--cache-size", "0", "--log-level", "WARNING", "--workers", str(workers)]
@@ -248,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     n_full = min(n_dense, args.dense_full_passages or (2_000 if args.quick else 10_000))
     data = prepare(args.cache_dir, {m: n_bm25 if m == "bm25" else n_dense for m in methods}, n_full)
 
+    from fakes.corpus import synthetic_queries, synthetic_records
+    from fakes.retrieval_server import stop_server
     from retrieval.pool import resolve_workers
     from retrieval.settings import RetrievalConfig
-    from tests.fakes.corpus import synthetic_queries, synthetic_records
-    from tests.fakes.retrieval_server import stop_server
 
     report: dict = {
         "quick": args.quick,

@@ -122,10 +122,10 @@ class Load:
 async def measure(args: argparse.Namespace) -> dict:
     import torch
 
+    from fakes.weight_sync import lora_model, lora_tensors, model_probe, perturbed_model
     from generators.engine import VLLMEngine
     from generators.settings import EngineConfig, EngineLoraConfig
     from sr1.launch.redis_server import LocalRedis
-    from tests.fakes.weight_sync import lora_model, lora_tensors, model_probe, perturbed_model
     from weight_sync.engine_side import EngineWeightSync
     from weight_sync.publisher import WeightPublisher
     from weight_sync.rendezvous import Rendezvous

@@ -7,7 +7,7 @@ a synthetic Qwen2-shaped set of fp32 tensors of about 100M parameters (`--quick`
 CPU preset's dtype: large tensors go on the wire from their own memory) and as bf16 (the GPU preset's: every tensor
 is converted, here on the CPU), each measured on its own with its own raw baseline.
 
-Receivers are plain processes (joining through `tests.fakes.receiver`) running the same receive code as the vLLM
+Receivers are plain processes (joining through `fakes.receiver`) running the same receive code as the vLLM
 worker extension (`weight_sync.receiver.receive_update`), without vLLM: this measures the transport, not vLLM's
 reload.
 
@@ -68,7 +68,7 @@ def receiver(redis_url: str, worker_id: str, rounds: int, raw_nbytes: int) -> No
     """Join; per round: one raw broadcast of `raw_nbytes`, then one announced update (receive + ack)."""
     import torch
 
-    from tests.fakes.receiver import join_group, wait_update
+    from fakes.receiver import join_group, wait_update
     from weight_sync.receiver import receive_update
     from weight_sync.rendezvous import Rendezvous
 

@@ -186,7 +186,7 @@ def tiny_groups(
     rng: np.random.Generator, n_groups: int, group_size: int, max_len: int, vocab: int
 ) -> list[Group]:
     """The toy mix, `n_groups` groups of `group_size`."""
-    from tests.fakes.groups import random_trajectory
+    from fakes.groups import random_trajectory
 
     groups = []
     for g in range(n_groups):

@@ -118,7 +118,7 @@ def instant_search(tokenizer: Any, obs_tokens: float):
 def null_model_dir(cache: Path, tokenizer: Path | None = None) -> Path:
     """A tokenizer (Qwen2.5's, with its chat template, unless `tokenizer` names another) with a model config and no
     weights, in `cache` (Qwen2.5's tokenizer is built once, ~10 s)."""
-    from tests.fakes.null_engine import write_null_model
+    from fakes.null_engine import write_null_model
     from world.qwen import build_qwen_tokenizer
 
     if tokenizer is not None:

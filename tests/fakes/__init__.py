@@ -1,1 +1,1 @@
-"""Test doubles and synthetic data for the tests and the benchmarks in scripts/."""
+"""Test doubles and synthetic data only the tests use; those the benchmarks in scripts/ use too live in fakes/."""

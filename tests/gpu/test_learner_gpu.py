@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.execution.attention import (
     FLASH_VARLEN,
     FLEX_DOCUMENT,
@@ -19,7 +20,6 @@ from learner.execution.attention import (
 )
 from learner.packing import pack, token_logprobs
 from learner.settings import LearnerConfig
-from tests.fakes.groups import random_groups
 from tests.unit.learner.test_attention import packed_sequences
 
 pytestmark = pytest.mark.gpu

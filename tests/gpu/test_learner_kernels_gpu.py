@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.settings import LearnerConfig
-from tests.fakes.groups import random_groups
 from tests.gpu.test_learner_gpu import GPU_PATHS
 
 pytestmark = pytest.mark.gpu

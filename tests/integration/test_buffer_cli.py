@@ -8,7 +8,7 @@ import sys
 
 from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 
 
 def test_stats_json_from_a_separate_process(redis_url):

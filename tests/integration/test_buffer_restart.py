@@ -8,8 +8,8 @@ import redis
 
 from buffer.redis_buffer import ReplayBuffer
 from buffer.settings import local_redis_dir
+from fakes.groups import make_group, make_prompt
 from sr1.launch.redis_server import LocalRedis
-from tests.fakes.groups import make_group, make_prompt
 
 
 def test_state_survives_a_killed_redis(tmp_path):

@@ -30,12 +30,12 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, tmp: str) 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    from fakes.groups import random_groups
     from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError, ResumeState
     from learner.checkpoints.files import read_manifest
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
-    from tests.fakes.groups import random_groups
 
     world = init_distributed("cpu")
     cfg = LearnerConfig(groups_per_step=2, micro_batch_tokens=512)

@@ -38,7 +38,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def retrieval_url(tmp_path_factory):
-    from tests.fakes.retrieval_server import start_server, stop_server
+    from fakes.retrieval_server import start_server, stop_server
 
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
@@ -230,10 +230,10 @@ async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_
     import redis as redis_lib
 
     from buffer.redis_buffer import ReplayBuffer
+    from fakes.weight_sync import hf_greedy, perturbed_model
     from generators.engine import SamplingSpec
     from generators.worker import GeneratorWorker
     from tasks.search_r1 import SearchR1Task
-    from tests.fakes.weight_sync import hf_greedy, perturbed_model
     from weight_sync.publisher import WeightPublisher
     from weight_sync.rendezvous import Rendezvous
     from weight_sync.settings import WeightSyncConfig

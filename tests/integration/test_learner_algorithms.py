@@ -37,9 +37,9 @@ def test_method_runs_through_the_learner_loop(method, lora, tiny_model_dir, redi
     import torch
 
     from config import load_config
+    from fakes.groups import toy_prompts
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import run_learner
-    from tests.fakes.groups import toy_prompts
     from tests.fakes.toy_generator import ToyGenerator
 
     namespace = f"algo-{method}{'-lora' if lora else ''}"

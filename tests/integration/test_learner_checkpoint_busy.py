@@ -21,10 +21,10 @@ def test_rank_0_is_busy_exactly_while_a_checkpoint_is_written(
 
     from common.busy import CHECKPOINTING, busy_with
     from config import load_config
+    from fakes.groups import toy_prompts
     from learner.checkpoints.checkpointer import Checkpointer
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import run_learner
-    from tests.fakes.groups import toy_prompts
     from tests.fakes.toy_generator import ToyGenerator
 
     run_dir = tmp_path / "run"

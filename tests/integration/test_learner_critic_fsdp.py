@@ -23,10 +23,10 @@ pytestmark = pytest.mark.slow  # several processes, or many steps: `make test-fa
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+    from fakes.groups import random_groups
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
     from tests.fakes.gloo import gloo_rank
-    from tests.fakes.groups import random_groups
 
     with gloo_rank(rank, world_size, port) as world:
         algorithm = {"type": "ppo", "kl_coef": 0.01, "kl_placement": "reward", "critic": {"lr": 1e-3}}

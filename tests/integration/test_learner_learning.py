@@ -13,9 +13,9 @@ def test_reward_rises_through_the_buffer(tiny_model_dir, redis_url, tmp_path):
     import torch
 
     from config import load_config
+    from fakes.groups import toy_prompts
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import run_learner
-    from tests.fakes.groups import toy_prompts
     from tests.fakes.toy_generator import ToyGenerator
 
     steps = 24

@@ -40,9 +40,9 @@ def _job(tiny_model_dir, redis_url, tmp_path, namespace: str, *overrides: str):
 def _run(job, generator, steps_prompts: int = 200):
     import torch
 
+    from fakes.groups import toy_prompts
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.loop import run_learner
-    from tests.fakes.groups import toy_prompts
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

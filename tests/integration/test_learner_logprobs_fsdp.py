@@ -26,10 +26,10 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str) -> None:
 
     torch.set_num_threads(1)
     from buffer.records import Group
+    from fakes.groups import random_groups
     from learner.distributed import init_distributed, shutdown_distributed
     from learner.model import load_policy
     from learner.packing import pack, sequences_from_groups, token_logprobs
-    from tests.fakes.groups import random_groups
     from tests.unit.learner.test_learner_packing import full_logits_logprobs
 
     world = init_distributed("cpu")

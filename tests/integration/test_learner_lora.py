@@ -20,10 +20,10 @@ pytestmark = pytest.mark.slow  # several processes: `make test-fast` leaves it o
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+    from fakes.groups import random_groups
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
     from tests.fakes.gloo import gloo_rank
-    from tests.fakes.groups import random_groups
     from weight_sync.publisher import gather_for_wire, gather_in_step
 
     with gloo_rank(rank, world_size, port) as world:

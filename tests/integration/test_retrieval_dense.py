@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
+from fakes.corpus import synthetic_records
 from retrieval.corpus import DocStore, write_corpus_jsonl
-from tests.fakes.corpus import synthetic_records
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -185,8 +185,8 @@ def test_cli_builds_a_dense_index_and_serves_it(corpus, tmp_path):
 
     import requests
 
+    from fakes.retrieval_server import stop_server
     from sr1.launch.supervisor import free_port
-    from tests.fakes.retrieval_server import stop_server
     from tests.integration.test_retrieval_server import ROOT, start_server
 
     out = tmp_path / "dense_idx"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from fakes import retrieval_server as retrieval_testing
+from fakes.corpus import synthetic_records
+from fakes.retrieval_server import stop_server
 from retrieval.corpus import write_corpus_jsonl
-from tests.fakes import retrieval_server as retrieval_testing
-from tests.fakes.corpus import synthetic_records
-from tests.fakes.retrieval_server import stop_server
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 import redis
 import torch
 
-from tests.fakes.receiver import run_plain_receiver
+from fakes.receiver import run_plain_receiver
 from tests.timing import scaled
 from weight_sync.process_group import WeightSyncError
 from weight_sync.publisher import WeightPublisher
@@ -260,7 +260,7 @@ def test_two_fsdp_ranks_publish_bf16_that_equals_the_full_weights_cast(
     receiver process: every tensor arrives equal to the unsharded fp32 weight cast to bf16."""
     from safetensors.torch import load_file
 
-    from tests.fakes.weight_sync import fsdp_learner_rank, perturbed_model
+    from fakes.weight_sync import fsdp_learner_rank, perturbed_model
 
     ns, version = "wsfsdp", 5
     ctx = mp.get_context("spawn")

@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 import torch
 
+from fakes.weight_sync import hf_greedy, lora_model, lora_tensors, model_probe
 from generators.engine import VLLMEngine
 from generators.settings import EngineConfig, EngineLoraConfig
-from tests.fakes.weight_sync import hf_greedy, lora_model, lora_tensors, model_probe
 from weight_sync.engine_side import EngineWeightSync
 from weight_sync.publisher import WeightPublisher
 from weight_sync.rendezvous import Rendezvous

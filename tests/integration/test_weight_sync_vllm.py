@@ -18,8 +18,7 @@ import pytest
 import redis
 import torch
 
-from generators.engine import cpu_tensor_parallel_env
-from tests.fakes.weight_sync import (
+from fakes.weight_sync import (
     engine_greedy,
     fsdp_learner_rank,
     hf_greedy,
@@ -27,6 +26,7 @@ from tests.fakes.weight_sync import (
     receive_and_ack,
     start_engine,
 )
+from generators.engine import cpu_tensor_parallel_env
 from tests.timing import scaled
 from weight_sync.engine_side import EngineWeightSync
 from weight_sync.publisher import WeightPublisher

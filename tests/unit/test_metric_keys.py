@@ -49,6 +49,7 @@ def emitted(world, tiny_model_dir, redis_server, tmp_path_factory) -> dict[str, 
     from buffer.redis_buffer import ReplayBuffer
     from buffer.stats import pool_metrics
     from evaluation import compact_item, merge_answers
+    from fakes.groups import make_group, make_prompt, random_groups
     from generators.evaluation import answer_shard
     from generators.settings import GeneratorsConfig
     from generators.worker import GeneratorWorker
@@ -60,7 +61,6 @@ def emitted(world, tiny_model_dir, redis_server, tmp_path_factory) -> dict[str, 
     from learner.trainer import Learner
     from tasks.search_r1 import SearchR1Task
     from tests.fakes.engine import ScriptedEngine, ToyTokenizer
-    from tests.fakes.groups import make_group, make_prompt, random_groups
     from weight_sync.publisher import WeightPublisher
     from weight_sync.settings import WeightSyncConfig
 

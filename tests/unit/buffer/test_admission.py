@@ -10,7 +10,7 @@ import pytest
 from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
 from buffer.staleness import admission_limit
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 from tests.timing import scaled
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.redis_buffer import ReplayBuffer
 from buffer.staleness import admission_limit
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -7,7 +7,7 @@ import urllib.request
 
 from buffer.cli import main
 from buffer.redis_buffer import ReplayBuffer
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 
 
 def populate(url: str) -> ReplayBuffer:

@@ -8,7 +8,7 @@ import pytest
 
 from buffer.codec import SCHEMA_VERSION, CodecError, decode_group, decode_prompt, encode_group, encode_prompt
 from buffer.records import Group, Trajectory
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 
 
 def test_group_round_trip_is_exact():

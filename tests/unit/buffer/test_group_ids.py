@@ -12,7 +12,7 @@ import redis
 from buffer.admission import BatchAssembler, PromptFeeder
 from buffer.group_ids import released_group_ids
 from buffer.redis_buffer import ReplayBuffer
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 
 
 @pytest.fixture

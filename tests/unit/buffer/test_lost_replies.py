@@ -14,7 +14,7 @@ import redis.client
 from buffer import lua
 from buffer.admission import BatchAssembler
 from buffer.redis_buffer import ReplayBuffer
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 from tests.timing import scaled
 
 

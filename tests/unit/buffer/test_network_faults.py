@@ -1,4 +1,4 @@
-"""The buffer behind a fault proxy (tests/fakes/fault_proxy.py) on a real Redis: a black hole is an error, not a
+"""The buffer behind a fault proxy (fakes/fault_proxy.py) on a real Redis: a black hole is an error, not a
 hang; a cut shorter than `reconnect_s` is ridden out; a cut past a lease hands the prompt to another generator and
 the late copy is a counted duplicate; a learner cut whose read is delivered late still gets its batch; a publish
 delivered late never takes the version back.
@@ -17,8 +17,8 @@ import redis
 
 from buffer.admission import BatchAssembler
 from buffer.redis_buffer import ReplayBuffer
-from tests.fakes.fault_proxy import FaultProxy
-from tests.fakes.groups import make_group, make_prompt
+from fakes.fault_proxy import FaultProxy
+from fakes.groups import make_group, make_prompt
 from tests.timing import scaled
 
 pytestmark = pytest.mark.timeout(60)  # a hang is a failure, not a stuck CI job

@@ -11,7 +11,7 @@ import redis
 
 from buffer.codec import encode_group
 from buffer.redis_buffer import ReplayBuffer
-from tests.fakes.groups import make_group, make_prompt
+from fakes.groups import make_group, make_prompt
 
 
 @pytest.fixture

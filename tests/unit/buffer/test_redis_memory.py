@@ -14,8 +14,8 @@ import redis
 from buffer.admission import PromptFeeder
 from buffer.memory import EvictingRedis
 from buffer.redis_buffer import ReplayBuffer
+from fakes.groups import make_group, make_prompt
 from sr1.launch.redis_server import LocalRedis
-from tests.fakes.groups import make_group, make_prompt
 from tests.timing import scaled
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """Whole trajectories through the engine wrapper and vLLM's real front end (AsyncLLM over the scripted engine core of
-tests/fakes/null_engine.py, Qwen2.5's tokenizer), with weight updates landing between two engine steps mid-turn: the
+fakes/null_engine.py, Qwen2.5's tokenizer), with weight updates landing between two engine steps mid-turn: the
 token ids, log-probs, versions and loss masks are exactly what the engine core emitted, step by step. Both ways the
 wrapper reads versions give the same arrays: vLLM's weight-version labels with one output per call, and per-step
 streaming (the way for a vLLM without labels, and what the wrapper did before the labels)."""
@@ -135,7 +135,7 @@ async def _trajectories(engine, tokenizer, *, labelled: bool):
 
 @pytest.fixture
 async def engine(qwen_tokenizer_dir, tmp_path):
-    from tests.fakes.null_engine import null_vllm_engine, write_null_model
+    from fakes.null_engine import null_vllm_engine, write_null_model
 
     model_dir = write_null_model(tmp_path / "null-model", qwen_tokenizer_dir)
     engine = null_vllm_engine(
@@ -200,7 +200,7 @@ async def test_an_update_cancelled_while_pausing_leaves_the_engine_running(engin
 async def test_vllms_own_statistics_are_off_unless_asked_for(engine, qwen_tokenizer_dir, tmp_path):
     """`generators.engine.log_stats` (off by default) reaches AsyncLLM: no per-step stats bookkeeping in the front end
     nor stat loggers, unless the config asks for them."""
-    from tests.fakes.null_engine import null_vllm_engine, write_null_model
+    from fakes.null_engine import null_vllm_engine, write_null_model
 
     assert engine.llm.log_stats is False and engine.llm.logger_manager is None
     model_dir = write_null_model(tmp_path / "logged", qwen_tokenizer_dir)

@@ -1,4 +1,4 @@
-"""A worker cut from Redis for longer than `buffer.reconnect_s` (a black hole through tests/fakes/fault_proxy.py):
+"""A worker cut from Redis for longer than `buffer.reconnect_s` (a black hole through fakes/fault_proxy.py):
 it keeps the groups it holds, goes on claiming and putting once Redis answers again, and every prompt ends up put
 exactly once; before, its claim loop raised past reconnect_s and the process died with what it held."""
 
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from buffer.redis_buffer import ReplayBuffer
+from fakes.fault_proxy import FaultProxy
 from tests.fakes.engine import ScriptedEngine
-from tests.fakes.fault_proxy import FaultProxy
 from tests.timing import scaled
 from tests.unit.generators.test_worker import ANSWER, SEARCH, _prompts, _take_all, _worker
 

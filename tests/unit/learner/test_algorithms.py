@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import groups_with_rewards
 from learner.algorithms import build_algorithm, low_var_kl, policy_loss
 from learner.algorithms.corrections import loglinear_proximal
 from learner.algorithms.grpo import group_advantages
@@ -19,7 +20,6 @@ from learner.algorithms.settings import (
     NoCorrection,
     TISCorrection,
 )
-from tests.fakes.groups import groups_with_rewards
 
 
 def test_grpo_advantages_by_hand():

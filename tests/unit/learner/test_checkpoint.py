@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.checkpoints.checkpointer import (
     LATEST,
     Checkpointer,
@@ -32,7 +33,6 @@ from learner.checkpoints.files import (
 )
 from learner.settings import LearnerConfig
 from learner.trainer import Learner
-from tests.fakes.groups import random_groups
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.checkpoints.checkpointer import Checkpointer, CheckpointLoadError, ResumeState
 from learner.checkpoints.files import MANIFEST, checksum_files, files_under, read_manifest, write_manifest
 from learner.settings import LearnerConfig
 from learner.trainer import Learner
-from tests.fakes.groups import random_groups
 
 
 @pytest.fixture(scope="module")

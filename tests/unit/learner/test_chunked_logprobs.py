@@ -124,10 +124,10 @@ def test_bad_shapes_and_chunk_sizes_are_refused():
 
 
 def test_trainer_step_does_not_depend_on_the_chunk_size(world, tiny_model_dir):
+    from fakes.groups import random_groups
     from learner.algorithms.settings import GRPOConfig
     from learner.settings import LearnerConfig
     from learner.trainer import Learner
-    from tests.fakes.groups import random_groups
 
     groups = random_groups(np.random.default_rng(7), n_groups=2, group_size=3, version=0)
     metrics, weights = [], []

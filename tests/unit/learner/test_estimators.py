@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import groups_with_rewards
 from learner.algorithms import AdvantageBatch, TrajectoryTokens, build_algorithm, kl_estimate, policy_loss
 from learner.algorithms.kl import KLController
 from learner.algorithms.ppo import gae
@@ -25,7 +26,6 @@ from learner.algorithms.settings import (
     TISCorrection,
 )
 from learner.algorithms.shaping import informative, overlong_penalty, shaped_rewards, truncated
-from tests.fakes.groups import groups_with_rewards
 
 # -- a multi-turn trajectory with two searches -------------------------------------------------------------------
 # response: 2 sampled tokens, a 2-token search result, 1 sampled token, a 2-token search result, 2 sampled tokens

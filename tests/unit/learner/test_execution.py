@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.execution.attention import VARLEN_SDPA
 from learner.execution.plan import plan_execution
 from learner.settings import LearnerConfig
-from tests.fakes.groups import random_groups
 
 
 def test_on_cpu_auto_is_the_loop_eager_layers_the_chunked_head_and_no_checkpointing(world, tiny_model_dir):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from fakes.groups import random_groups
 from learner.settings import LearnerConfig
-from tests.fakes.groups import random_groups
 
 
 def _offload_policies(model: torch.nn.Module) -> set[str]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from buffer.staleness import StalenessError, check_staleness
+from fakes.groups import random_groups
 from learner.settings import LearnerConfig
 from learner.trainer import Learner
-from tests.fakes.groups import random_groups
 
 
 def _cfg(**overrides) -> LearnerConfig:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.settings import LearnerConfig
 from learner.trainer import Learner
-from tests.fakes.groups import random_groups
 
 
 def _cfg(**overrides) -> LearnerConfig:

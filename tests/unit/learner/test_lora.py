@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from fakes.groups import random_groups
 from learner.checkpoints.checkpointer import Checkpointer, ResumeState
 from learner.lora import adapters_disabled, lora_layers
 from learner.settings import LearnerConfig, LoraSettings
 from learner.trainer import Learner
-from tests.fakes.groups import random_groups
 
 LORA = {"rank": 4, "alpha": 8.0}
 

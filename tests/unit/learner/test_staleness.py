@@ -19,8 +19,8 @@ from buffer.staleness import (
     is_auto,
     largest_bound,
 )
+from fakes.groups import random_groups
 from learner.algorithms.corrections import effective_sample_size
-from tests.fakes.groups import random_groups
 
 
 def test_ess_by_hand():

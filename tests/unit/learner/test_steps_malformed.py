@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import math
 
+from fakes.groups import make_group, toy_prompts
 from learner.steps import tool_metrics
-from tests.fakes.groups import make_group, toy_prompts
 
 
 def _group(index: int, infos: list):

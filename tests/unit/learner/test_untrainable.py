@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fakes.groups import random_groups
 from learner.coordinator import untrainable_reason
-from tests.fakes.groups import random_groups
 
 
 def _group(vocab_size: int = 500):

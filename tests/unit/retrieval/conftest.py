@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fakes.corpus import synthetic_records
 from retrieval.corpus import DocStore, write_corpus_jsonl
-from tests.fakes.corpus import synthetic_records
 
 FACTS = [
     {"id": "paris", "title": "Paris", "text": "Paris is the capital and largest city of France."},

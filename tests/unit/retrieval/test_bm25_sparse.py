@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import retrieval.bm25 as bm25_mod
+from fakes.corpus import synthetic_queries, synthetic_records
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import DocStore, write_corpus_jsonl
-from tests.fakes.corpus import synthetic_queries, synthetic_records
 
 pytest.importorskip("numba")
 

@@ -156,10 +156,10 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_request():
 
 
 async def test_a_cut_network_is_a_failure_result_within_the_timeout_and_searches_work_again_after():
-    """Through a fault proxy (tests/fakes/fault_proxy.py): a black hole (connections open, nothing answered) and a
+    """Through a fault proxy (fakes/fault_proxy.py): a black hole (connections open, nothing answered) and a
     drop (connections reset) both end as a "Search unavailable" result after the client's retries, never a hang;
     once the network is back the next search succeeds on a fresh connection."""
-    from tests.fakes.fault_proxy import FaultProxy
+    from fakes.fault_proxy import FaultProxy
 
     async def handler(request):
         body = await request.json()

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from buffer.admission import PromptFeeder
 from buffer.group_ids import RELEASED_RECORD
 from buffer.redis_buffer import ReplayBuffer
+from fakes.groups import make_group, make_prompt
 from sr1.launch.redis_server import LocalRedis
-from tests.fakes.groups import make_group, make_prompt
 
 
 def _base():

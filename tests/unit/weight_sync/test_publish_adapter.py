@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from tests.fakes.receiver import join_group, wait_update
+from fakes.receiver import join_group, wait_update
 from tests.timing import scaled
 from weight_sync.publisher import WeightPublisher
 from weight_sync.receiver import receive_update

@@ -171,7 +171,7 @@ class _FakeEngine:
 async def test_engine_takes_the_starting_weights_even_at_its_own_version(rv):
     """A fresh learner publishes version 0 to engines that already say version 0: they must still receive it
     (the broadcast needs every member), and they must not load the same (epoch, version) twice."""
-    from tests.fakes.weight_sync import receive_and_ack
+    from fakes.weight_sync import receive_and_ack
     from weight_sync.engine_side import EngineWeightSync
 
     sync, engine = EngineWeightSync(rv, "g0"), _FakeEngine()

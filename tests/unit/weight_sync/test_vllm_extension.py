@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.fakes.weight_sync import receive_and_ack
+from fakes.weight_sync import receive_and_ack
 from tests.timing import scaled
 from weight_sync.engine_side import EngineWeightSync
 from weight_sync.process_group import WeightSyncError

@@ -14,10 +14,10 @@ import redis
 from buffer.connection import mask_url
 from buffer.redis_buffer import ReplayBuffer
 from config import load_config, save_job, secret_env
+from fakes.groups import make_group, make_prompt
 from sr1.launch.cluster import reachable_redis_command
 from sr1.launch.redis_server import LocalRedis, find_redis_server
 from sr1.launch.supervisor import Child
-from tests.fakes.groups import make_group, make_prompt
 from tests.timing import scaled
 from weight_sync.rendezvous import Rendezvous
 

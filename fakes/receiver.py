@@ -4,7 +4,7 @@ Used by the tests (loopback, dead-engine handling); `scripts/bench/bench_weight_
 `join_group` and `wait_update`, so leaving vLLM out means the transport alone is measured. Runs as a separate
 process (`multiprocessing` spawn target, or from the command line):
 
-    python -m tests.fakes.receiver --redis-url redis://127.0.0.1:6379 --namespace run1 --worker-id r1
+    python -m fakes.receiver --redis-url redis://127.0.0.1:6379 --namespace run1 --worker-id r1
 """
 
 from __future__ import annotations
