@@ -5,7 +5,11 @@ retried for `reconnect_s`.
     reconnects.count          # connection failures so far (after one, a reader may have lost a reply)
     reconnects.oom            # writes Redis refused for want of memory (retried after a back-off)
 
-Used by the buffer and by the weight-sync rendezvous, the two parts that talk to Redis.
+Used by the buffer and by the weight-sync rendezvous, the two parts that talk to Redis. This module is the one
+boundary to Redis's client library: no module outside `buffer/` imports `redis` (`scripts/check_layers.py` checks
+it). Others name Redis's failures through it: `RETRIED` (down, unreachable or full, once `reconnect_s` is spent) and
+`REDIS_ERROR` (any failure of a Redis call, a refused command included), and ask whether a URL answers with
+`answers_ping`.
 
 redis-py's own `Retry` covers a failed command on a live connection, but not the reconnect a pooled connection
 makes before its next command, so the retry loop lives here, around a whole command or a whole pipeline.
@@ -44,6 +48,7 @@ from common.secrets import mask_url  # noqa: F401 (the one masking; callers impo
 log = logging.getLogger(__name__)
 
 RETRIED = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError)
+REDIS_ERROR = redis.RedisError  # any failure of a Redis call: the retried ones and a refused command alike
 _FIRST_BACKOFF_S = 0.05
 _BACKOFF_CAP_S = 2.0
 # an idle connection whose peer is gone (a partition) fails after about 10 + 3 x 5 s instead of hours
@@ -139,3 +144,15 @@ def connect(
     client.reconnect_s, client.counter = reconnect_s, ReconnectCounter()
     client.max_block_ms = max(1, int(socket_timeout_s * 500))
     return client, client.counter
+
+
+def answers_ping(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis answers PING at `url` within `timeout_s` (one try, no retries)."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
+from buffer.connection import REDIS_ERROR
 from buffer.records import PromptRecord
 from buffer.redis_buffer import ReplayBuffer
 from evaluation import compact_item, select_prompts, shard, summarize
@@ -148,7 +147,7 @@ class EvaluationAnswerer:
                 self.telemetry.eval_errors += 1
                 log.warning("%s", exc)
                 continue
-            except redis.RedisError as exc:
+            except REDIS_ERROR as exc:
                 log.warning("evaluation requests: %s; trying again", exc)
                 continue
             if request is None:
@@ -171,7 +170,7 @@ class EvaluationAnswerer:
                     "eval/version": int(self.engine.version),
                     "worker_id": self.worker_id,
                 }
-                with contextlib.suppress(redis.RedisError):  # else it is re-queued when this worker restarts
+                with contextlib.suppress(REDIS_ERROR):  # else it is re-queued when this worker restarts
                     await asyncio.to_thread(self.buffer.post_evaluation_answer, request, error)
 
     async def _answer(self, request: dict[str, Any]) -> None:

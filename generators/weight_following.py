@@ -20,8 +20,7 @@ import logging
 import time
 from typing import Any
 
-import redis
-
+from buffer.connection import REDIS_ERROR
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.redis_buffer import ReplayBuffer
 from generators.settings import GeneratorsConfig
@@ -77,7 +76,7 @@ class WeightFollower:
                 # wakes when the learner announces a rendezvous or an update (at most weight_sync_poll_s later)
                 try:
                     await asyncio.to_thread(rendezvous.wait_for_event, cursor, self.cfg.weight_sync_poll_s)
-                except redis.RedisError as exc:
+                except REDIS_ERROR as exc:
                     log.warning("weight sync: waiting for the learner's announcements: %s", exc)
                     await asyncio.sleep(self.cfg.weight_sync_poll_s)
         finally:

@@ -35,6 +35,12 @@ LAYERS: list[tuple[str, ...]] = [
 
 LAYER_OF = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
+# One boundary to Redis: only these packages import its client library (`redis`). Every other part names Redis's
+# keys and errors through buffer/ (`buffer.connection.REDIS_ERROR`, `RETRIED`; weight sync's keys through
+# `weight_sync.rendezvous`, built on `buffer.connection.connect`). scripts/ poke Redis itself (fault injection,
+# benchmarks of the buffer).
+REDIS_CLIENTS = ("buffer", "scripts")
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -142,6 +148,27 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def libraries_of(path: Path) -> set[str]:
+    """The top-level names of every absolute import in the file (`redis`, `torch`, `buffer`, ...)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def redis_violations(libraries: dict[str, set[str]]) -> list[str]:
+    """Modules outside `REDIS_CLIENTS` that import `redis` (`libraries`: module -> the top-level names it imports)."""
+    return [
+        f"{module} imports redis: only {', '.join(p + '/' for p in REDIS_CLIENTS)} talk to Redis (name its errors "
+        "through buffer.connection)"
+        for module, names in sorted(libraries.items())
+        if "redis" in names and module.split(".")[0] not in REDIS_CLIENTS
+    ]
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = project_modules()
     graph: dict[str, set[str]] = defaultdict(set)
@@ -160,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     graph = import_graph()
     problems = layer_violations(graph)
     problems += ["modules that import each other: " + " <-> ".join(c) for c in circles(graph)]
+    problems += redis_violations({name: libraries_of(path) for name, path in project_modules().items()})
     for problem in problems:
         print(problem)
     if not problems:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from buffer.connection import mask_url
+from buffer.connection import answers_ping, mask_url
 from config import Config
 from config.loader import write_private
 from sr1.launch.lock import RunLock
@@ -109,19 +109,6 @@ def reachable_redis_command(command: list[str], ip: str) -> list[str]:
     at = out.index("--bind")
     out[at + 1 : at + 2] = [ip, "127.0.0.1"] if ip != "127.0.0.1" else ["127.0.0.1"]
     return out  # protected mode stays on: it refuses remote clients only of a server without a password
-
-
-def _redis_answers(url: str) -> bool:
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except redis.RedisError:
-        return False
 
 
 class _LockOnce(RunLock):
@@ -206,7 +193,7 @@ class ClusterOrchestrator(Orchestrator):
         )
         url = server.url_on(slot.ip)
         self.supervisor.wait_until(
-            lambda: _redis_answers(url), timeout_s=self.startup_timeout_s, what=f"Redis at {mask_url(url)}"
+            lambda: answers_ping(url), timeout_s=self.startup_timeout_s, what=f"Redis at {mask_url(url)}"
         )
         self.redis_url_file = server.url_file  # where `sr1 buffer watch --run-dir` finds it (owner-only)
         write_private(self.redis_url_file, url + "\n")

@@ -19,6 +19,8 @@ def test_every_import_points_down_the_layers_and_none_runs_in_a_circle():
     assert len(graph) > 100  # the project's modules were found
     assert check.layer_violations(graph) == []
     assert check.circles(graph) == []
+    libraries = {name: check.libraries_of(path) for name, path in check.project_modules().items()}
+    assert check.redis_violations(libraries) == []
 
 
 def test_the_check_catches_an_upward_import_a_sideways_one_and_a_circle():
@@ -46,3 +48,16 @@ def test_every_package_of_the_project_has_a_layer():
     check = _check_layers()
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert packages - {"tests"} <= set(check.LAYER_OF), packages - set(check.LAYER_OF)
+
+
+def test_the_check_catches_redis_imported_outside_the_buffer(tmp_path):
+    check = _check_layers()
+    role = tmp_path / "follower.py"
+    role.write_text("import asyncio\n\nimport redis.exceptions\n\nfrom buffer.connection import RETRIED\n")
+    libraries = {
+        "generators.follower": check.libraries_of(role),  # a role catching redis's errors itself
+        "buffer.connection": {"redis", "socket"},
+        "weight_sync.rendezvous": {"buffer", "json"},  # Redis through buffer.connection: allowed
+    }
+    problems = check.redis_violations(libraries)
+    assert len(problems) == 1 and problems[0].startswith("generators.follower imports redis")
