@@ -9,8 +9,8 @@ own time limit; a stage is skipped, with the reason, when what is left of the ov
 In order of what matters most (every benchmark stage: Search-R1's step of sr1's 8xH100 preset, random weights):
 
   0 env            versions, a bf16 matmul rate, each attention kernel's time and the checkpointing a 6-rank
-                   learner picks per shape (learner/execution.py, as the learner plans), the GPU tier's kernel tests
-                   (attention, heads, compiled layers without graph breaks, checkpointing policies, host syncs)
+                   learner picks per shape (learner/execution/plan.py, as the learner plans), the GPU tier's kernel
+                   tests (attention, heads, compiled layers without graph breaks, checkpointing policies, host syncs)
   1 3b             Qwen2.5-3B, the preset's full checkpointing, with the plain PyTorch step, a profile's top ops
   2 1.5b           Qwen2.5-1.5B, full checkpointing, with the plain step
   3 0.5b           Qwen2.5-0.5B, no checkpointing, with the plain step (the fused head)
@@ -387,8 +387,8 @@ def _last_error(log: Path) -> str:
 
 def probe(path: Path) -> dict:
     """Versions, the device, a matmul rate (bf16 8192^3 on CUDA; fp32 512^3 on CPU) and how a Qwen2.5-3B learner of
-    1 and of 6 ranks would run sr1's 8xH100 preset here (learner/execution.py: each attention kernel's measured time,
-    the checkpointing policy and why); written to `path` as JSON."""
+    1 and of 6 ranks would run sr1's 8xH100 preset here (learner/execution/plan.py: each attention kernel's measured
+    time, the checkpointing policy and why); written to `path` as JSON."""
     import importlib.util
     import platform
 
@@ -441,10 +441,10 @@ def execution_plans(
     device, dtype: str, shapes: tuple[str, ...] = ("qwen2.5-3b",), ranks: tuple[int, ...] = (1, 6)
 ) -> dict:
     """How the learner would run sr1's 8xH100 preset for each Qwen2.5 shape at each number of ranks on this device:
-    learner/execution.py's own plan (no model is loaded; `auto` attention is timed on CUDA)."""
+    learner/execution/plan.py's own plan (no model is loaded; `auto` attention is timed on CUDA)."""
     from config.loader import load_config
     from learner.distributed import World
-    from learner.execution import plan_execution
+    from learner.execution.plan import plan_execution
     from scripts.bench.learner_baselines import shape_config
 
     cfg = load_config("qwen2.5-3b-8xh100").learner.model_copy(update={"gradient_checkpointing": "auto"})

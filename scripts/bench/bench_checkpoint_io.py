@@ -6,7 +6,7 @@ manifest uses), Adler-32, SHA-256 and BLAKE2b.
 
 Printed per row: GB/s of one thread, seconds for a 50 GB checkpoint at that rate, and the time against the write
 (with fsync) of the same bytes. The file is read once before the checksums, so they read from the page cache, as
-they do right after a checkpoint is written (learner/checkpoint_files.py). `crc32 x4` checksums four quarters of
+they do right after a checkpoint is written (learner/checkpoints/files.py). `crc32 x4` checksums four quarters of
 the data on four threads, as `checksum_files` does for a checkpoint's files.
 """
 
@@ -59,7 +59,7 @@ def _hashlib(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from learner.checkpoint_files import checksum_files
+    from learner.checkpoints.files import checksum_files
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -31,11 +31,12 @@ Figures: tokens/s counts every token through the policy (prompt, sampled and obs
 6 x parameters x tokens/s / `--peak-flops` (989e12 on CUDA: H100 SXM and H200 dense bf16): the training pass only;
 `mfu_all_passes` adds 2 x parameters per token for each no-gradient forward of the step (reference, proximal).
 Recomputation, attention's quadratic term and the padding FlexAttention adds are not counted. Peak GiB: the
-allocator's high-water mark per mode (CUDA); `estimate_gib`: learner/memory.py's estimate at the step's largest
-micro-batch with the step's own settings; compiler counters (learner/compiled.py: frames, graphs, recompiles, graph
-breaks) over the learner's part and over its timed steps; `execution`: how the learner ran (learner/execution.py:
-attention, with each kernel's measured time where `auto` timed them, compiled layers, log-prob head, checkpointing
-and why, FSDP2 settings). `--profile N`: the top N ops of one profiled step (stderr and JSON).
+allocator's high-water mark per mode (CUDA); `estimate_gib`: learner/execution/memory.py's estimate at the step's
+largest micro-batch with the step's own settings; compiler counters (learner/execution/compiled.py: frames, graphs,
+recompiles, graph breaks) over the learner's part and over its timed steps; `execution`: how the learner ran
+(learner/execution/plan.py: attention, with each kernel's measured time where `auto` timed them, compiled layers,
+log-prob head, checkpointing and why, FSDP2 settings). `--profile N`: the top N ops of one profiled step (stderr and
+JSON).
 """
 
 from __future__ import annotations
@@ -237,8 +238,8 @@ def _plain_step(args, settings, model_dir, device, tokens_per_update: float) -> 
 def run(args) -> dict:
     from transformers import AutoConfig
 
-    from learner.compiled import compile_counters
     from learner.distributed import init_distributed, shutdown_distributed
+    from learner.execution.compiled import compile_counters
     from learner.trainer import Learner
 
     world = init_distributed(args.device)
@@ -357,9 +358,9 @@ def run(args) -> dict:
 
 
 def _estimate_peak_bytes(learner, parameters: int, tokens: int) -> float | None:
-    """learner/memory.py's estimate of this step's peak at a micro-batch of `tokens`, with the settings the learner
-    runs (None: the estimate does not know the model)."""
-    from learner.memory import estimate_peak_bytes
+    """learner/execution/memory.py's estimate of this step's peak at a micro-batch of `tokens`, with the settings the
+    learner runs (None: the estimate does not know the model)."""
+    from learner.execution.memory import estimate_peak_bytes
 
     ex, cfg = learner.execution, learner.cfg
     try:

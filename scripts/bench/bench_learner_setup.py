@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass, field, replace
 
 import scripts.bench.learner_workloads as workloads
-from learner.attention import IMPLEMENTATIONS
-from learner.memory import POLICIES
+from learner.execution.attention import IMPLEMENTATIONS
+from learner.execution.memory import POLICIES
 from scripts.bench.learner_baselines import CHECKPOINTED_SHAPES, PLAIN_CHECKPOINTING, SHAPES
 
 H100_BF16_FLOPS = 989e12
@@ -32,7 +32,7 @@ class Settings:
 
     cfg: object  # learner.settings.LearnerConfig, its `auto` checkpointing resolved
     dtype: str
-    execution: object  # learner.execution.Execution: how the learner runs here (what Learner itself plans)
+    execution: object  # learner.execution.plan.Execution: how the learner runs here (what Learner plans)
     checkpointing_why: str | None
     updates: int  # PPO mini-batches (optimizer updates) per timed step, per epoch
     reference: bool  # the frozen reference forwards every token (KL)
@@ -79,7 +79,7 @@ def _preset(args):
 
 def learner_settings(args, model_dir: str, world) -> Settings:
     """The preset's learner settings (or LearnerConfig's defaults), one rank, with the options over them, and how the
-    learner runs them on this device (learner/execution.py: the same plan `Learner` makes; its `auto`
+    learner runs them on this device (learner/execution/plan.py: the same plan `Learner` makes; its `auto`
     checkpointing is resolved here so that the plain step checkpoints alike)."""
     from pydantic import ValidationError
 
@@ -131,7 +131,7 @@ def learner_settings(args, model_dir: str, world) -> Settings:
     reference, policy_pass, critic = step_passes(cfg, updates * cfg.ppo_epochs > 1)
 
     def plan(cfg, ranks: int):
-        from learner.execution import plan_execution
+        from learner.execution.plan import plan_execution
 
         return plan_execution(
             cfg,
@@ -154,7 +154,7 @@ def learner_settings(args, model_dir: str, world) -> Settings:
                 update={"gradient_checkpointing_every": chosen.checkpointing_every}
             )
         execution = plan(cfg, 1)
-    except ValueError as err:  # the step cannot fit one rank here (learner/memory.py's estimate)
+    except ValueError as err:  # the step cannot fit one rank here (learner/execution/memory.py's estimate)
         print(f"bench_learner.py: {err}" + (f" ({why})" if why else ""), file=sys.stderr)
         raise SystemExit(DOES_NOT_FIT) from None
     cfg = cfg.model_copy(
@@ -320,7 +320,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--attention",
         default="auto",
         choices=["auto", *IMPLEMENTATIONS],
-        help="the learner's attention for packed rows (learner/attention.py; auto: the learner's choice)",
+        help="the learner's attention for packed rows (learner/execution/attention.py; auto: the learner's choice)",
     )
     parser.add_argument(
         "--compile",
@@ -357,7 +357,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="the checkpointing a learner of N ranks picks on this device (learner/memory.py), run at one rank",
+        help="the checkpointing a learner of N ranks picks on this device (learner/execution/memory.py), "
+        "run at one rank",
     )
     parser.add_argument("--cpu-offload", action="store_true", help="learner.cpu_offload")
     parser.add_argument(

@@ -122,7 +122,7 @@ def padded_micro_batches(sequences, budget: int):
 def _padded_loss(learner, seqs, device):
     """The trainer's loss over one padded micro-batch: the same targets, chunked head and algorithm as the packed
     path, the hidden states taken at every row's target positions."""
-    from learner.chunked_logprobs import chunked_logprobs
+    from learner.execution.chunked_logprobs import chunked_logprobs
     from learner.packing import final_hidden_states, lm_head_weight
 
     longest = max(len(s) for s in seqs)
@@ -236,7 +236,7 @@ class PlainStep:
 
     def _logprobs(self, model, input_ids: torch.Tensor) -> torch.Tensor:
         """Next-token log-probs of every position but the last, through the learner's chunked head."""
-        from learner.chunked_logprobs import chunked_logprobs
+        from learner.execution.chunked_logprobs import chunked_logprobs
         from learner.packing import final_hidden_states
 
         compute = self._compute_dtype

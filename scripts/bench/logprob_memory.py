@@ -5,11 +5,11 @@
 
 The log-prob step (forward, policy loss, backward of one packed micro-batch; no optimizer step) at Qwen's
 151,936-token vocabulary on a tiny Qwen2 body, so the LM head dominates. The chunked head
-(learner/chunked_logprobs.py) against the unchunked code it replaced, kept below as `_unchunked_token_logprobs`;
-both are called as the trainer calls them (entropy for the metric, entropy_coef 0, unless --entropy). Each run is
-a fresh process (CPU only): its peak RSS (the kernel's high-water mark, reset after the model is loaded) minus the
-RSS after loading is the step's peak memory; parameter gradients count in both. The unchunked path runs only at
-sizes whose ~5.5 [tokens x vocab] fp32 copies fit in the available memory; runs alternate A-B-B-A.
+(learner/execution/chunked_logprobs.py) against the unchunked code it replaced, kept below as
+`_unchunked_token_logprobs`; both are called as the trainer calls them (entropy for the metric, entropy_coef 0, unless
+--entropy). Each run is a fresh process (CPU only): its peak RSS (the kernel's high-water mark, reset after the model
+is loaded) minus the RSS after loading is the step's peak memory; parameter gradients count in both. The unchunked
+path runs only at sizes whose ~5.5 [tokens x vocab] fp32 copies fit in the available memory; runs alternate A-B-B-A.
 """
 
 from __future__ import annotations
