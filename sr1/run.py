@@ -44,6 +44,7 @@ from sr1 import entrypoints
 from sr1.embedded import EMBEDDED_MODELS, RUNS_ROOT, build_embedded, with_embedded_world
 from sr1.launch.lock import RunLock, RunLocked
 from sr1.launch.pools import generator_children, learner_children
+from sr1.launch.redis_outages import OWN_RECONNECT_S, ride_out_redis, withdraw_dead_learners_group
 from sr1.launch.redis_server import run_redis
 from sr1.launch.supervisor import (
     Child,
@@ -58,9 +59,7 @@ from sr1.live import LiveView
 from sr1.preflight import BadInput, check_inputs
 from sr1.report import write_report
 from sr1.summary import summarize
-from weight_sync.rendezvous import Rendezvous
 
-_OWN_RECONNECT_S = 1.0  # how long one of this process's own Redis calls retries (see prepare)
 # typical times on a 2-core CPU for the tiny preset: the progress lines' "about N s left" before anything is measured
 ENGINE_START_S = 40.0
 EVAL_S = 25.0
@@ -164,9 +163,9 @@ class Orchestrator:
         # this process restarts Redis when it dies, so it must not sit in a long retry itself: its calls fail
         # fast and `_riding_out_redis` retries them between supervisor checks (also this first one: a Redis that
         # dies right after it started is restarted here, as later in the run)
-        own = cfg.buffer.model_copy(update={"reconnect_s": _OWN_RECONNECT_S})
+        own = cfg.buffer.model_copy(update={"reconnect_s": OWN_RECONNECT_S})
         self.buffer = self._riding_out_redis(lambda: open_buffer(own))
-        self._riding_out_redis(self._withdraw_dead_learners_group)
+        self._riding_out_redis(lambda: withdraw_dead_learners_group(self.buffer))
         try:
             self.metrics = serve_configured_metrics(self.buffer, cfg.buffer)
         except OSError as err:
@@ -175,14 +174,6 @@ class Orchestrator:
             print(
                 f"{self.command}: Prometheus /metrics on {self.metrics.host}:{self.metrics.port}", flush=True
             )
-
-    def _withdraw_dead_learners_group(self) -> None:
-        """Withdraw a weight-sync rendezvous left in the run's Redis (a resumed run's, by the learner that died with
-        the run): no learner of this run is alive (the run lock), and the generators start before the new one, so
-        they would try to join the dead learner's group and hang there for `weight_sync.timeout_s` before joining
-        the new learner's."""
-        with Rendezvous(self.buffer.url, self.buffer.namespace, _OWN_RECONNECT_S) as rendezvous:
-            rendezvous.clear()
 
     def _place_retrieval(self, cfg: Config) -> Config:
         """Where the run's own retrieval server listens: a free loopback port (`sr1 launch`: on its Ray node)."""
@@ -302,19 +293,8 @@ class Orchestrator:
             self.view.log(message) if self.view is not None else print(message)
 
     def _riding_out_redis(self, call: Callable[[], T]) -> T:
-        """`call()`, retried while Redis is down, unreachable or full for up to `buffer.reconnect_s`, supervising
-        meanwhile (that is what restarts a dead Redis)."""
-        deadline = None
-        while True:
-            try:
-                return call()
-            except REDIS_UNAVAILABLE:
-                now = time.monotonic()
-                deadline = deadline or now + self.cfg.buffer.reconnect_s
-                if now > deadline:
-                    raise
-                self._supervise()
-                time.sleep(0.5)
+        """`call()`, retried while Redis is down for up to `buffer.reconnect_s`, supervising meanwhile."""
+        return ride_out_redis(call, self.cfg.buffer.reconnect_s, self._supervise)
 
     # -- the run --------------------------------------------------------------------------------------------
 

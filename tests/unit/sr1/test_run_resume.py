@@ -6,10 +6,8 @@ from __future__ import annotations
 
 
 def test_the_run_withdraws_the_dead_learners_weight_sync_group(redis_url):
-    from types import SimpleNamespace
-
     from buffer.redis_buffer import ReplayBuffer
-    from sr1.run import Orchestrator
+    from sr1.launch.redis_outages import withdraw_dead_learners_group
     from weight_sync.rendezvous import Rendezvous
 
     with Rendezvous(redis_url, "sr1") as rendezvous:
@@ -20,7 +18,7 @@ def test_the_run_withdraws_the_dead_learners_weight_sync_group(redis_url):
 
         buffer = ReplayBuffer(redis_url, "sr1")
         try:
-            Orchestrator._withdraw_dead_learners_group(SimpleNamespace(buffer=buffer))
+            withdraw_dead_learners_group(buffer)
         finally:
             buffer.close()
 
