@@ -1,10 +1,15 @@
-"""Check that every import in the project points down the layers, and that no modules import each other in a circle.
+"""Check that every import in the repository points down the layers, and that no modules import each other in a circle.
 
     python scripts/check_layers.py          # prints each import that breaks the order, exit 1 if any
 
 The layers, top to bottom (docs/architecture.md explains each). A package may import packages of a lower layer;
 packages of one layer never import each other. Every import counts: function-level ones, and those under
 `if TYPE_CHECKING:`, are dependencies a reader has to know about just the same.
+
+Every Python file of the repository is read, the scripts and the tests too. The scripts (benchmarks, fault injection,
+tools) are the top layer of the project: they may import anything of sr1, and only the tests import them. The tests
+stand above every layer: they may import anything, and nothing imports them. No module anywhere, a script's or a
+test's included, is part of a circle.
 
 There are no exceptions: the processes' entry points, which load a job through `config/`, are modules of `sr1/`
 (`sr1/entrypoints/`), so no package below `config/` imports it. `tests/unit/test_layers.py` runs this check in CI.
@@ -49,9 +54,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def project_modules() -> dict[str, Path]:
+# read for circles, and above every layer: the test suite imports anything and nothing imports it
+TESTS = "tests"
+
+
+def project_modules(packages: tuple[str, ...] = tuple(LAYER_OF)) -> dict[str, Path]:
+    """The modules of `packages` (by default every layered one, scripts/ included), by dotted name."""
     modules = {}
-    for package in LAYER_OF:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             modules[module_name(path)] = path
     return modules
@@ -85,7 +95,8 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def layer(module: str) -> int:
-    return LAYER_OF[module.split(".")[0]]
+    package = module.split(".")[0]
+    return -1 if package == TESTS else LAYER_OF[package]
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -102,6 +113,8 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _why(module: str, target: str) -> str:
+    if target.split(".")[0] == TESTS:
+        return "nothing imports the tests (tests/): what a script and a test share lives in fakes/"
     if layer(target) == layer(module):
         return (
             f"{module.split('.')[0]}/ and {target.split('.')[0]}/ are one layer and never import each other"
@@ -170,7 +183,8 @@ def redis_violations(libraries: dict[str, set[str]]) -> list[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = project_modules()
+    """Every module of the repository (the layered packages and the tests) -> the repository's modules it imports."""
+    modules = project_modules() | project_modules((TESTS,))
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in modules.items():
         # a package's __init__ is imported with every submodule: an edge from a submodule to its own package's

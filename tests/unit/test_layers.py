@@ -61,3 +61,40 @@ def test_the_check_catches_redis_imported_outside_the_buffer(tmp_path):
     }
     problems = check.redis_violations(libraries)
     assert len(problems) == 1 and problems[0].startswith("generators.follower imports redis")
+
+
+def test_the_check_reads_the_scripts_the_shared_fakes_and_the_tests():
+    graph = _check_layers().import_graph()
+    assert {
+        "scripts.chaos.base",
+        "scripts.bench.bench_buffer",
+        "fakes.groups",
+        "tests.unit.test_layers",
+    } <= set(graph)
+    assert "scripts.chaos.base" in graph["scripts.chaos.chaos_faults"]
+
+
+def test_the_check_catches_an_import_up_into_scripts_or_tests_and_a_circle_among_scripts():
+    check = _check_layers()
+    graph = {
+        "sr1.cli": {"scripts.bench.bench_buffer"},  # the product, up into the scripts
+        "fakes.groups": {
+            "scripts.chaos.base"
+        },  # the fakes the scripts share with the tests, up into the scripts
+        "scripts.bench.bench_buffer": {
+            "tests.fakes.engine",
+            "buffer.records",
+            "fakes.groups",
+        },  # into the tests
+        "tests.unit.test_x": {"scripts.chaos.chaos", "fakes.groups", "sr1.cli"},  # the tests import anything
+        "scripts.chaos.base": {"scripts.chaos.chaos_faults"},
+        "scripts.chaos.chaos_faults": {"scripts.chaos.base"},  # a circle inside scripts/
+    }
+    problems = check.layer_violations(graph)
+    assert [p.split(":")[0] for p in problems] == [
+        "fakes.groups imports scripts.chaos.base",
+        "scripts.bench.bench_buffer imports tests.fakes.engine",
+        "sr1.cli imports scripts.bench.bench_buffer",
+    ]
+    assert "nothing imports the tests" in problems[1]
+    assert check.circles(graph) == [["scripts.chaos.base", "scripts.chaos.chaos_faults"]]
