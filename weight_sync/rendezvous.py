@@ -19,7 +19,10 @@ leave a running run), and stops waiting for an ack from an engine whose announce
 
 All keys live under `<namespace>:ws:` so one Redis can hold several runs. Values are JSON (never pickle).
 A new `epoch` (the learner re-opened the group, e.g. after an engine died) tells engines to leave and re-join.
-This is the only module of `weight_sync` that talks to Redis (through a client that rides out a Redis restart).
+This is the only module of `weight_sync` that talks to Redis, through `buffer.connection`'s client (which rides out a
+Redis restart and names Redis's errors: nothing here imports `redis`). Its keys stay here, behind this one interface,
+rather than in `buffer/`: they are weight sync's own protocol (a store address, rank claims, acks), read by the
+publisher and the engines' receiver only, and the buffer would otherwise have to know it.
 """
 
 from __future__ import annotations
