@@ -1,5 +1,5 @@
 """scripts/setup_env.py: uv with the pinned versions and torch from where pip finds it, pip when uv cannot be had or
-fails, and progress lines while each step runs."""
+fails, and progress lines while each step runs (scripts/setup_progress.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import setup_progress
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,7 +48,7 @@ def make_setup(setup_env, tmp_path, runner, installer="auto", extras="cpu,dev", 
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "uv").write_text("")  # what `pip install uv` would leave
     out = io.StringIO()
-    reporter = setup_env.Reporter(out, terminal=False, interval_s=60)
+    reporter = setup_progress.Reporter(out, terminal=False, interval_s=60)
     setup = setup_env.Setup(venv, extras, installer, runner, reporter)
     return setup, out
 
@@ -146,8 +147,8 @@ def test_the_pins_cover_the_project_and_bad_lines_are_named(setup_env, tmp_path)
 
 def test_without_a_terminal_a_running_step_prints_a_line_every_interval_with_the_time_left(setup_env):
     out = io.StringIO()
-    reporter = setup_env.Reporter(out, terminal=False, interval_s=0.05)
-    plan = setup_env.Plan(["uv", "uv install"], expected_s={"uv": 5, "uv install": 60})
+    reporter = setup_progress.Reporter(out, terminal=False, interval_s=0.05)
+    plan = setup_progress.Plan(["uv", "uv install"], expected_s={"uv": 5, "uv install": 60})
     reporter.run_step(plan, "uv install", "installing sr1[cpu,dev]", lambda: time.sleep(0.3))
     lines = out.getvalue().splitlines()
     ticks = [line for line in lines if line.startswith("[setup 2/2] installing sr1[cpu,dev]: ")]
@@ -192,7 +193,7 @@ def test_make_run_builds_the_world_while_uv_installs_what_only_the_run_needs(
     assert extras[-2:] == ["-e", f"{setup_env.ROOT}[cpu,dev]"]
     # the install does not wait for the world: its time counts the install alone (main waits for the world after)
     assert events == ["world starts after 2 commands"]
-    assert "world" not in " ".join(setup_env.EXPECTED_S)  # no estimate of the world's in the install's
+    assert "world" not in " ".join(setup_progress.EXPECTED_S)  # no estimate of the world's in the install's
 
 
 def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_env, tmp_path):
@@ -200,8 +201,8 @@ def test_the_background_world_build_runs_sr1_world_with_the_run_arguments(setup_
     script.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nexit 3\n')
     script.chmod(0o755)
     out = io.StringIO()
-    reporter = setup_env.Reporter(out, terminal=True, interval_s=60)
-    world = setup_env.WorldBuild(str(script), ["seed=101"], tmp_path / "build.log")
+    reporter = setup_progress.Reporter(out, terminal=True, interval_s=60)
+    world = setup_progress.WorldBuild(str(script), ["seed=101"], tmp_path / "build.log")
     world.start(reporter)
     assert world.wait(reporter) is False  # it failed: sr1 run builds the world instead
     assert (tmp_path / "args").read_text().split() == ["-m", "sr1", "world", "seed=101"]
@@ -227,9 +228,9 @@ def test_the_worlds_lines_wait_for_the_install_then_come_one_estimate_at_a_time(
     )
     script.chmod(0o755)
     out = io.StringIO()
-    reporter = setup_env.Reporter(out, terminal=False, interval_s=60)
+    reporter = setup_progress.Reporter(out, terminal=False, interval_s=60)
     log = tmp_path / "build.log"
-    world = setup_env.WorldBuild(str(script), [], log)
+    world = setup_progress.WorldBuild(str(script), [], log)
     world.start(reporter)
     deadline = time.monotonic() + 60
     while (
@@ -253,10 +254,10 @@ def test_the_worlds_lines_wait_for_the_install_then_come_one_estimate_at_a_time(
     ]
     # a world that ended during the install: only its closing line
     out = io.StringIO()
-    world = setup_env.WorldBuild(str(script), [], tmp_path / "build2.log")
-    world.start(setup_env.Reporter(out, terminal=False))
+    world = setup_progress.WorldBuild(str(script), [], tmp_path / "build2.log")
+    world.start(setup_progress.Reporter(out, terminal=False))
     world.proc.wait()
-    assert world.wait(setup_env.Reporter(out, terminal=False)) is True
+    assert world.wait(setup_progress.Reporter(out, terminal=False)) is True
     assert out.getvalue().splitlines()[1:] == ["[tiny world] seed 0 built in 3 s (3 warm-start steps)"]
 
 
