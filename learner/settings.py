@@ -12,7 +12,6 @@ from learner.algorithms.settings import (
     CorrectionConfig,
     GRPOConfig,
     TISCorrection,
-    variant_shorthand,
 )
 
 
@@ -206,8 +205,6 @@ class LearnerConfig(BaseModel):
         50, ge=1, description="Save an HF checkpoint + resume state every this many steps."
     )
     keep_checkpoints: int = Field(2, ge=1, description="Keep this many most recent checkpoints.")
-
-    _shorthand = field_validator("algorithm", "correction", mode="before")(variant_shorthand)
 
     @field_validator("betas")
     @classmethod

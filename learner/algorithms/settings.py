@@ -40,11 +40,6 @@ if TYPE_CHECKING:
     import torch
 
 
-def variant_shorthand(value: Any) -> Any:
-    """`"icepop"` -> `{"type": "icepop"}`, so a union section can be set by its variant's name alone."""
-    return {"type": value} if isinstance(value, str) else value
-
-
 # -- the shared parts of every algorithm ---------------------------------------------------------------------
 
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
