@@ -44,12 +44,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -58,6 +54,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import scripts.bench.bench_learner_setup as setup  # noqa: E402
 import scripts.bench.learner_workloads as workloads  # noqa: E402
 from scripts.bench.learner_baselines import padded_micro_batches, padded_step  # noqa: E402
+from scripts.bench.learner_measures import (  # noqa: E402
+    Timer,
+    estimate_peak_bytes,
+    profile_step,
+    progress,
+    provenance,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,85 +94,6 @@ def _model_dir(args, tmp: Path, device) -> str:
 
         return str(shape_model_dir(args.shape, Path(args.shape_cache or tmp), device=device.type))
     return _small_model(tmp, max(args.max_len, 8192) + 8)
-
-
-class _Timer:
-    """Seconds, tokens and the allocator's peak of each timed step of one mode."""
-
-    def __init__(self, device):
-        self.device, self.seconds, self.tokens, self.peak = device, 0.0, 0, 0
-
-    def __call__(self, run, tokens: int) -> None:
-        import torch
-
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        start = time.perf_counter()
-        run()
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device))
-        self.seconds += time.perf_counter() - start
-        self.tokens += tokens
-
-    def figures(self, name: str, parameters: int, peak_flops: float | None, no_grad_passes: float) -> dict:
-        tokens_per_s = self.tokens / self.seconds
-        out = {f"{name}/tokens_per_s": tokens_per_s, f"{name}/seconds": self.seconds}
-        if peak_flops:
-            out[f"{name}/mfu"] = 6 * parameters * tokens_per_s / peak_flops
-            if no_grad_passes:
-                out[f"{name}/mfu_all_passes"] = (
-                    (6 + 2 * no_grad_passes) * parameters * tokens_per_s / peak_flops
-                )
-        if self.device.type == "cuda":
-            out[f"{name}/peak_gib"] = self.peak / 2**30
-        return out
-
-
-def _provenance(device) -> dict:
-    import torch
-    import transformers
-
-    out = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "python": sys.version.split()[0],
-    }
-    try:  # a copy of the tree may come without git or without .git
-        git = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        out["commit"] = git.stdout.strip() if git.returncode == 0 else None
-    except OSError:
-        out["commit"] = None
-    if device.type == "cuda":
-        out["gpu"] = torch.cuda.get_device_name(device)
-    return out
-
-
-@contextlib.contextmanager
-def _progress(what: str):
-    """A line on stderr when `what` starts, every 10 s while it runs, and when it ends."""
-    start = time.perf_counter()
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(10):
-            print(f"  {what}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-
-    print(f"{what} ...", file=sys.stderr, flush=True)
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-        print(f"{what}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -218,11 +142,11 @@ def _plain_step(args, settings, model_dir, device, tokens_per_update: float) -> 
     micro_batches = max(
         1, round(tokens_per_update / (rows * row_len))
     )  # about the learner's tokens per update
-    with _progress("plain: warm-up update"):
+    with progress("plain: warm-up update"):
         plain.step(rows, row_len, micro_batches)
-    timer = _Timer(device)
+    timer = Timer(device)
     updates = args.steps * settings.updates * settings.cfg.ppo_epochs
-    with _progress(f"plain: {updates} timed update(s)"):
+    with progress(f"plain: {updates} timed update(s)"):
         for i in range(updates):
             timer(
                 lambda i=i: plain.step(rows, row_len, micro_batches, seed=i + 1),
@@ -256,7 +180,7 @@ def run(args) -> dict:
         "workload": args.workload,
         "workload_detail": plan.describe,
         "device": str(device),
-        **_provenance(device),
+        **provenance(device),
         "shape": args.shape or args.model or "small Qwen2",
         "preset": args.preset,
     }
@@ -268,7 +192,7 @@ def run(args) -> dict:
 
     # 2. the learner: its own step on packed micro-batches (and its model, optimizer and loss on padded ones)
     counters_start = compile_counters()
-    with _progress("learner: loading"):
+    with progress("learner: loading"):
         learner = Learner(
             settings.cfg,
             model_dir,
@@ -289,24 +213,24 @@ def run(args) -> dict:
     with _mini_batch(learner, plan.warmup_mini_batch):
         for mode in steps:
             for i, groups in enumerate(plan.warmup):
-                with _progress(f"{mode}: warm-up step {i + 1} of {len(plan.warmup)}"):
+                with progress(f"{mode}: warm-up step {i + 1} of {len(plan.warmup)}"):
                     steps[mode](groups)
     counters_warm = compile_counters()
-    timers = {mode: _Timer(device) for mode in steps}
+    timers = {mode: Timer(device) for mode in steps}
     order = list(steps)
     for i, groups in enumerate(plan.timed):
         for mode in order if i % 2 == 0 else order[::-1]:
-            with _progress(f"{mode}: timed step {i + 1} of {len(plan.timed)}"):
+            with progress(f"{mode}: timed step {i + 1} of {len(plan.timed)}"):
                 timers[mode](lambda mode=mode, groups=groups: steps[mode](groups), tokens[i])
     counters_end = compile_counters()
     profile = {}
     if args.profile:
-        with _progress("packed: profiled step"):
-            profile = _profile(lambda: learner.train_step(plan.profile), device, args.profile)
+        with progress("packed: profiled step"):
+            profile = profile_step(lambda: learner.train_step(plan.profile), device, args.profile)
     mean_mbs, largest = _micro_batches(
         plan.timed, settings.cfg.ppo_mini_batch_size, settings.cfg.micro_batch_tokens
     )
-    estimate = _estimate_peak_bytes(learner, parameters, largest)
+    estimate = estimate_peak_bytes(learner, parameters, largest)
     execution = learner.execution
     shutdown_distributed()
     tmp.cleanup()
@@ -355,65 +279,6 @@ def run(args) -> dict:
         for key, value in counters_end.items():
             result[f"{prefix}/{key}"] = value - since[key]
     return result | profile
-
-
-def _estimate_peak_bytes(learner, parameters: int, tokens: int) -> float | None:
-    """learner/execution/memory.py's estimate of this step's peak at a micro-batch of `tokens`, with the settings the
-    learner runs (None: the estimate does not know the model)."""
-    from learner.execution.memory import estimate_peak_bytes
-
-    ex, cfg = learner.execution, learner.cfg
-    try:
-        return estimate_peak_bytes(
-            learner.model.config,
-            parameters,
-            world_size=learner.world.world_size,
-            dtype=learner.model_dtype,
-            checkpointing=ex.checkpointing,
-            every=ex.checkpointing_every,
-            micro_batch_tokens=tokens,
-            chunk_tokens=cfg.logprob_chunk_tokens,
-            reference=learner.reference is not None,
-            critic=learner.critic is not None,
-            cpu_offload=cfg.cpu_offload,
-            compiled=ex.compile,
-            fused_head=ex.logprob_head == "fused",
-            keep_unsharded=ex.keep_unsharded,
-            defer_grad_sync=ex.defer_grad_sync,
-        )
-    except ValueError:
-        return None
-
-
-def _profile(step, device, rows: int) -> dict:
-    """One step under torch.profiler: its top ops by device (or CPU) time to stderr, and into the figures."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as trace:
-        step()
-    averages = trace.key_averages()
-    sort = "device_time_total" if cuda else "cpu_time_total"
-    print(averages.table(sort_by=sort, row_limit=rows), file=sys.stderr)
-
-    def device_us(event) -> float:
-        return float(getattr(event, "self_device_time_total", 0.0) or 0.0)
-
-    top = sorted(averages, key=lambda e: device_us(e) if cuda else e.self_cpu_time_total, reverse=True)[:rows]
-    return {
-        "profile/cpu_ms": sum(e.self_cpu_time_total for e in averages) / 1e3,
-        "profile/device_ms": sum(device_us(e) for e in averages) / 1e3,
-        "profile/top": [
-            {
-                "op": e.key,
-                "calls": e.count,
-                "self_device_ms": device_us(e) / 1e3,
-                "self_cpu_ms": e.self_cpu_time_total / 1e3,
-            }
-            for e in top
-        ],
-    }
 
 
 def _print(result: dict) -> None:
