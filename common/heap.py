@@ -9,7 +9,7 @@ from the top, and blocks it first served by their own mapping move to the heap o
 mapping threshold adapts upward). A process that allocates tensors of changing sizes over and over, for hours, then
 holds a growing share of free pages in its resident memory, and a soak cannot tell that from a leak. `malloc_trim(0)`
 gives every whole free page back (inside the heap too, not only at its top), so resident memory follows what is in
-use. `docs/memory-over-hours.md` says where sr1 calls it and what it changed.
+use. `docs/measurements/memory-over-hours.md` says where sr1 calls it and what it changed.
 
 It takes milliseconds for a heap of a few hundred MiB. Elsewhere than glibc (musl, macOS) it does nothing.
 Setting `SR1_KEEP_FREED_HEAP=1` in a process's environment turns it off there (and in the processes it starts), to

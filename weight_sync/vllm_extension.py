@@ -104,7 +104,7 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
         # A reload re-materializes every layer and re-packs its weights, and generation between two updates allocates
         # activations of new sizes: glibc keeps the pages freed around blocks still in use, and without this the
-        # worker's resident memory creeps up for hours (docs/memory-over-hours.md).
+        # worker's resident memory creeps up for hours (docs/measurements/memory-over-hours.md).
         release_free_heap()
         log.info("weight sync: loaded %d tensors of version %s", len(named), update["version"])
         return len(named)

@@ -14,7 +14,7 @@ Checksum: CRC-32 (`zlib.crc32`) of each whole file, read back in 8 MiB chunks on
 holes, blocks of zeros, flipped bits; it is no defence against someone who edits a file on purpose. Chosen for speed:
 on this project's VM one thread checksums 5.5 GB/s from the page cache with CRC-32, 1.8 GB/s with SHA-256 and 1.3
 GB/s with BLAKE2b, while writing the same bytes with fsync ran at 0.37 GB/s (`python scripts/bench/bench_checkpoint_io.py`,
-docs/reliability.md); xxhash is not a dependency.
+docs/measurements/crashes-and-checkpoints.md); xxhash is not a dependency.
 
 A test hook stands in for a full disk where no size-limited filesystem can be mounted: while the file named by the
 environment variable `SR1TEST_DISK_FULL` exists, the files the checkpoint writer writes itself (the safetensors

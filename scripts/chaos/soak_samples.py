@@ -1,6 +1,6 @@
 """What `scripts/chaos/soak.py` samples from a run and how it judges growth: each process of the run's tree (RSS, open file
 descriptors, threads), Redis (`used_memory`, DBSIZE), and the verdict over the samples after the warm-up (the
-rule is in scripts/chaos/soak.py's docstring and docs/memory-over-hours.md).
+rule is in scripts/chaos/soak.py's docstring and docs/measurements/memory-over-hours.md).
 """
 
 from __future__ import annotations

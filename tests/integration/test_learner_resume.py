@@ -226,7 +226,7 @@ def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_pat
     assert all(r["staleness/max"] <= r["staleness/bound"] for r in rows)
 
 
-# -- checkpoints that fail (docs/reliability.md, "Checkpoint faults") ------------------------------------------------
+# -- checkpoints that fail (docs/measurements/crashes-and-checkpoints.md, "Checkpoint faults") -------------------------
 
 
 def _checkpoint_every_4(tmp_path: Path, model_dir: Path, namespace: str, total: int) -> tuple[Path, Path]:
