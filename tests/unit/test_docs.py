@@ -109,3 +109,37 @@ def test_a_page_without_its_markers_is_refused_with_the_page_named():
     module = _update_docs()
     with pytest.raises(SystemExit, match="docs/x.md: the generated block's markers are missing"):
         module.updated("docs/x.md", "# x\n\nno block here\n", "| key |")
+
+
+PAGE_LIMIT = 12 * 1024
+TOTAL_LIMIT = 150 * 1024
+
+
+def _hand_written() -> dict[str, int]:
+    """The hand-written pages and their sizes: README.md and `docs/*.md`, less the pages `update_docs.py` or `sr1
+    config search-r1-keys` write (their generated block, or the whole page, follows the code) and `docs/measurements/`,
+    where dated records of what was measured live."""
+    generated = {"docs/configuration.md", "docs/files.md", "docs/search-r1-keys.md"}
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    return {
+        str(p.relative_to(ROOT)): len(p.read_bytes())
+        for p in pages
+        if str(p.relative_to(ROOT)) not in generated
+    }
+
+
+def test_every_hand_written_page_is_at_most_12_kb():
+    over = {page: size - PAGE_LIMIT for page, size in _hand_written().items() if size > PAGE_LIMIT}
+    assert not over, "pages over 12 KB (bytes over): " + ", ".join(
+        f"{p} by {n}" for p, n in sorted(over.items())
+    )
+
+
+def test_the_hand_written_pages_together_are_at_most_150_kb():
+    sizes = _hand_written()
+    total = sum(sizes.values())
+    largest = ", ".join(f"{p} {n}" for p, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:5])
+    assert total <= TOTAL_LIMIT, (
+        f"the hand-written docs are {total} bytes, {total - TOTAL_LIMIT} over 150 KB: cut repetition and move "
+        f"measurement narratives to docs/measurements/ (largest: {largest})"
+    )
