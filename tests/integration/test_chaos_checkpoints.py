@@ -3,23 +3,20 @@ and the run stops with exit status 74, leaving no partial files; its last good c
 resume skips it, loads the one before and finishes the run. Asserted as for the kills (`test_chaos.py`): complete,
 nothing lost or trained twice, the staleness bound held, no orphans.
 
-Two whole-stack starts cost minutes, so this runs with `CHAOS_LONG=1`; CI covers the same faults on the real learner
+Two whole-stack starts cost minutes, so this runs in the long tier (`make test-long`); CI covers the same faults on the real learner
 and Redis in `test_learner_resume.py` (two failed checkpoints stop the learner with 74 and it resumes from the last
 good one; a torn checkpoint is skipped for the one before).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 MAX_STALENESS = 2
 
 
-@pytest.mark.skipif(not os.environ.get("CHAOS_LONG"), reason="minutes long: set CHAOS_LONG=1 to run it")
 def test_a_full_disk_and_a_torn_checkpoint_are_survived(tmp_path):
     """10 steps, a checkpoint every 2: the disk fills up once step_4 is written (step_6 fails, training goes on,
     step_8 fails and the run stops with 74 saying the space it needs), step_4 is then cut to half and the resume

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 FAULT_STEPS = 10
 RETRIEVER_DOWN_S = 20  # `scripts/chaos/chaos.py --faults` takes 60 by default

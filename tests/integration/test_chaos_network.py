@@ -8,8 +8,8 @@ Asserted at the end, as for the kills: the run finished by itself, every release
 pending, versions only went up, the staleness bound held, no orphans; and each cut met live connections and was seen
 where the run reports it.
 
-The 60 s cuts (past `buffer.reconnect_s` as well: the calls give up) cost minutes, so they run only with
-`CHAOS_LONG=1` (or `python scripts/chaos/chaos.py --network --cut-s 60`).
+The 60 s cuts (past `buffer.reconnect_s` as well: the calls give up) cost minutes, so they run in
+the long tier, `make test-long` (or `python scripts/chaos/chaos.py --network --cut-s 60`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 MEMORY_S = 8
 
@@ -47,12 +47,11 @@ def _run(tmp_path, cuts_s: list[float], steps: int, cut_mode: str = "blackhole")
 
 def test_network_cuts_and_a_full_redis_are_ridden_out(tmp_path):
     # a full Redis and 20 s cuts (past every lease and heartbeat): 4 injections, one every 2 versions from version 2
-    # or later (a 20 s cut can take a few versions to recover from); the run goes on after the last. The 5 s cuts run with CHAOS_LONG=1 (below): a client that is
+    # or later (a 20 s cut can take a few versions to recover from); the run goes on after the last. The 5 s cuts run in the long tier (below): a client that is
     # quiet for the whole cut (a learner training) makes a short cut meet nothing, which the check then refuses.
     _run(tmp_path, cuts_s=[20], steps=16)
 
 
-@pytest.mark.skipif(not os.environ.get("CHAOS_LONG"), reason="minutes long: set CHAOS_LONG=1 to run it")
 def test_network_cuts_past_reconnect_s_are_ridden_out(tmp_path):
     """5 s cuts (under every lease) and 60 s cuts: past every lease and past `buffer.reconnect_s` (60 s), so the cut
     clients' calls give up (the learner process ends and is restarted; a generator keeps its groups and keeps

@@ -28,7 +28,7 @@ import pytest
 
 from tests.timing import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1500)]
 
 STEPS = 2
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -72,7 +72,8 @@ def test_the_search_r1_step_on_cpu_trains_mini_batches_with_the_reference_forwar
     assert result["plain/shape"].endswith("per update")
 
 
-@pytest.mark.slow  # about two minutes: `make test` (CI) runs it, `make test-fast` leaves it out
+@pytest.mark.slow
+@pytest.mark.long  # three minutes on a 2-core Xeon: `make test-long`; its stages' unit tests run in `make test`
 @pytest.mark.timeout(600)
 def test_the_gpu_check_runs_every_stage_on_cpu_when_dry(tmp_path):
     """DRY=1: the prepared GPU call's stages, flags and code paths on the CPU with the small model, the modules the

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 STEPS = 8  # a stall at version 2 or 3, the next at 5 or 6 (`injection_steps`), and steps after each
 

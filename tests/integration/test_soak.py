@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {"sr1-run", "redis", "retrieval", "generator", "engine-core", "learner"}

@@ -124,7 +124,8 @@ def test_a_rebuild_here_is_equivalent_to_the_shipped_world(default_world, tmp_pa
     from world.probe import probe_policy
 
     rebuilt = build_world(tmp_path / "seed0", seed=SEED, progress=False, shipped=False)
-    shipped = build_world(SHIPPED_DIR / f"seed{SEED}", seed=SEED, progress=False)  # found as it is, never built
+    # the shipped copy is found as it is (its marker matches), never built
+    shipped = build_world(SHIPPED_DIR / f"seed{SEED}", seed=SEED, progress=False)
     assert data_checksums(rebuilt) == data_checksums(shipped) == EXPECTED_DATA
     kb = build_kb(SEED, WorldSizes())
     figures = asyncio.run(

@@ -38,7 +38,9 @@ def test_the_default_world_is_installed_by_a_copy_not_built(tmp_path, monkeypatc
     (out / MARKER_FILE).unlink()
     (out / "model" / "model.safetensors").write_bytes(b"torn")
     build_world(out, seed=0, progress=False)
-    assert filecmp.cmp(out / "model/model.safetensors", SHIPPED_DIR / "seed0/model/model.safetensors", shallow=False)
+    assert filecmp.cmp(
+        out / "model/model.safetensors", SHIPPED_DIR / "seed0/model/model.safetensors", shallow=False
+    )
 
 
 def test_without_the_shipped_copy_the_world_is_built(tmp_path, monkeypatch):
