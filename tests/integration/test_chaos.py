@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 # a kill every 2 steps or so (the last one lands at step 11 at the latest, whatever CHAOS_SEED), a checkpoint every
 # 3: the learner's and the parent's kills each lose a step or two since a checkpoint, as with longer runs
