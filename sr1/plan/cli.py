@@ -12,7 +12,7 @@ Simulates every split of the GPUs between the generator pool and the learner poo
 what the simulation models and what it does not) and prints steps/hour, each pool's busy fraction, the staleness
 histogram and the speed-up over synchronous training, over the colocated synchronous layout and over Search-R1 as it
 runs (veRL's own loop); with `learner.lora`, the LoRA learner's figures derived from the full-weight profile and
-the layout where an engine and a learner rank share each GPU (docs/plan-lora.md); the recommended split and bound; and where each figure of the profile came from. Exit status 2 on bad input (unknown GPU kind, a profile missing a number, a bad preset).
+the layout where an engine and a learner rank share each GPU (docs/measurements/plan-lora-2026-11-28.md); the recommended split and bound; and where each figure of the profile came from. Exit status 2 on bad input (unknown GPU kind, a profile missing a number, a bad preset).
 """
 
 from __future__ import annotations
