@@ -99,6 +99,10 @@ class Reporter:
         self.say(f"    {what}: {format_seconds(time.monotonic() - start)}")
 
 
+# the world's closing line: built (with its time) or installed from the copy shipped in the package
+CLOSING_MARKS = (" built in ", ": the shipped copy ")
+
+
 class WorldBuild:
     """`sr1 world ARGS` in the background: the tiny world `make run ARGS=...` will train on, built while the
     install fetches what only the run needs. Its lines go to `log_path` while the install runs, so that one estimate
@@ -117,7 +121,8 @@ class WorldBuild:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         reporter.say(
-            f"building the tiny world beside the install: sr1 world {' '.join(self.args)}".rstrip()
+            f"the tiny world beside the install (seed 0's is shipped, other seeds are built): sr1 world "
+            f"{' '.join(self.args)}".rstrip()
             + f" (its output: {self.log_path})"
         )
         self.started = time.monotonic()
@@ -130,7 +135,7 @@ class WorldBuild:
         proc = self.proc
         lines = self._progress_lines()
         if proc.poll() is not None:  # it ended during the install: only its closing line, with its time
-            last = [line for line in lines if " built in " in line][-1:]
+            last = [line for line in lines if any(mark in line for mark in CLOSING_MARKS)][-1:]
         else:
             waited = format_seconds(time.monotonic() - self.started)
             reporter.say(f"the install is done; the tiny world has been building for {waited}:")

@@ -259,6 +259,17 @@ def test_the_worlds_lines_wait_for_the_install_then_come_one_estimate_at_a_time(
     world.proc.wait()
     assert world.wait(setup_progress.Reporter(out, terminal=False)) is True
     assert out.getvalue().splitlines()[1:] == ["[tiny world] seed 0 built in 3 s (3 warm-start steps)"]
+    # the shipped world, installed by a copy during the install: its one line
+    shipped = (
+        "[tiny world] seed 0: the shipped copy (world/shipped/seed0), installed into runs/.world-cache/seed0"
+    )
+    script.write_text(f"#!/bin/sh\necho '{shipped}'\n")
+    out = io.StringIO()
+    world = setup_progress.WorldBuild(str(script), [], tmp_path / "build3.log")
+    world.start(setup_progress.Reporter(out, terminal=False))
+    world.proc.wait()
+    assert world.wait(setup_progress.Reporter(out, terminal=False)) is True
+    assert out.getvalue().splitlines()[1:] == [shipped]
 
 
 def test_the_projects_packages_are_compiled_to_bytecode(setup_env, tmp_path, monkeypatch):
