@@ -35,7 +35,7 @@ NOTES = {
     "weight_sync/README.md": "weight sync in depth (protocol, failures, config)",
     "docs/algorithms.md": "the RL methods, staleness and off-policy corrections, and how to tune them",
     "docs/architecture.md": "the map for contributors: processes, layers, records, contracts",
-    "docs/benchmarks.md": "every throughput figure with its command, date and machine, and what the misses are made of",
+    "docs/benchmarks.md": "every throughput figure with its command, date and machine",
     "docs/configuration.md": "every config field (generated), precedence, presets, overrides",
     "docs/contributing.md": "adding a task, a retriever or an algorithm; tests, fakes, lint, docs",
     "docs/deployment.md": "Ray clusters, tensor-parallel engines, elastic generators, Redis at scale, the 8xH100 recipe",

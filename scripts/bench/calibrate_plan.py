@@ -96,10 +96,10 @@ CASES = [
     ),
 ]
 
-# bench_async.py's recorded runs (docs/algorithms.md, "What asynchrony buys": 2026-11-25, this project's 2-core VM,
-# three fresh clones, seed 0, 16 steps of 64 trajectories, first 3 left out, generator pool on core 0, learner on
-# core 1): rounds 1, 2, 3. Its generator busy figure covers the whole run, start-up included, not the measured steps,
-# so it is not compared here.
+# bench_async.py's recorded runs (docs/measurements/algorithms-tiny-world-2026-11-25.md, "What asynchrony buys":
+# 2026-11-25, this project's 2-core VM, three fresh clones, seed 0, 16 steps of 64 trajectories, first 3 left out,
+# generator pool on core 0, learner on core 1): rounds 1, 2, 3. Its generator busy figure covers the whole run,
+# start-up included, not the measured steps, so it is not compared here.
 RECORDED = {
     "sync": {"steps_per_min": (61.0, 63.3, 62.5), "learner_busy": (0.60, 0.61, 0.60)},
     "async1": {"steps_per_min": (101.8, 95.8, 88.8), "learner_busy": (0.98, 0.99, 0.97)},
