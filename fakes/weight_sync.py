@@ -171,15 +171,17 @@ def fsdp_learner_rank(
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def lora_model(model_dir: str | Path, seed: int, rank: int = 8, scale: float = 0.5):
-    """The model on disk wrapped by PEFT with a LoRA adapter of `rank` on every linear layer of the decoder, its A
-    and B drawn at random (B is not zero, so the adapter changes the policy), fp32, eval. Returns (peft model, the
-    adapter's `adapter_config.json` contents as sr1's learner publishes them)."""
+def lora_model(model_dir: str | Path, seed: int, rank: int = 8, scale: float = 0.5, base=None):
+    """The model on disk (or `base`, a transformers model whose weights the engine holds now; wrapped in place)
+    wrapped by PEFT with a LoRA adapter of `rank` on every linear layer of the decoder, its A and B drawn at random
+    (B is not zero, so the adapter changes the policy), fp32, eval. Returns (peft model, the adapter's
+    `adapter_config.json` contents as sr1's learner publishes them)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if base is None:
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS, lora_dropout=0.0)
     model = get_peft_model(base, config).eval()
     g = torch.Generator().manual_seed(seed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import statistics
 import sys
@@ -159,8 +160,12 @@ async def measure(args: argparse.Namespace) -> dict:
                     if path == "full":
                         model = perturbed_model(model_dir, seed=version, scale=0.05)
                         tensors, kwargs = dict(model.state_dict()), {}
+                        engine_base = model
                     else:
-                        model, adapter = lora_model(model_dir, seed=version, rank=args.rank)
+                        # the adapter applies to the base the engine holds now: the last full update's weights
+                        # (a probe computed on the model on disk would differ by that update, not by the adapter)
+                        base = copy.deepcopy(engine_base)
+                        model, adapter = lora_model(model_dir, seed=version, rank=args.rank, base=base)
                         tensors, kwargs = lora_tensors(model), {"adapter": adapter}
                     kwargs["probe"] = model_probe(model, probe_ids)
                     published = asyncio.create_task(
