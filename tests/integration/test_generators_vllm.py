@@ -211,19 +211,20 @@ async def test_later_turns_reuse_the_prompt_kv_in_whole_blocks(engine, tokenizer
 
 
 async def test_the_engine_curve_bench_measures_decode_at_each_concurrency(engine, tokenizer):
-    from scripts.bench import bench_generators as bench
+    from scripts.bench.engine_baselines import curve
+    from scripts.bench.worker_ceiling import concurrencies
 
     prompts = [
         tokenizer(f"who founded {w} harbor?")["input_ids"] for w in ("alpha", "delta", "garnet", "juniper")
     ]
-    points = await bench._curve([engine], prompts, [1, 8], extra=48, repeats=3, temperature=TEMPERATURE)
+    points = await curve([engine], prompts, [1, 8], extra=48, repeats=3, temperature=TEMPERATURE)
     assert [n for n, _ in points] == [1, 8]
     (_, one), (_, eight) = points
     assert one > 0 and eight > 2 * one  # one decode step serves all 8: far more than 1's tokens/s
     with pytest.raises(SystemExit, match="distinct increasing"):
-        bench.concurrencies("8,4")
+        concurrencies("8,4")
     with pytest.raises(SystemExit, match="comma-separated integers"):
-        bench.concurrencies("8,x")
+        concurrencies("8,x")
 
 
 async def test_weight_update_from_loopback_sender(engine, tokenizer, tiny_model_dir, redis_url):
