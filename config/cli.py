@@ -26,7 +26,7 @@ from config.unions import section_models, union_tag
 def _type_name(annotation: typing.Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation)
-    # module paths dropped: `buffer.staleness.AutoStaleness` is `AutoStaleness`
+    # module paths dropped: `buffer.auto_staleness.AutoStaleness` is `AutoStaleness`
     text = re.sub(r"\b[a-z_]+(\.[a-z_]+)*\.(?=[A-Z])", "", text)
     # a tagged union's members (`learner.max_staleness`): their types
     text = re.sub(r"Annotated\[(\w+), Tag\(tag='\w+'\)\]", r"\1", text)

@@ -21,7 +21,7 @@ s = v - v_token, the proximal policy (version v) sits between the behaviour (v -
 (v + 1): l_p ~= l_mu + s / (s + 1) * (l_theta - l_mu).
 
 How far off-policy a step is, whatever the correction: `offpolicy_stats` (per token) and `effective_sample_size`,
-for `loss/offpolicy_kl` and `loss/is_ess` (what `learner.max_staleness: auto` steers by, buffer/staleness.py).
+for `loss/offpolicy_kl` and `loss/is_ess` (what `learner.max_staleness: auto` steers by, buffer/auto_staleness.py).
 """
 
 from __future__ import annotations

@@ -270,7 +270,8 @@ def test_the_feeder_releases_under_the_bound_of_the_version(redis_url):
 def test_the_keeper_records_each_bound_and_resumes_with_the_released_ones(redis_url):
     """A fixed bound is recorded at version 0; auto's bound moves after a step, is recorded in Redis before the
     version it applies to, and a keeper resumed later keeps every recorded bound up to its version."""
-    from buffer.staleness import AutoStaleness, StalenessAutoConfig, StalenessKeeper, StepBounds
+    from buffer.auto_staleness import AutoStaleness, StalenessAutoConfig
+    from buffer.staleness import StalenessKeeper, StepBounds
 
     buf = ReplayBuffer(redis_url, "keeper")
     StalenessKeeper(3, buf)

@@ -221,13 +221,8 @@ def test_an_adaptive_bound_keeps_every_token_within_the_bound_in_force(
     before the learner asks, the rest in any order). No trained token is older than the bound its prompt was released
     under, nor than the bound in force for its step; the trainer's own check agrees; the bound stays in
     [floor, ceiling]; every batch is full; every group is trained exactly once."""
-    from buffer.staleness import (
-        StalenessAutoConfig,
-        StalenessController,
-        StalenessSchedule,
-        StepBounds,
-        check_staleness,
-    )
+    from buffer.auto_staleness import StalenessAutoConfig, StalenessController
+    from buffer.staleness import StalenessSchedule, StepBounds, check_staleness
 
     g, ceiling = groups_per_step, floor + span
     controller = StalenessController(

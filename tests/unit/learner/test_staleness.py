@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from buffer.auto_staleness import StalenessAutoConfig, StalenessController
 from buffer.staleness import (
-    StalenessAutoConfig,
-    StalenessController,
     StalenessError,
     StepBounds,
     check_staleness,
