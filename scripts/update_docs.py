@@ -42,7 +42,6 @@ NOTES = {
     "docs/files.md": "one line per file (generated)",
     "docs/measurements/memory-over-hours.md": "the soak test, and the freed heap memory the vLLM worker and the learner give back",
     "docs/metrics.md": "every metric key, what it means and which part reports it",
-    "docs/parts.md": "the packages in brief: tasks, the buffer, the generators, the learner, weight sync (each README in depth)",
     "docs/reliability.md": "one row per guarantee: how it holds, the command that checks it, its latest measurement",
     "docs/tiny-world.md": "the synthetic world `sr1 run` trains on: how it is built, what it measures, determinism",
     "docs/user-guide.md": "running sr1: `sr1 run`, pools, Search-R1 data, index, training, evaluation, wandb",
