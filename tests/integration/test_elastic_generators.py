@@ -275,6 +275,7 @@ def test_generators_join_and_leave_a_live_run(tiny_model_dir, tmp_path, free_por
     )
 
 
+@pytest.mark.long  # a generator frozen past weight_sync.timeout_s: test_chaos_freeze freezes it past the lease too
 def test_an_engine_that_misses_the_last_publish_still_answers_the_final_evaluation(
     tiny_model_dir, tmp_path, free_port
 ):

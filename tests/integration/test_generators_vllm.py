@@ -210,6 +210,7 @@ async def test_later_turns_reuse_the_prompt_kv_in_whole_blocks(engine, tokenizer
     assert second.cached_prompt_tokens == 64
 
 
+@pytest.mark.long  # a benchmark's curve
 async def test_the_engine_curve_bench_measures_decode_at_each_concurrency(engine, tokenizer):
     from scripts.bench.engine_baselines import curve
     from scripts.bench.worker_ceiling import concurrencies

@@ -41,7 +41,10 @@ def _learner_config(tmp_path: Path, model_dir: Path, redis_url: str) -> tuple[Pa
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("record", ["metrics.jsonl", "learner_groups.jsonl"])
+@pytest.mark.parametrize(
+    "record",
+    ["metrics.jsonl", pytest.param("learner_groups.jsonl", marks=pytest.mark.long)],  # one path, two files
+)
 def test_a_full_disk_under_a_record_stops_the_learner_with_74(record, tiny_model_dir, redis_url, tmp_path):
     config_path, run_dir = _learner_config(tmp_path, tiny_model_dir, redis_url)
     run_dir.mkdir(parents=True)

@@ -172,6 +172,7 @@ def test_kill_and_resume_uses_every_group_once(tiny_model_dir, redis_url, tmp_pa
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.long  # the kill and resume above covers the restart; this adds the adaptive bound's state
 def test_an_adaptive_bound_survives_a_restart(tiny_model_dir, redis_url, tmp_path):
     """`learner.max_staleness: auto` rising every step (target far above any mismatch): a learner stopped at version
     5 and resumed goes on with the bound it had reached (checkpoint and Redis), not from `initial` again; every step

@@ -159,6 +159,7 @@ async def test_two_rank_fsdp_learner_pushes_into_the_engine(engine, tiny_model_d
     assert await engine_greedy(engine, prompts, MAX_NEW) == reference
 
 
+@pytest.mark.long  # a second engine of two workers; the one-worker engine's sync stays in `make test`
 async def test_tensor_parallel_engine_generates_like_transformers_after_sync(
     tiny_model_dir, redis_url, monkeypatch
 ):

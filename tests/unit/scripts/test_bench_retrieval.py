@@ -27,6 +27,7 @@ def test_bad_concurrency_levels_are_refused_before_anything_starts():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # two retrieval servers under a concurrency sweep
 def test_the_curve_of_both_bm25_servers_feeds_the_planner(tmp_path):
     """Two real BM25 servers over a 500-passage corpus, 1 and 4 clients each (about 20 s)."""
     done = subprocess.run(

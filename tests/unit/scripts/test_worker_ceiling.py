@@ -13,6 +13,7 @@ from tests.timing import scaled
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the benchmark's whole run
 def test_the_null_engine_bench_reports_sane_figures_and_well_formed_trajectories(
     qwen_tokenizer_dir, tmp_path, capsys
 ):
