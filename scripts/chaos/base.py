@@ -73,14 +73,17 @@ class Verdict:
 
 
 class ChaosRun:
-    """One `sr1 run` of the tiny preset in `run_dir`, with the means to kill its parts and to watch it."""
+    """One `sr1 run` of `preset` (the tiny one by default; `tiny-lora` trains LoRA adapters) in `run_dir`, with the
+    means to kill its parts and to watch it."""
 
-    def __init__(self, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None):
+    def __init__(
+        self, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None, preset: str = "tiny"
+    ):
         self.run_dir = run_dir
         self.seen: set[int] = set()  # every process of the run ever seen
         self.launches = 0
         self.env = {**os.environ, **(env or {})}
-        self.parent = self._launch("tiny", *overrides, "--run-dir", str(run_dir))
+        self.parent = self._launch(preset, *overrides, "--run-dir", str(run_dir))
 
     def _launch(self, *args: str) -> subprocess.Popen:
         log = open(self.log_path(self.launches), "w")  # noqa: SIM115

@@ -60,11 +60,12 @@ def run_chaos(
     seed: int,
     first_step: int = 2,
     spacing: int = 3,
+    preset: str = "tiny",
 ) -> tuple[list[Recovery], Verdict]:
     """One run with `parts` killed in turn, one every `spacing` steps or so (each at a random one of two steps)."""
     kill_steps = injection_steps(len(parts), steps, seed, first_step, spacing)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    chaos = ChaosRun(run_dir, run_overrides(steps, checkpoint_every, max_staleness))
+    chaos = ChaosRun(run_dir, run_overrides(steps, checkpoint_every, max_staleness), preset=preset)
     recoveries, published = [], []
     try:
         for part, step in zip(parts, kill_steps, strict=True):
@@ -110,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7, help="picks the kill steps")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="where the runs go")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help="the preset the kills and freezes run (tiny-lora: LoRA adapters to the engines)",
+    )
     fault_kinds = {  # an option of chaos.py -> the module that runs that kind of fault instead of the kills
         "checkpoint_faults": chaos_checkpoints,
         "faults": chaos_faults,
@@ -125,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parts = chosen(args.parts, PARTS, "part", parser)
     steps = args.steps or 30
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    common = dict(steps=steps, checkpoint_every=args.checkpoint_every, max_staleness=args.max_staleness)
+    common = dict(
+        steps=steps,
+        checkpoint_every=args.checkpoint_every,
+        max_staleness=args.max_staleness,
+        preset=args.preset,
+    )
     rows = []
     if args.sequence:
         recoveries, verdict = run_chaos(args.out / f"sequence-{stamp}", parts, seed=args.seed, **common)

@@ -107,13 +107,19 @@ class FreezeVerdict:
 
 
 def run_freezes(
-    run_dir: Path, freezes: list[tuple[str, float]], *, steps: int, seed: int, max_staleness: int = 2
+    run_dir: Path,
+    freezes: list[tuple[str, float]],
+    *,
+    steps: int,
+    seed: int,
+    max_staleness: int = 2,
+    preset: str = "tiny",
 ) -> FreezeVerdict:
     """One run of two learner ranks with each (part, seconds) of `freezes` in turn, one every 3 steps or so."""
     at_steps = injection_steps(len(freezes), steps, seed, first_step=2, spacing=3)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     # a checkpoint every 3 steps, as the kills' CI run; the freeze run's own settings come last and win
-    chaos = ChaosRun(run_dir, [*run_overrides(steps, 3, max_staleness), *FREEZE_OVERRIDES])
+    chaos = ChaosRun(run_dir, [*run_overrides(steps, 3, max_staleness), *FREEZE_OVERRIDES], preset=preset)
     try:
         for (part, seconds), step in zip(freezes, at_steps, strict=True):
             chaos.wait(lambda s=step: (chaos.version() or 0) >= s, 900, f"version {step}")
@@ -177,6 +183,6 @@ def chaos_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         )
         freezes = [(part, seconds) for part in parts]
         out = args.out / f"freeze-{seconds:g}s-{stamp}"
-        rows.append(run_freezes(out, freezes, steps=steps, seed=args.seed))
+        rows.append(run_freezes(out, freezes, steps=steps, seed=args.seed, preset=args.preset))
     print(table(rows))
     return 0 if all(row.ok for row in rows) else 1

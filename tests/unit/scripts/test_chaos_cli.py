@@ -50,3 +50,28 @@ def test_freeze_durations_name_the_lease_and_the_collective_timeout():
     for bad in ("forever", "0", "-3", "7200"):
         with pytest.raises(ValueError, match="freeze lasts"):
             chaos_freeze.freeze_seconds(bad)
+
+
+def test_the_preset_reaches_the_run_under_test(monkeypatch, tmp_path):
+    """`--preset tiny-lora` puts the LoRA preset under the kills (and the freezes): the `sr1 run` started trains it."""
+    import subprocess
+
+    from scripts.chaos import base, chaos
+
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(cmd, **kwargs):
+        started.append(cmd)
+        raise Stop
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    for argv, preset in (([], "tiny"), (["--preset", "tiny-lora"], "tiny-lora")):
+        with pytest.raises(Stop):
+            chaos.main(["--parts", "learner", "--out", str(tmp_path), *argv])
+        assert started[-1][3:5] == ["run", preset], started[-1]
+    with pytest.raises(Stop):
+        base.ChaosRun(tmp_path / "freeze", [], preset="tiny-lora")
+    assert started[-1][4] == "tiny-lora"
