@@ -5,6 +5,8 @@
         [--trajectories 256] [--updates 2] [--warmup-trajectories 64] [--checkpointing full|none|...] [--json]
     python scripts/bench/bench_learner.py --device cuda --shape qwen2.5-0.5b --workload tiny     # the old toy mix
     python scripts/bench/bench_learner.py --logprob-memory [...]     # the LM head's memory: scripts/bench/logprob_memory.py
+    python scripts/bench/bench_learner.py --device cuda --shape qwen2.5-3b --lora-rank 16 [--lora-targets q_proj,v_proj] \
+        --checkpointing auto                                               # the LoRA learner's step (learner.lora)
     python scripts/bench/bench_learner.py --lora [--steps 3] [--rank 16]  # LoRA vs full weights: scripts/bench/bench_learner_lora.py
 
 Workloads (scripts/bench/learner_workloads.py; every printed figure and JSON object names its workload):
@@ -27,12 +29,21 @@ Modes, in one process, world size 1, each timed from the host with the device sy
 - packed: `Learner.train_step` itself.
 - padded (`--padded`, default with `tiny` only): the learner's model, optimizer and loss on padded micro-batches.
 
+LoRA (`--lora-rank R`, `--lora-targets A,B`: `learner.lora`'s rank and target_modules, over a LoRA preset's own;
+targets default to every linear layer of a decoder layer): the learner itself trains adapters on its frozen base
+(learner/lora.py, as `sr1 learner` runs it), its KL reference the base with the adapters off. No plain step (it
+trains every weight): compare with a full-weight run of the same workload.
+
 Figures: tokens/s counts every token through the policy (prompt, sampled and observation tokens). MFU =
-6 x parameters x tokens/s / `--peak-flops` (989e12 on CUDA: H100 SXM and H200 dense bf16): the training pass only;
+FLOPs per trained token x tokens/s / `--peak-flops` (989e12 on CUDA: H100 SXM and H200 dense bf16), the FLOPs the
+step really does (learner_measures.train_flops_per_token: 4 x parameters + 2 x trained parameters): full weights
+6P; LoRA on a frozen base of B parameters with A adapter parameters 4B + 6A (forward and activation gradients
+through everything, weight gradients for the adapters only; `trained_parameters` = A). The training pass only;
 `mfu_all_passes` adds 2 x parameters per token for each no-gradient forward of the step (reference, proximal).
 Recomputation, attention's quadratic term and the padding FlexAttention adds are not counted. Peak GiB: the
 allocator's high-water mark per mode (CUDA); `estimate_gib`: learner/execution/memory.py's estimate at the step's
-largest micro-batch with the step's own settings; compiler counters (learner/execution/compiled.py: frames, graphs,
+largest micro-batch with the step's own settings (with LoRA: the frozen base in the compute dtype, the adapters'
+state); compiler counters (learner/execution/compiled.py: frames, graphs,
 recompiles, graph breaks) over the learner's part and over its timed steps; `execution`: how the learner ran
 (learner/execution/plan.py: attention, with each kernel's measured time where `auto` timed them, compiled layers,
 log-prob head, checkpointing and why, FSDP2 settings). `--profile N`: the top N ops of one profiled step (stderr and
@@ -60,6 +71,8 @@ from scripts.bench.learner_measures import (  # noqa: E402
     profile_step,
     progress,
     provenance,
+    train_flops_per_token,
+    trained_parameters,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,7 +216,8 @@ def run(args) -> dict:
             attention=args.attention,
         )
     assert learner.model.training, "the learner trains in train mode (checkpointing is off in eval mode)"
-    parameters = sum(p.numel() for p in learner.model.parameters())
+    parameters = sum(p.numel() for p in learner.model.parameters())  # with LoRA: the base and the adapters
+    trained = trained_parameters(learner)
     steps = {"packed": learner.train_step}
     if args.padded:
         steps["padded"] = lambda groups: padded_step(learner, groups, settings.cfg.micro_batch_tokens)
@@ -260,7 +274,10 @@ def run(args) -> dict:
         "proximal_forward": settings.policy_pass,
         "kl_coef": settings.kl_coef,
         "peak_flops": args.peak_flops,
-        **timers["packed"].figures("packed", parameters, args.peak_flops, settings.no_grad_passes),
+        "lora": None if settings.cfg.lora is None else settings.cfg.lora.model_dump(),
+        "trained_parameters": trained,
+        "train_flops_per_token": train_flops_per_token(parameters, trained),
+        **timers["packed"].figures("packed", parameters, args.peak_flops, settings.no_grad_passes, trained),
         "packed/estimate_gib": None if estimate is None else estimate / 2**30,
         **plain,
     }
@@ -270,7 +287,7 @@ def run(args) -> dict:
         sequences = sequences_from_groups(plan.timed[0], [g.rewards * 0 for g in plan.timed[0]])
         budget = settings.cfg.micro_batch_tokens
         computed = sum(len(b) * max(len(s) for s in b) for b in padded_micro_batches(sequences, budget))
-        result |= timers["padded"].figures("padded", parameters, args.peak_flops, 0)
+        result |= timers["padded"].figures("padded", parameters, args.peak_flops, 0, trained)
         result["padded/pad_fraction"] = 1 - tokens[0] / computed
         result["ratio_packed_over_padded"] = result["packed/tokens_per_s"] / result["padded/tokens_per_s"]
     if plain:

@@ -115,6 +115,11 @@ def learner_settings(args, model_dir: str, world) -> Settings:
         overrides["logprob_head"] = args.logprob_head
     if args.checkpointing_every is not None:
         overrides["gradient_checkpointing_every"] = args.checkpointing_every
+    lora_asked = args.lora_rank or args.lora_targets is not None
+    if lora_asked:  # learner.lora, over the preset's own where it has one
+        lora = (base.get("lora") or {}) | ({"rank": args.lora_rank} if args.lora_rank else {})
+        targets = {} if args.lora_targets is None else {"target_modules": args.lora_targets.split(",")}
+        overrides["lora"] = lora | targets
     checkpointing = args.checkpointing
     if checkpointing is None and config is None:
         checkpointing = "full" if args.shape in CHECKPOINTED_SHAPES else "none"
@@ -138,7 +143,7 @@ def learner_settings(args, model_dir: str, world) -> Settings:
             model_dir,
             replace(world, world_size=ranks),
             dtype,
-            reference=reference,
+            reference=reference and cfg.lora is None,  # LoRA's reference is the base itself: no copy
             critic=critic,
             attention=args.attention,
         )
@@ -163,6 +168,10 @@ def learner_settings(args, model_dir: str, world) -> Settings:
             "gradient_checkpointing_every": execution.checkpointing_every,
         }
     )
+    if args.plain and cfg.lora is not None:
+        raise SystemExit(
+            "bench_learner.py: the plain step trains every weight, not adapters; run LoRA with --no-plain"
+        )
     if args.plain and critic:
         raise SystemExit("bench_learner.py: the plain step has no critic; run this preset with --no-plain")
     if args.plain and execution.checkpointing not in PLAIN_CHECKPOINTING:
@@ -361,6 +370,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "run at one rank",
     )
     parser.add_argument("--cpu-offload", action="store_true", help="learner.cpu_offload")
+    parser.add_argument("--lora-rank", type=int, default=None, help="learner.lora.rank: train LoRA adapters")
+    parser.add_argument(
+        "--lora-targets",
+        default=None,
+        metavar="A,B",
+        help="learner.lora.target_modules (default: every linear)",
+    )
     parser.add_argument(
         "--plain",
         "--reference",
@@ -406,12 +422,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.steps = args.steps or (2 if args.quick else 5)
         args.groups = args.groups or (2 if args.quick else 8 if args.shape else 4)
     if args.plain is None:
-        args.plain = cuda
+        args.plain = cuda and not (args.lora_rank or args.lora_targets is not None)  # no LoRA plain step
     if args.padded is None:
         args.padded = not search
     if args.peak_flops is None and cuda:
         args.peak_flops = H100_BF16_FLOPS
-    for name in ("trajectories", "updates", "steps", "profile_trajectories"):
+    for name in ("trajectories", "updates", "steps", "profile_trajectories", "lora_rank"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")

@@ -1,6 +1,7 @@
 """How scripts/bench/bench_learner.py measures a step: the timer of each mode (seconds, tokens and the allocator's
-peak, turned into tokens/s, MFU and peak GiB), what ran where (versions, commit, GPU), a progress line while a long
-step runs, one step under torch.profiler, and learner/execution/memory.py's estimate of the step's peak.
+peak, turned into tokens/s, MFU and peak GiB), the matmul FLOPs a trained token costs (full weights or LoRA), what
+ran where (versions, commit, GPU), a progress line while a long step runs, one step under torch.profiler, and
+learner/execution/memory.py's estimate of the step's peak.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def train_flops_per_token(parameters: int, trained: int | None = None) -> int:
+    """Matmul FLOPs of one trained token through a model of `parameters` of which `trained` get weight gradients
+    (default: all): the forward (2 x parameters), the activations' gradients (2 x parameters) and the trained
+    weights' gradients (2 x trained). Full weights: 6P. LoRA on a frozen base of B parameters with A adapter
+    parameters (parameters = B + A, trained = A): 4B + 6A, the count sr1/plan/lora.py derives a LoRA learner's
+    tokens/s from. Recomputation, attention's quadratic term and the padding FlexAttention adds are not counted."""
+    return 4 * parameters + 2 * (parameters if trained is None else trained)
 
 
 class Timer:
@@ -37,14 +47,25 @@ class Timer:
         self.seconds += time.perf_counter() - start
         self.tokens += tokens
 
-    def figures(self, name: str, parameters: int, peak_flops: float | None, no_grad_passes: float) -> dict:
+    def figures(
+        self,
+        name: str,
+        parameters: int,
+        peak_flops: float | None,
+        no_grad_passes: float,
+        trained: int | None = None,
+    ) -> dict:
+        """tokens/s, seconds, MFU on the trained FLOPs (`train_flops_per_token`; `trained`: the parameters with
+        weight gradients, default all), with each no-gradient forward's 2 x parameters in `mfu_all_passes`, and
+        the peak GiB on CUDA."""
         tokens_per_s = self.tokens / self.seconds
         out = {f"{name}/tokens_per_s": tokens_per_s, f"{name}/seconds": self.seconds}
         if peak_flops:
-            out[f"{name}/mfu"] = 6 * parameters * tokens_per_s / peak_flops
+            flops = train_flops_per_token(parameters, trained)
+            out[f"{name}/mfu"] = flops * tokens_per_s / peak_flops
             if no_grad_passes:
                 out[f"{name}/mfu_all_passes"] = (
-                    (6 + 2 * no_grad_passes) * parameters * tokens_per_s / peak_flops
+                    (flops + 2 * no_grad_passes * parameters) * tokens_per_s / peak_flops
                 )
         if self.device.type == "cuda":
             out[f"{name}/peak_gib"] = self.peak / 2**30
@@ -95,16 +116,23 @@ def progress(what: str):
         print(f"{what}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
+def trained_parameters(learner) -> int:
+    """The policy's parameters that get weight gradients: all of them, or with learner.lora the adapters only."""
+    return sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
+
+
 def estimate_peak_bytes(learner, parameters: int, tokens: int) -> float | None:
     """learner/execution/memory.py's estimate of this step's peak at a micro-batch of `tokens`, with the settings the
-    learner runs (None: the estimate does not know the model)."""
+    learner runs (None: the estimate does not know the model). With learner.lora, `parameters` (base and adapters)
+    splits into the frozen base and the adapters, as the estimate counts them."""
     from learner.execution import memory
 
     ex, cfg = learner.execution, learner.cfg
+    adapters = trained_parameters(learner) if cfg.lora is not None else 0
     try:
         return memory.estimate_peak_bytes(
             learner.model.config,
-            parameters,
+            parameters - adapters,
             world_size=learner.world.world_size,
             dtype=learner.model_dtype,
             checkpointing=ex.checkpointing,
@@ -118,6 +146,7 @@ def estimate_peak_bytes(learner, parameters: int, tokens: int) -> float | None:
             fused_head=ex.logprob_head == "fused",
             keep_unsharded=ex.keep_unsharded,
             defer_grad_sync=ex.defer_grad_sync,
+            lora_parameters=adapters,
         )
     except ValueError:
         return None

@@ -7,7 +7,7 @@ import pytest
 
 import scripts.bench.bench_learner_setup as setup
 from config.loader import load_config  # noqa: E402
-from learner.settings import LearnerConfig  # noqa: E402
+from learner.settings import LearnerConfig, LoraSettings  # noqa: E402
 
 
 def _settings(world, model_dir, *options: str):
@@ -67,3 +67,27 @@ def test_a_policy_the_plain_step_cannot_copy_asks_for_no_plain(world, tiny_model
     assert _settings(
         world, tiny_model_dir, "--workload", "tiny", "--checkpointing", "selective"
     ).checkpointing == ("selective")
+
+
+def test_the_lora_options_become_learner_lora_over_a_presets_own(world, tiny_model_dir):
+    """--lora-rank and --lora-targets are learner.lora's rank and target_modules (defaults: learner.lora's, every
+    linear layer); over a LoRA preset they replace only what they name. LoRA's KL reference is the base with the
+    adapters off: the step still forwards it, the memory plan holds no copy of it."""
+    settings = _settings(world, tiny_model_dir, "--workload", "search-r1", "--lora-rank", "8")
+    lora = settings.cfg.lora
+    assert (lora.rank, lora.alpha, lora.target_modules) == (8, 32.0, list(LoraSettings().target_modules))
+    assert settings.reference and settings.checkpointing == "full"  # the preset's KL and checkpointing
+    preset = ["--workload", "search-r1", "--preset", "search-r1-grpo-lora-1xh100"]
+    over = _settings(world, tiny_model_dir, *preset, "--lora-targets", "q_proj,v_proj").cfg.lora
+    assert (over.rank, over.target_modules) == (16, ["q_proj", "v_proj"])
+    assert _settings(world, tiny_model_dir, "--workload", "tiny").cfg.lora is None  # full weights by default
+
+
+def test_bad_lora_options_are_refused_naming_what_was_wrong(world, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit, match="(?s)bad learner settings.*may not name \\['lm_head'\\]"):
+        _settings(world, tiny_model_dir, "--workload", "tiny", "--lora-targets", "q_proj,lm_head")
+    with pytest.raises(SystemExit, match="plain step trains every weight.*--no-plain"):
+        _settings(world, tiny_model_dir, "--workload", "tiny", "--lora-rank", "4", "--plain")
+    with pytest.raises(SystemExit):
+        setup.parse(["--device", "cpu", "--lora-rank", "0"])
+    assert "--lora-rank must be >= 1, got 0" in capsys.readouterr().err
