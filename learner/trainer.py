@@ -154,7 +154,8 @@ class Learner:
         adv = self._advantages(groups, rewards, sequences, owners, updates)
 
         # 5. ppo_epochs x mini-batches: log-probs, loss, backward, clip, AdamW (the critic's update beside)
-        train_policy = self.critic is None or version >= algorithm.cfg.critic_warmup
+        # a critic's warm-up is a setting of the algorithms that have one (none: no warm-up, as config/schema reads it)
+        train_policy = self.critic is None or version >= getattr(algorithm.cfg, "critic_warmup", 0)
         totals = StepTotals.zeros(world.device)
         for epoch in range(cfg.ppo_epochs):
             for i, mini in enumerate(updates):  # the first update runs at the step's starting weights
