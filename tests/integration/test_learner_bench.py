@@ -89,27 +89,29 @@ def test_the_gpu_check_runs_every_stage_on_cpu_when_dry(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "stages.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in rows] == [
-        "0-env", "1-3b", "2-1.5b", "3-0.5b", "4-3b-none", "5-3b-selective", "6-0.5b-chunked", "7-gpu-tier",
-        "8-3b-6-ranks", "9-3b-offload",
+        "0-env", "1-3b", "2-3b-lora", "3-1.5b", "4-0.5b", "5-3b-none", "6-3b-selective", "7-0.5b-chunked",
+        "8-gpu-tier", "9-3b-6-ranks", "10-3b-offload",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry"] for r in rows), [(r["stage"], r.get("error")) for r in rows]
-    env_row, tier = rows[0], rows[7]
+    env_row, tier = rows[0], rows[8]
     assert env_row["python"] and env_row["plans"]["qwen2.5-3b/6"]["checkpointing"] == "none"  # CPU's auto
     for row in (env_row, tier):  # no GPU here: every GPU test is collected and skipped
         assert row["tests/tests"] > 0 and row["tests/skipped"] == row["tests/tests"]
-    benches = {r["stage"]: r for r in rows if r["stage"] not in ("0-env", "7-gpu-tier")}
+    benches = {r["stage"]: r for r in rows if r["stage"] not in ("0-env", "8-gpu-tier")}
     for row in benches.values():
         assert row["workload"] == "search-r1" and row["tokens_per_s"] > 0 and row["estimate_gib"] > 0
         assert row["graphs"] == 0 and row["execution"]  # CPU: eager layers
-    assert [benches[k]["checkpointing"] for k in ("1-3b", "4-3b-none", "5-3b-selective")] == [
-        "full", "none", "selective",
-    ]  # fmt: skip
-    assert benches["1-3b"]["x_plain"] > 0 and benches["5-3b-selective"]["x_plain"] is None
-    assert [benches[k]["logprob_head"] for k in ("3-0.5b", "6-0.5b-chunked")] == ["chunked", "chunked"]  # CPU
-    assert "what a learner of 6 ranks picks" in benches["8-3b-6-ranks"]["checkpointing_why"]
+    ckpt = [benches[k]["checkpointing"] for k in ("1-3b", "2-3b-lora", "5-3b-none", "6-3b-selective")]
+    assert ckpt == ["full", "none", "none", "selective"]  # 2-3b-lora: the learner's auto, none on CPU
+    assert benches["1-3b"]["x_plain"] > 0 and benches["6-3b-selective"]["x_plain"] is None
+    lora, full = benches["2-3b-lora"], benches["1-3b"]
+    assert lora["lora"]["rank"] == 16 and len(lora["lora"]["target_modules"]) == 7 and full["lora"] is None
+    assert 0 < lora["trained_parameters"] < full["trained_parameters"] / 10 and lora["x_plain"] is None
+    assert [benches[k]["logprob_head"] for k in ("4-0.5b", "7-0.5b-chunked")] == ["chunked", "chunked"]  # CPU
+    assert "what a learner of 6 ranks picks" in benches["9-3b-6-ranks"]["checkpointing_why"]
     profile = json.loads((tmp_path / "1-3b.json").read_text())["profile/top"]
     assert profile and profile[0]["calls"] > 0
-    assert "stage" in proc.stdout and "9-3b-offload" in (tmp_path / "table.txt").read_text()
+    assert "stage" in proc.stdout and "10-3b-offload" in (tmp_path / "table.txt").read_text()
 
 
 @pytest.mark.parametrize(

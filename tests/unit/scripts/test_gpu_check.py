@@ -63,7 +63,8 @@ def test_every_benchmark_stage_passes_options_bench_learner_accepts(tmp_path, dr
 
     benches = [s for s in gpu_check.stages(tmp_path, dry) if s.kind == "bench"]
     assert [s.key for s in benches] == [
-        "1-3b", "2-1.5b", "3-0.5b", "4-3b-none", "5-3b-selective", "6-0.5b-chunked", "8-3b-6-ranks", "9-3b-offload",
+        "1-3b", "2-3b-lora", "3-1.5b", "4-0.5b", "5-3b-none", "6-3b-selective", "7-0.5b-chunked", "9-3b-6-ranks",
+        "10-3b-offload",
     ]  # fmt: skip
     for stage in benches:
         (cmd,) = stage.commands
@@ -74,19 +75,40 @@ def test_every_benchmark_stage_passes_options_bench_learner_accepts(tmp_path, dr
         assert args.device == ("cpu" if dry else "cuda") and (args.shape is None) == dry
     keys = {s.key: bench_learner_setup.parse(list(s.commands[0][1:])) for s in benches}
     assert keys["1-3b"].plain and keys["1-3b"].profile and keys["1-3b"].checkpointing == "full"
-    assert [keys[k].checkpointing for k in ("3-0.5b", "4-3b-none", "5-3b-selective")] == [
+    assert [keys[k].checkpointing for k in ("4-0.5b", "5-3b-none", "6-3b-selective")] == [
         "none",
         "none",
         "selective",
     ]
-    assert not keys["5-3b-selective"].plain and keys["6-0.5b-chunked"].logprob_head == "chunked"
-    assert keys["8-3b-6-ranks"].checkpointing_for_ranks == 6 and not keys["8-3b-6-ranks"].plain
-    assert keys["9-3b-offload"].cpu_offload and keys["9-3b-offload"].updates == 1
+    assert not keys["6-3b-selective"].plain and keys["7-0.5b-chunked"].logprob_head == "chunked"
+    assert keys["9-3b-6-ranks"].checkpointing_for_ranks == 6 and not keys["9-3b-6-ranks"].plain
+    assert keys["10-3b-offload"].cpu_offload and keys["10-3b-offload"].updates == 1
+    for key in keys:  # full weights everywhere but the LoRA stage
+        assert (keys[key].lora_rank, keys[key].lora_targets) == (None, None) or key == "2-3b-lora"
+
+
+def test_the_lora_stage_is_stage_1s_workload_with_rank_16_on_every_linear_layer(tmp_path):
+    """Stage 2 is stage 1's workload (Qwen2.5-3B, the preset, Search-R1's step) with learner.lora at rank 16 on every
+    linear layer, the checkpointing the learner picks for it (auto), no plain step (that one trains every weight)."""
+    import scripts.bench.bench_learner_setup as bench_learner_setup
+    from learner.settings import LoraSettings
+
+    for dry in (False, True):
+        chosen = gpu_check.stages(tmp_path, dry)
+        args = {
+            s.key: bench_learner_setup.parse(list(s.commands[0][1:])) for s in chosen if s.kind == "bench"
+        }
+        assert [s.key for s in chosen][1:3] == ["1-3b", "2-3b-lora"]
+        lora, full = args["2-3b-lora"], args["1-3b"]
+        assert (lora.lora_rank, lora.lora_targets.split(",")) == (16, list(LoraSettings().target_modules))
+        assert lora.checkpointing == "auto" and not lora.plain and not lora.profile
+        assert (lora.shape, lora.preset, lora.workload) == (full.shape, full.preset, full.workload)
+        assert (lora.steps, lora.updates, lora.length_scale) == (full.steps, full.updates, full.length_scale)
 
 
 def test_the_two_test_stages_split_the_gpu_tier_between_them(tmp_path):
     chosen = {s.key: s for s in gpu_check.stages(tmp_path, dry=False)}
-    first, last = chosen["0-env"].commands[1], chosen["7-gpu-tier"].commands[0]
+    first, last = chosen["0-env"].commands[1], chosen["8-gpu-tier"].commands[0]
     assert first[first.index("-k") + 1] == gpu_check.KERNEL_TESTS
     assert last[last.index("-k") + 1] == f"not ({gpu_check.KERNEL_TESTS})"
 
@@ -138,6 +160,7 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
                 "workload": "search-r1",
                 "gradient_checkpointing": "full",
                 "logprob_head": "fused",
+                "lora": None,
                 "packed/tokens_per_s": 11728.4,
                 "packed/mfu": 0.2196,
                 "ratio_packed_over_plain": 0.7636,
@@ -154,9 +177,10 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
     )
     rows = [
         {"stage": "1-3b", "status": "ok", **gpu_check._bench_row(bench)},
-        {"stage": "9-3b-offload", "status": "skipped", "reason": "10 s left"},
-        {"stage": "7-gpu-tier", "status": "failed (exit 1)", **gpu_check._tests_row(xml)},
+        {"stage": "10-3b-offload", "status": "skipped", "reason": "10 s left"},
+        {"stage": "8-gpu-tier", "status": "failed (exit 1)", **gpu_check._tests_row(xml)},
     ]
+    assert "lora" in rows[0] and rows[0]["lora"] is None
     assert rows[2]["tests/passed"] == 7 and rows[2]["tests/failures"] == 1
     lines = gpu_check.table(rows).splitlines()
     assert lines[0].split() == [
@@ -179,5 +203,5 @@ def test_the_table_names_each_stage_and_its_figures(tmp_path):
         "3",
         "(0)",
     ]
-    assert lines[3].split()[:3] == ["9-3b-offload", "skipped", "-"]
-    assert lines[4].split()[:2] == ["7-gpu-tier", "failed"]
+    assert lines[3].split()[:3] == ["10-3b-offload", "skipped", "-"]
+    assert lines[4].split()[:2] == ["8-gpu-tier", "failed"]
