@@ -23,6 +23,8 @@ held, no orphans; and no learner restart unless the frozen part was the learner 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,24 +88,36 @@ def frozen_processes(chaos: ChaosRun, part: str) -> list[psutil.Process]:
     return [server, *server.children(recursive=True)]
 
 
-def learner_starts(run_dir: Path) -> int:
-    """How many learner processes started in the run (1: it never restarted)."""
-    import json
+def learner_restarts_so_far(chaos: ChaosRun) -> int:
+    """How many times the run's supervisor has restarted the learner so far (its "restarted learner-0 (pid N)"
+    lines; a learner life that dies before it reaches Redis counts too, which learner_groups.jsonl would miss)."""
+    count = 0
+    for launch in range(chaos.launches):
+        with contextlib.suppress(OSError):
+            count += len(RESTARTED.findall(chaos.log_path(launch).read_text(errors="replace")))
+    return count
 
-    lines = (run_dir / "learner_groups.jsonl").read_text().splitlines()
-    return sum("start" in json.loads(line) for line in lines)
+
+RESTARTED = re.compile(r"^restarted learner-0 \(pid \d+\)$", re.MULTILINE)
 
 
 @dataclass
 class FreezeVerdict:
     freezes: list[tuple[str, float]]  # (part, seconds), in the order they were frozen
     verdict: Verdict
-    learner_restarts: int
+    # learner restarts from the start of each freeze to the start of the next (the last: to the end of the run)
+    restarts: list[int]
+
+    @property
+    def learner_restarts(self) -> int:
+        return sum(self.restarts)
 
     @property
     def ok(self) -> bool:
-        learner_frozen = any(part == "learner" for part, _ in self.freezes)
-        return self.verdict.ok and (self.learner_restarts == 0 or learner_frozen)
+        """The audit's verdict, and no learner restart while any part but a learner rank was frozen."""
+        return self.verdict.ok and all(
+            n == 0 for (part, _), n in zip(self.freezes, self.restarts, strict=True) if part != "learner"
+        )
 
 
 def run_freezes(
@@ -120,16 +134,19 @@ def run_freezes(
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     # a checkpoint every 3 steps, as the kills' CI run; the freeze run's own settings come last and win
     chaos = ChaosRun(run_dir, [*run_overrides(steps, 3, max_staleness), *FREEZE_OVERRIDES], preset=preset)
+    counts = []  # restarts so far at the start of each freeze, then at the end
     try:
         for (part, seconds), step in zip(freezes, at_steps, strict=True):
             chaos.wait(lambda s=step: (chaos.version() or 0) >= s, 900, f"version {step}")
+            counts.append(learner_restarts_so_far(chaos))
             print(f"freezing the {part} for {seconds:g} s at version {chaos.version()}", flush=True)
             freeze(frozen_processes(chaos, part), seconds, chaos)
         returncode = chaos.finish()
     finally:
         chaos.kill_everything_left()
+    counts.append(learner_restarts_so_far(chaos))
     verdict = verify(chaos, returncode, steps, max_staleness, [])
-    return FreezeVerdict(freezes, verdict, learner_starts(run_dir) - 1)
+    return FreezeVerdict(freezes, verdict, [b - a for a, b in zip(counts, counts[1:], strict=False)])
 
 
 def table(rows: list[FreezeVerdict]) -> str:
@@ -144,9 +161,15 @@ def table(rows: list[FreezeVerdict]) -> str:
         lines.append(
             f"| {frozen} | {'yes' if v.completed else 'NO'} | {v.lost} | {v.trained_twice} | "
             f"{'yes' if v.versions_increase else 'NO'} | {v.max_staleness_seen} ({v.max_staleness}) | "
-            f"{len(v.orphans)} | {row.learner_restarts} |"
+            f"{len(v.orphans)} | {_restarts(row)} |"
         )
     return "\n".join(lines)
+
+
+def _restarts(row: FreezeVerdict) -> str:
+    """The learner restarts and the freezes they came during: `0`, or `3 (redis 2, learner 1)`."""
+    during = [f"{part} {n}" for (part, _), n in zip(row.freezes, row.restarts, strict=True) if n]
+    return f"{row.learner_restarts} ({', '.join(during)})" if during else "0"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

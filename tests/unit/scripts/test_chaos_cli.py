@@ -75,3 +75,28 @@ def test_the_preset_reaches_the_run_under_test(monkeypatch, tmp_path):
     with pytest.raises(Stop):
         base.ChaosRun(tmp_path / "freeze", [], preset="tiny-lora")
     assert started[-1][4] == "tiny-lora"
+
+
+def test_learner_restarts_are_counted_from_the_supervisor_and_laid_to_the_freeze_they_came_in(tmp_path):
+    """A restart during the Redis freeze fails the audit even when a learner rank is frozen later in the same run;
+    a learner that dies before it reaches Redis (no line in learner_groups.jsonl) still counts."""
+    from types import SimpleNamespace
+
+    from scripts.chaos import chaos_freeze
+    from scripts.chaos.base import Verdict
+
+    log = tmp_path / "run-0.log"
+    log.write_text(
+        "restarted learner-0 (pid 11)\n[  185s] restarted learner-0 (it died; see x)\n"
+        "learner-1 is restarted with learner-0\nrestarted learner-0 (pid 12)\nrestarted generator-0 (pid 13)\n"
+    )
+    chaos = SimpleNamespace(launches=1, log_path=lambda launch: log)
+    assert chaos_freeze.learner_restarts_so_far(chaos) == 2
+
+    verdict = Verdict(True, 20, 0, 0, True, 2, 2, [])
+    freezes = [("redis", 50.0), ("learner", 50.0)]
+    during_redis = chaos_freeze.FreezeVerdict(freezes, verdict, [2, 1])
+    assert during_redis.learner_restarts == 3 and not during_redis.ok
+    assert "| 3 (redis 2, learner 1) |" in chaos_freeze.table([during_redis])
+    only_the_learner = chaos_freeze.FreezeVerdict(freezes, verdict, [0, 1])
+    assert only_the_learner.ok and "| 1 (learner 1) |" in chaos_freeze.table([only_the_learner])
