@@ -49,7 +49,15 @@ from retrieval.corpus import DocStore
 from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
 from world.warmstart import build_trajectories, warm_start
 
-__all__ = ["DATA_SOURCE", "MARKER_FILE", "SHIPPED_DIR", "TinyWorld", "WorldSizes", "build_world", "shipped_world"]
+__all__ = [
+    "DATA_SOURCE",
+    "MARKER_FILE",
+    "SHIPPED_DIR",
+    "TinyWorld",
+    "WorldSizes",
+    "build_world",
+    "shipped_world",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +140,9 @@ def build_world(
             if not _is_built(world, marker_path, wanted):
                 _copy_world(source, out_dir)
         if progress:
-            print(f"[tiny world] seed {seed}: the shipped copy ({source}), installed into {out_dir}", flush=True)
+            print(
+                f"[tiny world] seed {seed}: the shipped copy ({source}), installed into {out_dir}", flush=True
+            )
         return world
     if not pinned():
         # the build itself runs in a child process with the math libraries pinned (they read these at load time)
@@ -211,15 +221,18 @@ def shipped_world(seed: int, sizes: WorldSizes) -> Path | None:
 
 def _copy_world(source: Path, out_dir: Path) -> None:
     """Copy a built world into `out_dir`, its marker last (a copy cut short leaves no marker: it is copied again)."""
+    built, copy = _paths(source), _paths(out_dir)  # the layout is _paths' alone
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MARKER_FILE).unlink(missing_ok=True)
-    model_dir = out_dir / "model"
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    shutil.copytree(source / "model", model_dir)
-    built = _paths(source)
-    for path in (built.corpus_path, built.train_path, built.test_path):
-        shutil.copyfile(path, out_dir / path.name)
+    if copy.model_dir.exists():
+        shutil.rmtree(copy.model_dir)
+    shutil.copytree(built.model_dir, copy.model_dir)
+    for src, dst in (
+        (built.corpus_path, copy.corpus_path),
+        (built.train_path, copy.train_path),
+        (built.test_path, copy.test_path),
+    ):
+        shutil.copyfile(src, dst)
     shutil.copyfile(source / MARKER_FILE, out_dir / MARKER_FILE)
 
 
