@@ -8,8 +8,8 @@ retried for `reconnect_s`.
 Used by the buffer and by the weight-sync rendezvous, the two parts that talk to Redis. This module is the one
 boundary to Redis's client library: no module outside `buffer/` imports `redis` (`scripts/check_layers.py` checks
 it). Others name Redis's failures through it: `RETRIED` (down, unreachable or full, once `reconnect_s` is spent) and
-`REDIS_ERROR` (any failure of a Redis call, a refused command included), and ask whether a URL answers with
-`answers_ping`.
+`REDIS_ERROR` (any failure of a Redis call, a refused command included), ask whether a URL answers with
+`answers_ping`, and wait out an outage of any length with `until_answered`.
 
 redis-py's own `Retry` covers a failed command on a live connection, but not the reconnect a pooled connection
 makes before its next command, so the retry loop lives here, around a whole command or a whole pipeline.
@@ -144,6 +144,20 @@ def connect(
     client.reconnect_s, client.counter = reconnect_s, ReconnectCounter()
     client.max_block_ms = max(1, int(socket_timeout_s * 500))
     return client, client.counter
+
+
+def until_answered(call: Callable[[], T], what: str, give_up: Callable[[], bool], pause_s: float = 1.0) -> T:
+    """`call()`, made again each time it fails for Redis being unavailable past `reconnect_s`, until it answers or
+    `give_up()` says so (its last error is raised then). For a caller that can wait as long as an outage lasts (the
+    learner's rank 0, its other ranks held meanwhile) and a call that is safe to repeat (see "Lost replies" above)."""
+    while True:
+        try:
+            return call()
+        except RETRIED as err:
+            if give_up():
+                raise
+            log.warning("%s: Redis still unavailable (%s); trying again until it answers", what, err)
+            time.sleep(pause_s)
 
 
 def answers_ping(url: str, timeout_s: float = 1.0) -> bool:

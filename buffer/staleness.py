@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 import numpy as np
 from pydantic import BeforeValidator, Discriminator, Tag
 
 from buffer.auto_staleness import AutoStaleness, StalenessController
+from buffer.connection import until_answered
 from buffer.records import Group
 
 log = logging.getLogger(__name__)
@@ -317,9 +319,12 @@ class StalenessKeeper:
         """The bounds the step at `version` must keep, for a batch of groups released at `release_versions`."""
         return StepBounds(self.schedule.in_force(version), {r: self.schedule.at(r) for r in release_versions})
 
-    def after_step(self, version: int, metrics: dict[str, Any]) -> None:
+    def after_step(
+        self, version: int, metrics: dict[str, Any], give_up: Callable[[], bool] = lambda: True
+    ) -> None:
         """After a step, before `version` is published: with auto, the bound of prompts released from `version` on,
-        from the step's measured mismatch."""
+        from the step's measured mismatch. Its write is made again while Redis stays unavailable, until `give_up()`
+        (`until_answered`, buffer/connection.py)."""
         if self.controller is None:
             return
         bound = self.controller.observe(metrics)
@@ -333,7 +338,9 @@ class StalenessKeeper:
                 metrics.get("loss/is_ess", float("nan")),
             )
             self.schedule.set(version, bound)
-            self.record.set_staleness_bound(version, bound)
+            until_answered(
+                lambda: self.record.set_staleness_bound(version, bound), "the staleness bound", give_up
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the schedule, and auto's controller."""

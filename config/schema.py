@@ -109,9 +109,10 @@ class Config(BaseSettings):
 
     def _check_collective_timeout(self) -> None:
         """With several learner ranks, the others wait for rank 0 inside collectives that fail after
-        learner.collective_timeout_s. Rank 0 holds them every 2 s while it waits as long as it must (learner/loop.py),
-        but two of its waits are bounded and unheld: a weight broadcast to a hung engine (inside FSDP's gathers) and a
-        Redis call riding out an outage; each must end, with room to spare, before the collective does."""
+        learner.collective_timeout_s. Rank 0 holds them every 2 s while it waits or works alone, however long
+        (learner/loop.py; its Redis calls there wait out an outage of any length), but two of its waits happen inside
+        FSDP's gathers, unheld and bounded: a weight broadcast to a hung engine, and the Redis write that announces the
+        update (it gives up after reconnect_s); each must end, with room to spare, before the collective does."""
         if self.learner.num_ranks < 2:
             return
         limit = self.learner.collective_timeout_s

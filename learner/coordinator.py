@@ -7,14 +7,15 @@ the groups each step used (`learner_groups.jsonl`), evaluations, and settling th
     taken = coordinator.next_batch(version, stop)                             # groups, REGROUP, or None: stop
 
 The other ranks (the followers) receive each batch from it (learner/loop.py); only this rank talks to the buffer.
-What it waits for alone (the batch, a new weight-sync group: `prepare_publish`, the engines' acks: `confirm_publish`)
-it waits for while the loop holds the followers (learner/distributed.py's `Hold`). While a checkpoint is written it
-says so (`<run_dir>/.sr1-checkpointing`, common/busy.py): a stop then waits for the checkpoint past its grace.
+Whatever it does alone (the batch, forming a weight-sync group, the engines' acks, the bookkeeping after a step, its
+part of a checkpoint, the metrics read, evaluations) it does while the followers are held (learner/distributed.py's
+`Hold`). While a checkpoint is written it says so (`<run_dir>/.sr1-checkpointing`, common/busy.py): a stop then waits
+for the checkpoint past its grace.
 
-Redis unreachable (a restart, a network cut) or full: every call retries for `buffer.reconnect_s`. While it waits
-for a batch the learner goes on waiting after that (it says so), and a failed heartbeat or metrics read is only
-logged; any other call that fails past `reconnect_s` ends the process, which its supervisor restarts with
-`--resume` (nothing is lost: learner/loop.py).
+Redis unreachable or full: every call retries for `buffer.reconnect_s`; after that the learner waits as long as the
+outage lasts, the followers held (`until_answered`, buffer/connection.py), but for a heartbeat, a metrics read or the
+weight sync's own calls, which are only logged (an update that missed is sent again at the next regroup). Asked to
+stop meanwhile, it exits with the error; its next life acks what its checkpoint made durable first (learner/loop.py).
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from buffer.admission import BatchAssembler, PromptFeeder
-from buffer.codec import CodecError, check_token_ids
 from buffer.connection import RETRIED as REDIS_UNAVAILABLE
+from buffer.connection import until_answered
 from buffer.group_ids import RELEASED_RECORD
-from buffer.records import Group
 from buffer.redis_buffer import open_buffer
 from buffer.staleness import StalenessKeeper
 from buffer.stats import STALENESS_HIST, pool_metrics
@@ -42,6 +43,7 @@ from evaluation import Evaluations, Patience
 from learner.algorithms.shaping import informative
 from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError, ResumeState
 from learner.job import LearnerJob
+from learner.packing import untrainable_reason
 from learner.steps import StepHooks
 from learner.stop import StopFlag
 from learner.tracking import append_line, close_record
@@ -64,36 +66,28 @@ DIAGNOSTICS = (
     "staleness/mean",
     "staleness/max",
 )
+T = TypeVar("T")
 WeightSink = Callable[[int, Iterable[tuple[str, torch.Tensor]]], None]
-
-
-def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | None = None) -> str | None:
-    """Why the learner can never train `group`, or None: a token id outside the model's vocabulary (it would fail as
-    an index error inside the embedding), or a trajectory longer than one packed micro-batch, which fits in no
-    micro-batch (learner/packing.py) whatever else the batch holds."""
-    if vocab_size is not None:
-        try:
-            check_token_ids(group, vocab_size)
-        except CodecError as err:
-            return str(err)
-    for i, trajectory in enumerate(group.trajectories):
-        if trajectory.num_tokens > micro_batch_tokens:
-            return (
-                f"trajectory {i} has {trajectory.num_tokens} tokens ({len(trajectory.prompt_ids)} prompt + "
-                f"{len(trajectory.response_ids)} response), more than learner.micro_batch_tokens "
-                f"({micro_batch_tokens})"
-            )
-    return None
 
 
 class StepCoordinator(StepHooks):
     """Everything only rank 0 does: Redis (feeder, assembler, version, heartbeats, acks), the publisher, the groups
     record; as `StepHooks`, its part of every checkpoint."""
 
-    def __init__(self, job: LearnerJob, state: ResumeState, prompts: Iterable, resume: bool, vocab_size: int):
+    def __init__(
+        self,
+        job: LearnerJob,
+        state: ResumeState,
+        prompts: Iterable,
+        resume: bool,
+        vocab_size: int,
+        stop: StopFlag | None = None,
+    ):
         cfg = job.learner
         self.cfg = cfg
+        self.stop = stop or StopFlag()  # set: a Redis outage is no longer waited out
         self.buffer = open_buffer(job.buffer)
+        self.found_version = self.buffer.version()  # the version published when this learner started
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
         self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
         self.consumed_groups = state.consumed_groups
@@ -109,7 +103,7 @@ class StepCoordinator(StepHooks):
             cfg.max_staleness,
             self.buffer,
             state.extra.get("staleness", {}) if resume else None,
-            max(state.version, self.buffer.version()),
+            max(state.version, self.found_version),
         )
         self.feeder = PromptFeeder(
             self.buffer,
@@ -123,7 +117,7 @@ class StepCoordinator(StepHooks):
         # acked by checkpoints newer than the one loaded (found torn, skipped): no surviving weights hold them
         self.recalled: list[str] = []
         if resume:
-            version = max(state.version, self.buffer.version())
+            version = max(state.version, self.found_version)
             self.recalled = self.buffer.recall_trained(self.feeder.prompt_of, version)
             self.recalled += self.buffer.recall_durable(
                 self.feeder.prompt_of, after=state.version, version=version
@@ -213,19 +207,12 @@ class StepCoordinator(StepHooks):
     def _log_wait(self, version: int, waited: float, outstanding: int) -> None:
         stats = self.buffer.stats()
         generators = sum(1 for w in self.buffer.workers() if w.get("role") == "generator")
+        paused = f"; releases paused: {self.feeder.paused}" if self.feeder.paused else ""
         log.info(
-            "waiting %.0fs for the batch of version %d (%d groups): %d finished and held, %d released groups to "
-            "train (%d generating, %d queued), %d generator(s) alive, %d dead letter(s)%s",
-            waited,
-            version,
-            self.cfg.groups_per_step,
-            len(self.assembler.held),
-            outstanding,
-            stats["buffer/generating_groups"],
-            stats["buffer/queued_groups"],
-            generators,
-            stats["buffer/dead_letters"],
-            f"; releases paused: {self.feeder.paused}" if self.feeder.paused else "",
+            f"waiting {waited:.0f}s for the batch of version {version} ({self.cfg.groups_per_step} groups): "
+            f"{len(self.assembler.held)} finished and held, {outstanding} released groups to train "
+            f"({stats['buffer/generating_groups']} generating, {stats['buffer/queued_groups']} queued), "
+            f"{generators} generator(s) alive, {stats['buffer/dead_letters']} dead letter(s){paused}"
         )
 
     def publish(
@@ -265,11 +252,10 @@ class StepCoordinator(StepHooks):
         rank waits inside a gather meanwhile. A failure is survived: this publish only gathers, the next tries
         again."""
         self._regroup_failed = False
-        if not self.publisher.needs_regroup(max_age_s=0.0):
-            return
         try:
-            self.publisher.regroup()
-        except (WeightSyncError, TimeoutError) as err:
+            if self.publisher.needs_regroup(max_age_s=0.0):
+                self.publisher.regroup()
+        except (WeightSyncError, TimeoutError, *REDIS_UNAVAILABLE) as err:
             self.publisher.failures += 1
             self._regroup_failed = True
             log.warning(
@@ -282,33 +268,40 @@ class StepCoordinator(StepHooks):
         stats: dict = {}
         try:
             self.publisher.wait_for_acks(version)
-        except (WeightSyncError, TimeoutError) as err:
+        except (WeightSyncError, TimeoutError, *REDIS_UNAVAILABLE) as err:
             log.warning("weight sync of version %d failed (%s); the group is re-formed next", version, err)
             stats = {"weight_sync/failures": self.publisher.failures}
-        self.buffer.publish_version(version, reset=self._fresh)
+        reset = self._fresh
+        self._until_answered(
+            f"publish version {version}", lambda: self.buffer.publish_version(version, reset)
+        )
         self._fresh = False
         return stats
+
+    def _until_answered(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` however long Redis is unavailable, unless asked to stop (buffer/connection.py)."""
+        return until_answered(call, what, give_up=self.stop.is_set)
+
+    def bound_releases(self, version: int, trained: dict) -> None:
+        """After a step, before `version` is published: the staleness bound of the prompts released from it on."""
+        self.staleness.after_step(version, trained, give_up=self.stop.is_set)
 
     def explain_version(self, published: int, version: int, checkpoint: int | None, resume: bool) -> None:
         """Say why this process goes on at `version` when the buffer already holds `published` (`checkpoint`: the
         version of the weights loaded, None without a checkpoint)."""
         if resume and version != (checkpoint or 0):
-            weights = (
-                f"step {checkpoint}'s weights"
-                if checkpoint is not None
-                else "the initial weights (no checkpoint)"
-            )
+            if checkpoint is None:
+                latest, weights = "there is no checkpoint", "the initial weights (no checkpoint)"
+            else:
+                latest, weights = (
+                    f"the latest checkpoint is step {checkpoint}",
+                    f"step {checkpoint}'s weights",
+                )
+            lost, recalled = version - (checkpoint or 0), len(self.recalled)
             log.warning(
-                "resume: the published version is %d but %s: continuing at version %d with %s; the %d step(s) "
-                "since are lost and the %d group(s) they trained on are generated again",
-                published,
-                f"the latest checkpoint is step {checkpoint}"
-                if checkpoint is not None
-                else "there is no checkpoint",
-                version,
-                weights,
-                version - (checkpoint or 0),
-                len(self.recalled),
+                f"resume: the published version is {published} but {latest}: continuing at version {version} with "
+                f"{weights}; the {lost} step(s) since are lost and the {recalled} group(s) they trained on are "
+                "generated again"
             )
         elif not resume and published > 0:
             log.warning(
@@ -341,13 +334,16 @@ class StepCoordinator(StepHooks):
         """Bookkeeping once `version` is published: the off-policy figures for the heartbeat, the groups marked
         trained (they wait for a checkpoint to be acked), the staleness histogram, the groups record."""
         self.diagnostics = {k: metrics[k] for k in DIAGNOSTICS if k in metrics}
-        self.buffer.mark_trained([t.entry_id for t in taken])
+        entry_ids = [t.entry_id for t in taken]
+        self._until_answered("mark the groups trained", lambda: self.buffer.mark_trained(entry_ids))
         staleness = np.concatenate(
             [(version - 1) - t.sampled_versions() for g in taken for t in g.group.trajectories]
             or [np.zeros(0)]
         )
-        # after a resume, re-delivered tokens may carry versions the rolled-back learner has not reached yet
-        self.buffer.record_consumed(np.clip(staleness, 0, None).astype(np.int64))
+        try:  # after a resume, re-delivered tokens may carry versions the rolled-back learner has not reached yet
+            self.buffer.record_consumed(np.clip(staleness, 0, None).astype(np.int64))
+        except REDIS_UNAVAILABLE as err:  # a metric: not repeated (a lost reply would count the step twice)
+            log.warning("the staleness histogram misses step %d: %s", version, err)
         self.consumed_groups += len(taken)
         self.heartbeat(version, "training")
         self.unacked += [(t.entry_id, t.group.group_id) for t in taken]
@@ -368,15 +364,18 @@ class StepCoordinator(StepHooks):
         state.extra["staleness"] = self.staleness.state_dict()
 
     def checkpoint_saved(self, state: ResumeState, checkpointer: Checkpointer) -> None:
-        # durable now: never re-delivered; recorded until older checkpoints are pruned (a torn one is given up)
-        self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
+        def acks() -> None:
+            # durable now: never re-delivered; recorded until older checkpoints are pruned (a torn one is given up)
+            self.buffer.ack_durable(state.used_group_entries, state.used_group_ids, state.version)
+            # every prompt before its cursor was released, and what it acked left the in-flight set: Redis forgets
+            # those ids and keeps a watermark instead (buffer/group_ids.py)
+            self.buffer.forget_ids(state.cursor, state.version, record=self.released_record)
+            oldest = checkpointer.oldest_kept()
+            if oldest is not None:
+                self.buffer.forget_durable(up_to=oldest)
+
+        self._until_answered(f"ack the groups of checkpoint step_{state.version}", acks)
         self.unacked = []
-        # every prompt before its cursor was released, and what it acked left the in-flight set: Redis forgets
-        # those ids and keeps a watermark instead (buffer/group_ids.py)
-        self.buffer.forget_ids(state.cursor, state.version, record=self.released_record)
-        oldest = checkpointer.oldest_kept()
-        if oldest is not None:
-            self.buffer.forget_durable(up_to=oldest)
         clear_busy(self.checkpointing)
 
     def checkpoint_failed(self, version: int, err: CheckpointWriteError) -> None:
@@ -408,18 +407,25 @@ class StepCoordinator(StepHooks):
         `settle`)."""
         every = self.eval_cfg.every_steps
         if every and (version % every == 0 or last) and version > 0:
-            if self.evals.answerers():
-                self.evals.request(version)
+            if self._until_answered("find the evaluators", self.evals.answerers):
+                self._until_answered("ask for an evaluation", lambda: self.evals.request(version))
             else:
-                log.warning(
-                    "no generator worker is alive to evaluate version %d: evaluation skipped", version
-                )
-        return self.evals.ready()
+                log.warning("no generator worker is alive to evaluate version %d: skipped", version)
+        return self._until_answered("read the evaluations", self.evals.ready)
 
-    def settle(self, stop: StopFlag, poll_s: float = 0.5) -> str:
-        """What every rank does next after the last step (see `_settle`): "publish" the final weights again (an
+    def settle(self, stop: StopFlag, poll_s: float = 0.5) -> tuple[str, list[dict]]:
+        """What every rank does next after the last step (learner/loop.py): "publish" the final weights again (an
         engine joined, came back or left), "wait", or "done" (every evaluation answered, `eval.timeout_s` passed,
-        no generator worker alive for a minute, or asked to stop)."""
+        no generator worker alive for a minute, or asked to stop); and the evaluations answered since the last
+        call. Redis unavailable: "wait", for as long as it lasts (and `eval.timeout_s`)."""
+        try:
+            command = self._settle(stop, poll_s)
+            return command, self.evals.ready()
+        except REDIS_UNAVAILABLE as err:
+            log.warning("waiting for the evaluations: Redis unavailable (%s)", err)
+            return ("done" if stop.is_set() else "wait"), []
+
+    def _settle(self, stop: StopFlag, poll_s: float) -> str:
         if self._settle_patience is None:
             self._settle_patience = Patience(self.evals, self.eval_cfg.timeout_s)
             for step in self.evals.pending.values():

@@ -9,9 +9,10 @@ publish, stop). The other ranks run the followers' loop (`_follow`): receive, do
 do together (training, the stop vote, checkpoints, the metrics row) is `RankSteps`, learner/steps.py.
 
 Stalls: the followers wait for rank 0 inside collectives, which fail after `learner.collective_timeout_s`. Whenever
-rank 0 waits alone for as long as it must (a batch while generation stalls, the evaluations after the last step, a
-weight-sync group that engines join, the engines' acks) it sends a HOLD every 2 s that the followers answer by
-waiting again (`Hold`, learner/distributed.py), so a stall of any length restarts nothing.
+rank 0 works or waits alone (a batch while generation stalls, the evaluations, a weight-sync group that engines join,
+the engines' acks, its Redis writes after a step and a checkpoint, which wait out a Redis outage of any length) it
+sends a HOLD every 2 s that the followers answer by waiting again (`Hold`, learner/distributed.py;
+`RankSteps.alone`), so a stall of any length restarts nothing.
 
 Ack rule ("no group lost or used twice"): a group is acked only once the step that used it is in a checkpoint.
 The checkpoint's resume state lists the groups used since the previous checkpoint; a restarted learner first acks
@@ -29,15 +30,16 @@ step. Policy versions therefore count published weights, not durable steps.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from buffer.codec import decode_group
 from learner.coordinator import StepCoordinator, WeightSink
-from learner.distributed import Hold, World, broadcast_frames, receive_frames, wait_while_held
+from learner.distributed import World, broadcast_frames, receive_frames, wait_while_held
 from learner.job import LearnerJob
 from learner.model import DTYPES
 from learner.steps import RankSteps, StepHooks
@@ -68,15 +70,16 @@ def run_learner(
     try:
         if world.is_main:
             vocab_size = steps.learner.model.config.vocab_size
-            hold = Hold(world)
             # Redis calls (acks, recalls) that may ride out an outage: the followers are held meanwhile
-            coordinator = hold.run(lambda: StepCoordinator(job, steps.state, prompts, resume, vocab_size))
+            coordinator = steps.alone(
+                lambda: StepCoordinator(job, steps.state, prompts, resume, vocab_size, stop=steps.stop)
+            )
             try:
-                _coordinate(steps, coordinator, hold, publish_dtype, weight_sink)
+                _coordinate(steps, coordinator, publish_dtype, weight_sink)
             finally:
                 coordinator.close()
         else:
-            wait_while_held(world)
+            steps.alone(lambda: None)  # rank 0 starts its coordinator meanwhile
             _follow(steps, publish_dtype)
     finally:
         steps.close()
@@ -86,22 +89,32 @@ def run_learner(
 def _coordinate(
     steps: RankSteps,
     coordinator: StepCoordinator,
-    hold: Hold,
     publish_dtype: torch.dtype,
     weight_sink: WeightSink | None,
 ) -> None:
     """Rank 0's loop: take each batch from the buffer, tell every rank what to do with it, and do it too."""
-    learner, world, stop = steps.learner, steps.world, steps.stop
+    learner, world, stop, hold = steps.learner, steps.world, steps.stop, steps.hold
 
-    def publish() -> dict:
-        hold.run(coordinator.prepare_publish)  # engines join a new weight-sync group: the followers are held
+    def publish(before: Callable[[], None] = lambda: None, after: Callable[[], None] = lambda: None) -> dict:
+        """Publish the weights; `before` and `after` (a step's bookkeeping) ride in the holds around the gathers."""
+
+        def prepare() -> None:
+            before()
+            coordinator.prepare_publish()  # engines join a new weight-sync group
+
+        def confirm() -> dict:
+            acked = coordinator.confirm_publish(learner.version)  # the engines' acks, then the version
+            after()
+            return acked
+
+        hold.run(prepare)  # the followers are held meanwhile
         extras = learner.publish_extras()  # LoRA's adapter config and the probe (collective: every rank)
         stats = coordinator.publish(
             learner.published_weights(), learner.version, publish_dtype, weight_sink, **extras
         )
-        return stats | hold.run(lambda: coordinator.confirm_publish(learner.version))  # the engines' acks
+        return stats | hold.run(confirm)
 
-    published = steps.agree_on_version(coordinator.buffer.version())
+    published = steps.agree_on_version(coordinator.found_version)
     checkpoint = steps.state.version if steps.has_checkpoint else None
     coordinator.explain_version(published, learner.version, checkpoint, steps.resume)
     publish()  # the engines get the learner's weights as the current version (a resume rolls them back to it)
@@ -123,15 +136,17 @@ def _coordinate(
         wait_s = time.perf_counter() - step_start
         # 2. log-probs, loss, optimizer step; version + 1
         trained = steps.train(groups, header)
-        # the staleness bound of releases from the next version on, set before that version is published
-        coordinator.staleness.after_step(learner.version, trained)
-        # 3. publish the weights to every engine, then the version
-        published_metrics = publish()
-        # 4. bookkeeping: staleness histogram, groups awaiting their ack (until the checkpoint), the groups record
-        coordinator.after_step(taken, learner.version, trained)
-        # 5. checkpoint, then ack what it made durable; the metrics row
+        # 3. publish the weights to every engine, then the version; before it, the staleness bound of releases from
+        # the new version on; after it, the bookkeeping: staleness histogram, groups awaiting their ack (until the
+        # checkpoint), the groups record
+        published_metrics = publish(
+            before=functools.partial(coordinator.bound_releases, learner.version, trained),
+            after=functools.partial(coordinator.after_step, taken, learner.version, trained),
+        )
+        # 4. checkpoint, then ack what it made durable; the metrics row
         stopping = steps.finish_step(coordinator, groups, trained, published_metrics, step_start, wait_s)
-        for result in coordinator.evaluations(learner.version, last=steps.done):
+        # 5. evaluations due at this version, and those answered since
+        for result in steps.alone(lambda: coordinator.evaluations(learner.version, last=steps.done)):
             steps.tracker.log_eval(result, step=result["step"])
         if stopping:
             break
@@ -145,7 +160,9 @@ def _coordinate(
     # while it waits, the followers are held as during a batch's wait.
     hold.start()
     while True:
-        command = coordinator.settle(stop)
+        command, answered = coordinator.settle(stop)
+        for result in answered:
+            steps.tracker.log_eval(result, step=result["step"])
         if command == "wait":
             hold.beat()
         else:
@@ -155,8 +172,6 @@ def _coordinate(
             publish()
         elif command == "done":
             break
-        for result in coordinator.evals.ready():
-            steps.tracker.log_eval(result, step=result["step"])
 
 
 def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
@@ -188,7 +203,9 @@ def _follow(steps: RankSteps, publish_dtype: torch.dtype) -> None:
         wait_s = time.perf_counter() - step_start
         trained = steps.train(groups, header)
         published_metrics = publish()
-        if steps.finish_step(hooks, groups, trained, published_metrics, step_start, wait_s):
+        stopping = steps.finish_step(hooks, groups, trained, published_metrics, step_start, wait_s)
+        steps.alone(lambda: None)  # rank 0 asks for the evaluations due and reads those answered meanwhile
+        if stopping:
             break
     steps.final_checkpoint(hooks)
     if not steps.done:

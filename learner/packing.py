@@ -8,7 +8,8 @@ Sequences in a packed row must not attend to each other (learner/execution/atten
 sr1_torch_varlen (GPU) and the per-sequence SDPA loop `sr1_varlen_sdpa` get the sequence boundaries
 (`cu_seq_lens_q`) and attend within each sequence; `sr1_flex_document` (GPU) gets a document-causal BlockMask built once per micro-batch; plain sdpa/eager
 models get an explicit block-diagonal causal mask (`block_causal_mask`). All give the same log-probs as running each
-sequence alone (tested).
+sequence alone (tested). A trajectory longer than `micro_batch_tokens` fits in no micro-batch: the learner
+dead-letters its group instead (`untrainable_reason`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from buffer.codec import CodecError, check_token_ids
 from buffer.records import Group
 from learner.execution.attention import (
     DEVICE_BOUNDARIES,
@@ -295,3 +297,22 @@ def token_logprobs(
         chunk_tokens=chunk_tokens,
         with_entropy=with_entropy,
     )
+
+
+def untrainable_reason(group: Group, micro_batch_tokens: int, vocab_size: int | None = None) -> str | None:
+    """Why the learner can never train `group`, or None: a token id outside the model's vocabulary (it would fail as
+    an index error inside the embedding), or a trajectory longer than one packed micro-batch, which fits in no
+    micro-batch (learner/packing.py) whatever else the batch holds."""
+    if vocab_size is not None:
+        try:
+            check_token_ids(group, vocab_size)
+        except CodecError as err:
+            return str(err)
+    for i, trajectory in enumerate(group.trajectories):
+        if trajectory.num_tokens > micro_batch_tokens:
+            return (
+                f"trajectory {i} has {trajectory.num_tokens} tokens ({len(trajectory.prompt_ids)} prompt + "
+                f"{len(trajectory.response_ids)} response), more than learner.micro_batch_tokens "
+                f"({micro_batch_tokens})"
+            )
+    return None

@@ -8,7 +8,8 @@
 `learner/loop.py` runs the coordinator's loop (rank 0) and the followers' loop on top of this. Around the collective
 parts, rank 0 adds its own duties (the resume state it writes, acks, heartbeats, the buffer's gauges) through
 `StepHooks`, which `learner/coordinator.py`'s `StepCoordinator` implements; the other ranks pass the plain
-`StepHooks()`, which adds nothing.
+`StepHooks()`, which adds nothing. Rank 0 does them `alone`: the other ranks are held meanwhile, however long they
+take (a Redis outage is waited out there).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -27,7 +29,7 @@ from common.heap import release_free_heap
 from common.model_paths import resolve_model_path, resolve_tokenizer_path
 from learner.checkpoints.checkpointer import Checkpointer, CheckpointWriteError, Resumed, ResumeState
 from learner.checkpoints.safety_net import FINAL_RETRY_S, CheckpointsFailing, SafetyNet
-from learner.distributed import World, all_reduce
+from learner.distributed import Hold, World, all_reduce, wait_while_held
 from learner.job import LearnerJob
 from learner.stop import StopFlag
 from learner.tracking import Tracker, merge_metrics
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 # train_step's metric: 1.0 when the update was skipped (the loss or the gradient norm was not finite)
 NONFINITE_KEY = "loss/nonfinite_skipped"
+T = TypeVar("T")
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -158,6 +161,7 @@ class RankSteps:
     def __init__(self, job: LearnerJob, world: World, *, resume: bool, stop: StopFlag):
         self.cfg = job.learner
         self.world = world
+        self.hold = Hold(world)  # rank 0's: keeps the other ranks waiting while it does something alone
         self.stop = stop
         self.resume = resume
         self.log_every = job.logging.log_every
@@ -218,6 +222,14 @@ class RankSteps:
     @property
     def done(self) -> bool:
         return self.learner.version >= self.cfg.total_steps
+
+    def alone(self, fn: Callable[[], T]) -> T | None:
+        """`fn()` on rank 0 while the other ranks wait for it, however long it takes (`Hold`); None on the others,
+        which do not call `fn`. Every rank calls it at the same point."""
+        if self.world.is_main:
+            return self.hold.run(fn)
+        wait_while_held(self.world)
+        return None
 
     def agree_on_version(self, published_here: int) -> int:
         """The newest version published, as the ranks agree on it (only rank 0 reads it; the others pass 0). Versions
@@ -285,7 +297,7 @@ class RankSteps:
             step_timing(time.perf_counter() - step_start, wait_s, checkpoint_s),
             self.net.metrics(),
             tool_metrics(groups),
-            hooks.step_metrics(),
+            self.alone(hooks.step_metrics) or {},
         )
         if version % self.log_every == 0 or self.done or self.net.failed_in_a_row != failed:
             self.tracker.log(row, step=version)
@@ -331,17 +343,18 @@ class RankSteps:
         safety net decides whether the run goes on: see learner/checkpoints/safety_net.py)."""
         learner = self.learner
         state = ResumeState(version=learner.version, extra=learner.resume_extra())
-        hooks.checkpoint_state(state)
+        self.alone(lambda: hooks.checkpoint_state(state))
         try:
             self.checkpointer.save(
                 learner.model, learner.optimizer, learner.scheduler, state, critic=learner.critic, export=last
             )
         except CheckpointWriteError as err:
             self.net.failed(err, learner.version, learner.model, last=last)
-            hooks.checkpoint_failed(learner.version, err)
+            failure = err
+            self.alone(lambda: hooks.checkpoint_failed(learner.version, failure))
             return False
         self.net.saved(learner.version)
-        hooks.checkpoint_saved(state, self.checkpointer)
+        self.alone(lambda: hooks.checkpoint_saved(state, self.checkpointer))
         return True
 
     def close(self) -> None:

@@ -12,8 +12,8 @@ gathered (`DTensor.full_tensor()`) and packed into the other of two staging buff
 `in_place_mb` that needs no conversion (fp32 weights published as fp32, a DTensor, whose gather yields a fresh tensor
 in the wire dtype) gets a bucket of its own and goes on the wire from its own memory, with no copy. It then waits
 for every engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` raise `WeightSyncError` (or
-TimeoutError for acks; at once when the engine stopped announcing itself), after finishing the gathers so the other
-FSDP ranks stay in step. The learner survives that: the next `publish` re-opens the group under a new epoch.
+TimeoutError for acks; at once when the engine stopped announcing itself), and so does a Redis still unavailable when
+the layout is announced, after finishing the gathers so the other FSDP ranks stay in step. The learner survives that: the next `publish` re-opens the group under a new epoch.
 
 Membership. The first `connect` waits for `num_engines` engines. After that, every group is formed from the engines
 that announce themselves alive (`Rendezvous.announce_engine`): `needs_regroup()` is true when one of the group's
@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from weight_sync.buckets import (
     bucket_offsets,
     bytes_in_place,
@@ -283,7 +284,13 @@ class WeightPublisher:
                 "token_ids": [int(t) for t in probe["token_ids"]],
                 "logprobs": [float(x) for x in probe["logprobs"]],
             }
-        self.rendezvous.announce_update(update)
+        try:
+            self.rendezvous.announce_update(update)
+        except REDIS_UNAVAILABLE as err:  # past buffer.reconnect_s: no engine knows of this update
+            self.failures += 1
+            self._drop_group()
+            gather_in_step(items, dtype)  # keep the other FSDP ranks in step
+            raise WeightSyncError(f"the update of version {version} could not be announced: {err}") from err
         remaining = iter(items)
         try:
             try:

@@ -1,11 +1,11 @@
-"""Which groups the learner dead-letters instead of training (`learner.coordinator.untrainable_reason`)."""
+"""Which groups the learner dead-letters instead of training (`learner.packing.untrainable_reason`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fakes.groups import random_groups
-from learner.coordinator import untrainable_reason
+from learner.packing import untrainable_reason
 
 
 def _group(vocab_size: int = 500):
