@@ -2,16 +2,19 @@
 
     python scripts/bench/bench_learner.py --lora [--steps 3] [--rank 16] [--dtype float32|bfloat16] [--json]
     python scripts/bench/bench_learner_lora.py [same options]
+    python scripts/bench/bench_learner.py --lora --model runs/.world-cache/seed0/model   # the tiny world's policy
 
 One run: each mode (full weights, then LoRA) in its own child process, on the same random-init Qwen2 (hidden 384,
-6 layers, 4,096-token vocabulary: 12.6 M parameters) and the same batches (the `tiny` toy mix of
+6 layers, 4,096-token vocabulary: 12.6 M parameters; or the Qwen2 model `--model` names) and the same batches (the `tiny` toy mix of
 scripts/bench/learner_workloads.py, 8 groups of 8), one gloo rank, one warm-up step, then `--steps` timed
 `Learner.train_step`s. Figures per mode:
 - tokens/s: every token through the policy per second of `train_step`;
 - training state: the bytes of the parameters, their gradients (fp32, one per trained parameter) and AdamW's state,
   counted from the tensors themselves (exact, whatever the machine);
 - peak RSS: the child's resident high-water mark (`ru_maxrss`) less its resident size just before the model
-  loaded (the interpreter, torch and the batches), so it counts what the learner allocated, activations included.
+  loaded (the interpreter, torch, PEFT and the batches), so it counts what the learner allocated, activations
+  included. Both modes import PEFT first: its import alone adds about 260 MB of resident memory (transformers'
+  and PEFT's modules), a cost per process and not the step's (`peft_import` in the JSON, measured in each child).
 The ratios LoRA / full are printed last. Timings on a shared CPU are noisy: compare the ratio, measured side by side.
 """
 
@@ -44,6 +47,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each child")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--model", help="a Qwen2 model directory instead of the bench's own 12.6 M model")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -110,8 +114,13 @@ def child(args) -> dict:
     from learner.trainer import Learner
 
     torch.set_num_threads(args.threads)
+    before_peft = _rss_bytes()
+    from peft import LoraConfig, inject_adapter_in_model  # noqa: F401  (the LoRA learner's: before the baseline)
+
+    peft_import = _rss_bytes() - before_peft
     rng = np.random.default_rng(0)
-    batches = [workloads.tiny_groups(rng, 8, 8, max_len=512, vocab=4000) for _ in range(args.steps + 1)]
+    vocab = min(4000, json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"])
+    batches = [workloads.tiny_groups(rng, 8, 8, max_len=512, vocab=vocab) for _ in range(args.steps + 1)]
     lora = {"rank": args.rank, "alpha": 2.0 * args.rank} if args.child == "lora" else None
     cfg = LearnerConfig(
         groups_per_step=8, micro_batch_tokens=4096, max_staleness=0, total_steps=100, lora=lora
@@ -139,13 +148,16 @@ def child(args) -> dict:
         "seconds": seconds,
         "tokens": tokens,
         "peak_rss": peak - baseline,
+        "peft_import": peft_import,
     } | {f"state/{k}": v for k, v in state.items()}
 
 
 def run(args) -> dict:
     """Both modes, each in a child process, one after the other; the ratios LoRA / full."""
     with tempfile.TemporaryDirectory(prefix="sr1-bench-lora-") as tmp:
-        model_dir = build_model(Path(tmp))
+        model_dir = args.model or build_model(Path(tmp))
+        if not (Path(model_dir) / "config.json").is_file():
+            raise SystemExit(f"--model {model_dir}: no config.json there (a Hugging Face model directory)")
         result: dict = {"rank": args.rank, "dtype": args.dtype, "steps": args.steps, "threads": args.threads}
         for mode in MODES:
             command = [sys.executable, __file__, "--child", mode, "--model-dir", model_dir]
