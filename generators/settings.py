@@ -82,9 +82,10 @@ class EngineLoraConfig(BaseModel):
         "still use plus the newest. None: learner.max_staleness (its auto ceiling) + 2.",
     )
     policy: AdapterPolicy = Field(
-        "keep_to_end",
-        description="Which adapter a trajectory's later turns sample with: keep_to_end, the one its first turn "
-        "used (one version per trajectory while the engine holds it); newest_at_turn, the newest at each turn.",
+        "newest_at_turn",
+        description="Which adapter a trajectory's later turns sample with: newest_at_turn, the newest at each turn "
+        "(fewer adapters in each decoding batch: on the tiny world it decoded 1.3-1.4x faster and trained as well); "
+        "keep_to_end, the one its first turn used (one version per trajectory while the engine holds it).",
     )
     probe_tolerance: float = Field(
         0.05,
