@@ -73,7 +73,8 @@ class BufferConfig(BaseModel):
         ge=0,
         description="How long a buffer operation keeps retrying while Redis is unreachable (a restart, a network "
         "cut) or refuses writes for want of memory, before it fails; the processes ride out a Redis restart this long "
-        "(a generator or a learner waiting for work keeps waiting after that, and says so).",
+        "(a generator or a learner waiting for work keeps waiting after that, and says so; the learner also makes the "
+        "writes a step needs again until Redis answers, its other ranks held).",
     )
     socket_timeout_s: float = Field(
         10.0,
