@@ -13,7 +13,8 @@ gathered (`DTensor.full_tensor()`) and packed into the other of two staging buff
 in the wire dtype) gets a bucket of its own and goes on the wire from its own memory, with no copy. It then waits
 for every engine's ack. Each blocking step has `timeout_s`; a dead engine makes `publish` raise `WeightSyncError` (or
 TimeoutError for acks; at once when the engine stopped announcing itself), and so does a Redis still unavailable when
-the layout is announced, after finishing the gathers so the other FSDP ranks stay in step. The learner survives that: the next `publish` re-opens the group under a new epoch.
+the layout is announced, after finishing the gathers so the other FSDP ranks stay in step. The learner survives
+that: the next `publish` re-opens the group under a new epoch.
 
 Membership. The first `connect` waits for `num_engines` engines. After that, every group is formed from the engines
 that announce themselves alive (`Rendezvous.announce_engine`): `needs_regroup()` is true when one of the group's

@@ -37,7 +37,9 @@ def test_a_write_waits_out_an_outage_many_times_reconnect_s_and_lands_once_it_en
 
     def write() -> None:
         try:
-            result.append(until_answered(lambda: buf.publish_version(3), "publish", lambda: False, pause_s=0.05))
+            result.append(
+                until_answered(lambda: buf.publish_version(3), "publish", lambda: False, pause_s=0.05)
+            )
         except Exception as exc:  # noqa: BLE001 - handed to the test
             result.append(exc)
 

@@ -63,4 +63,6 @@ def test_the_launchers_name_themselves_to_the_learner_ranks(tmp_path):
     cfg = load_config("tiny", [f"run_dir={tmp_path}", "learner.num_ranks=2"])
     ranks = learner_children(cfg, resume=False)
     assert [rank.env[LAUNCHER_ENV] for rank in ranks] == [launcher_owner()] * 2
-    assert LAUNCHER_ENV not in config_variables(ranks[0].env)  # sr1's own variable: the learner's config ignores it
+    assert LAUNCHER_ENV not in config_variables(
+        ranks[0].env
+    )  # sr1's own variable: the learner's config ignores it
