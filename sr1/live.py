@@ -9,6 +9,10 @@ from buffer.monitor import memory_text, staleness_histogram
 from common.progress import PhaseProgress, format_seconds
 from sr1.report import engine_update_figures, read_metric_lines
 
+# without a terminal, a status line this often: the run's loop refreshes about once a second, so no two lines are
+# more than about 10 s apart (no phase silent longer)
+PLAIN_EVERY_S = 8.5
+
 
 def _num(value: Any, digits: int = 2) -> str:
     if value is None:
@@ -191,7 +195,7 @@ class LiveView:
     def refresh(self) -> None:
         if self._live is not None:
             self._live.update(self._table())
-        elif time.monotonic() - self._last_plain >= 10.0:
+        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain = time.monotonic()
             snap = self.snapshot()
             self.log("  ".join(f"{k}={_num(v)}" for k, v in snap.items() if k != "elapsed"))
