@@ -15,7 +15,9 @@ scripts/bench/learner_workloads.py, 8 groups of 8), one gloo rank, one warm-up s
   loaded (the interpreter, torch, PEFT and the batches), so it counts what the learner allocated, activations
   included. Both modes import PEFT first: its import alone adds about 260 MB of resident memory (transformers'
   and PEFT's modules), a cost per process and not the step's (`peft_import` in the JSON, measured in each child).
-The ratios LoRA / full are printed last. Timings on a shared CPU are noisy: compare the ratio, measured side by side.
+`--plain` measures the same without sr1: transformers' own forward and backward of 4,096-token rows, with PEFT's
+adapters injected (every linear layer, the rest frozen) or not, no optimizer: whether a difference is sr1's or
+PEFT's. The ratios LoRA / full are printed last. Timings on a shared CPU are noisy: compare the ratio, measured side by side.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch threads in each child")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--model", help="a Qwen2 model directory instead of the bench's own 12.6 M model")
+    parser.add_argument(
+        "--plain", action="store_true", help="transformers + PEFT alone, without sr1's learner"
+    )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -98,6 +103,43 @@ def _state_bytes(learner) -> dict[str, int]:
         "optimizer": sum(v.numel() * v.element_size() for v in optim),
         "trained_parameters": sum(p.numel() for p in trained),
         "all_parameters": sum(p.numel() for p in params),
+    }
+
+
+def plain_child(args) -> dict:
+    """`--plain`: one mode with transformers' forward/backward and PEFT's injection only (no sr1 code, no optimizer)."""
+    import time
+
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype))
+    if args.child == "lora":
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        inject_adapter_in_model(
+            LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=targets), model
+        )
+        for name, param in model.named_parameters():
+            param.requires_grad_(".lora_" in name)
+    vocab = min(4000, model.config.vocab_size)
+    rows = torch.randint(0, vocab, (args.steps + 1, 1, 4096), generator=torch.Generator().manual_seed(0))
+    baseline = _rss_bytes()
+    seconds = 0.0
+    for i, ids in enumerate(rows):
+        start = time.perf_counter()
+        model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
+        seconds += time.perf_counter() - start if i else 0.0  # the first row warms up
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return {
+        "tokens_per_s": args.steps * 4096 / seconds,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline,
+        "state/parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "state/gradients": sum(p.numel() * 4 for p in trained),
+        "state/optimizer": 0,
+        "state/trained_parameters": sum(p.numel() for p in trained),
     }
 
 
@@ -162,7 +204,7 @@ def run(args) -> dict:
         for mode in MODES:
             command = [sys.executable, __file__, "--child", mode, "--model-dir", model_dir]
             command += ["--steps", str(args.steps), "--rank", str(args.rank), "--dtype", args.dtype]
-            command += ["--threads", str(args.threads)]
+            command += ["--threads", str(args.threads)] + (["--plain"] if args.plain else [])
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"the {mode} child failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -200,7 +242,7 @@ def print_table(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.child:
-        print(json.dumps(child(args)))
+        print(json.dumps(plain_child(args) if args.plain else child(args)))
         return 0
     result = run(args)
     if args.json:
