@@ -3,8 +3,8 @@ the buffer and the engines. Prompt feeding under the admission rule, batches, he
 (`self.staleness`, buffer/staleness.py), weight publishing, the acks of what checkpoints made durable, the record of
 the groups each step used (`learner_groups.jsonl`), evaluations, and settling the run at its end.
 
-    coordinator = StepCoordinator(job, state, prompts, resume, vocab_size)   # learner/loop.py, on rank 0 only
-    taken = coordinator.next_batch(version, stop)                             # groups, REGROUP, or None: stop
+    coordinator = StepCoordinator(job, state, prompts, resume, vocab_size, stop)  # learner/loop.py, rank 0 only
+    taken = coordinator.next_batch(version)                                   # groups, REGROUP, or None: stop
 
 The other ranks (the followers) receive each batch from it (learner/loop.py); only this rank talks to the buffer.
 Whatever it does alone (the batch, forming a weight-sync group, the engines' acks, the bookkeeping after a step, its
@@ -81,11 +81,11 @@ class StepCoordinator(StepHooks):
         prompts: Iterable,
         resume: bool,
         vocab_size: int,
-        stop: StopFlag | None = None,
+        stop: StopFlag,
     ):
         cfg = job.learner
         self.cfg = cfg
-        self.stop = stop or StopFlag()  # set: a Redis outage is no longer waited out
+        self.stop = stop  # set: stop waiting for a batch, for the evaluations, or out a Redis outage
         self.buffer = open_buffer(job.buffer)
         self.found_version = self.buffer.version()  # the version published when this learner started
         # groups already inside the checkpoint's weights: ack before the assembler re-reads pending entries
@@ -161,7 +161,7 @@ class StepCoordinator(StepHooks):
                 log.warning("learner heartbeat failed: %s", err)
             self._last_heartbeat = now
 
-    def next_batch(self, version: int, stop: StopFlag, beat: Callable[[], None] = lambda: None):
+    def next_batch(self, version: int, beat: Callable[[], None] = lambda: None):
         """The batch for `version`; None when asked to stop while waiting; REGROUP when the weight-sync group must be
         re-formed first (an engine left, or a new or restarted one waits for the current weights). Says what it
         waits for (heartbeat, and a log line every `learner.wait_log_s`); raises when the batch cannot come.
@@ -171,16 +171,16 @@ class StepCoordinator(StepHooks):
         while True:
             beat()
             try:
-                answer = self._look_for_batch(version, stop, started)
+                answer = self._look_for_batch(version, started)
             except (
                 REDIS_UNAVAILABLE
             ) as err:  # past buffer.reconnect_s: keep waiting, the batch can still come
                 log.warning("waiting for the batch of version %d: Redis unavailable (%s)", version, err)
-                answer = "stop" if stop.is_set() else None
+                answer = "stop" if self.stop.is_set() else None
             if answer is not None:
                 return None if answer == "stop" else answer
 
-    def _look_for_batch(self, version: int, stop: StopFlag, started: float):
+    def _look_for_batch(self, version: int, started: float):
         """One look for the batch (up to a second): the batch, "stop", REGROUP, or None to go on waiting."""
         self.feeder.pump()
         waited = time.monotonic() - started
@@ -188,7 +188,7 @@ class StepCoordinator(StepHooks):
         batch = self.assembler.next_batch(version, timeout_s=1.0)
         if batch:
             return batch
-        if stop.is_set():
+        if self.stop.is_set():
             return "stop"
         if self.publisher.needs_regroup():
             return REGROUP
@@ -413,24 +413,24 @@ class StepCoordinator(StepHooks):
                 log.warning("no generator worker is alive to evaluate version %d: skipped", version)
         return self._until_answered("read the evaluations", self.evals.ready)
 
-    def settle(self, stop: StopFlag, poll_s: float = 0.5) -> tuple[str, list[dict]]:
+    def settle(self, poll_s: float = 0.5) -> tuple[str, list[dict]]:
         """What every rank does next after the last step (learner/loop.py): "publish" the final weights again (an
         engine joined, came back or left), "wait", or "done" (every evaluation answered, `eval.timeout_s` passed,
         no generator worker alive for a minute, or asked to stop); and the evaluations answered since the last
         call. Redis unavailable: "wait", for as long as it lasts (and `eval.timeout_s`)."""
         try:
-            command = self._settle(stop, poll_s)
+            command = self._settle(poll_s)
             return command, self.evals.ready()
         except REDIS_UNAVAILABLE as err:
             log.warning("waiting for the evaluations: Redis unavailable (%s)", err)
-            return ("done" if stop.is_set() else "wait"), []
+            return ("done" if self.stop.is_set() else "wait"), []
 
-    def _settle(self, stop: StopFlag, poll_s: float) -> str:
+    def _settle(self, poll_s: float) -> str:
         if self._settle_patience is None:
             self._settle_patience = Patience(self.evals, self.eval_cfg.timeout_s)
             for step in self.evals.pending.values():
                 log.info("waiting for the evaluation of version %d", step)
-        if not self.evals.pending or stop.is_set():
+        if not self.evals.pending or self.stop.is_set():
             return "done"
         if why := self._settle_patience.exhausted():
             log.warning("evaluation of version(s) %s %s", sorted(self.evals.pending.values()), why)

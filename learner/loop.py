@@ -72,7 +72,7 @@ def run_learner(
             vocab_size = steps.learner.model.config.vocab_size
             # Redis calls (acks, recalls) that may ride out an outage: the followers are held meanwhile
             coordinator = steps.alone(
-                lambda: StepCoordinator(job, steps.state, prompts, resume, vocab_size, stop=steps.stop)
+                lambda: StepCoordinator(job, steps.state, prompts, resume, vocab_size, steps.stop)
             )
             try:
                 _coordinate(steps, coordinator, publish_dtype, weight_sink)
@@ -93,7 +93,7 @@ def _coordinate(
     weight_sink: WeightSink | None,
 ) -> None:
     """Rank 0's loop: take each batch from the buffer, tell every rank what to do with it, and do it too."""
-    learner, world, stop, hold = steps.learner, steps.world, steps.stop, steps.hold
+    learner, world, hold = steps.learner, steps.world, steps.hold
 
     def publish(before: Callable[[], None] = lambda: None, after: Callable[[], None] = lambda: None) -> dict:
         """Publish the weights; `before` and `after` (a step's bookkeeping) ride in the holds around the gathers."""
@@ -123,7 +123,7 @@ def _coordinate(
         # 1. take a batch of groups, tell every rank what comes next
         step_start = time.perf_counter()
         hold.start()  # however long the batch takes, the followers hear from this rank every 2 s
-        taken = coordinator.next_batch(learner.version, stop, beat=hold.beat)
+        taken = coordinator.next_batch(learner.version, beat=hold.beat)
         header = coordinator.step_header(taken, learner.version)
         payloads = [t.payload for t in taken] if header["command"] == "train" else []
         broadcast_frames([json.dumps(header).encode(), *payloads], world)
@@ -160,7 +160,7 @@ def _coordinate(
     # while it waits, the followers are held as during a batch's wait.
     hold.start()
     while True:
-        command, answered = coordinator.settle(stop)
+        command, answered = coordinator.settle()
         for result in answered:
             steps.tracker.log_eval(result, step=result["step"])
         if command == "wait":
