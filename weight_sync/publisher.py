@@ -285,19 +285,16 @@ class WeightPublisher:
                 "token_ids": [int(t) for t in probe["token_ids"]],
                 "logprobs": [float(x) for x in probe["logprobs"]],
             }
-        try:
-            self.rendezvous.announce_update(update)
-        except REDIS_UNAVAILABLE as err:  # past buffer.reconnect_s: no engine knows of this update
-            self.failures += 1
-            self._drop_group()
-            gather_in_step(items, dtype)  # keep the other FSDP ranks in step
-            raise WeightSyncError(f"the update of version {version} could not be announced: {err}") from err
         remaining = iter(items)
         try:
             try:
+                self.rendezvous.announce_update(update)
                 total_bytes, in_place_bytes = self._broadcast_buckets(remaining, buckets, version, dtype)
-            except (WeightSyncError, TimeoutError):
+            except (WeightSyncError, TimeoutError, *REDIS_UNAVAILABLE) as err:
                 gather_in_step(remaining, dtype)  # the other FSDP ranks are still gathering: finish with them
+                if isinstance(err, REDIS_UNAVAILABLE):  # past buffer.reconnect_s: no engine knows of it
+                    why = f"the update of version {version} could not be announced: {err}"
+                    raise WeightSyncError(why) from err
                 raise
             if not wait_acks:
                 self._unacked = version
