@@ -15,9 +15,9 @@ scripts/bench/learner_workloads.py, 8 groups of 8), one gloo rank, one warm-up s
   loaded (the interpreter, torch, PEFT and the batches), so it counts what the learner allocated, activations
   included. Both modes import PEFT first: its import alone adds about 260 MB of resident memory (transformers'
   and PEFT's modules), a cost per process and not the step's (`peft_import` in the JSON, measured in each child).
-`--plain` measures the same without sr1: transformers' own forward and backward of 4,096-token rows, with PEFT's
-adapters injected (every linear layer, the rest frozen) or not, no optimizer: whether a difference is sr1's or
-PEFT's. The ratios LoRA / full are printed last. Timings on a shared CPU are noisy: compare the ratio, measured side by side.
+`--plain` measures the same without sr1's learner: transformers' own forward and backward of 4,096-token rows, with
+PEFT's adapters put on as the learner puts them (`learner.lora.inject_lora`: every linear layer, the rest frozen) or
+not, no optimizer: whether a difference is the learner's or PEFT's. The ratios LoRA / full are printed last. Timings on a shared CPU are noisy: compare the ratio, measured side by side.
 """
 
 from __future__ import annotations
@@ -88,15 +88,21 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _state_bytes(learner) -> dict[str, int]:
-    """Parameters, their (fp32) gradients and AdamW's state, from the tensors."""
+def _peak_rss_since(baseline: int) -> int:
+    """The process's resident high-water mark (`ru_maxrss`) less `baseline` bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+
+
+def _state_bytes(model, optimizer=None) -> dict[str, int]:
+    """Parameters, their (fp32) gradients and the optimizer's state (none without one), from the tensors."""
 
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
 
-    params = [local(p) for p in learner.model.parameters()]
-    trained = [local(p) for p in learner.model.parameters() if p.requires_grad]
-    optim = [local(v) for s in learner.optimizer.state.values() for v in s.values() if hasattr(v, "numel")]
+    params = [local(p) for p in model.parameters()]
+    trained = [local(p) for p in model.parameters() if p.requires_grad]
+    states = optimizer.state.values() if optimizer is not None else []
+    optim = [local(v) for s in states for v in s.values() if hasattr(v, "numel")]
     return {
         "parameters": sum(p.numel() * p.element_size() for p in params),
         "gradients": sum(p.numel() * 4 for p in trained),
@@ -106,24 +112,29 @@ def _state_bytes(learner) -> dict[str, int]:
     }
 
 
+def _lora_settings(args):
+    """The mode's `learner.lora` (alpha = 2 x rank), None for full weights."""
+    from learner.settings import LoraSettings
+
+    return LoraSettings(rank=args.rank, alpha=2.0 * args.rank) if args.child == "lora" else None
+
+
 def plain_child(args) -> dict:
-    """`--plain`: one mode with transformers' forward/backward and PEFT's injection only (no sr1 code, no optimizer)."""
+    """`--plain`: one mode with transformers' forward/backward, the adapters put on as the learner puts them
+    (`learner.lora.inject_lora`), and nothing else of the learner (no packing, head, FSDP or optimizer)."""
     import time
 
     import torch
-    from peft import LoraConfig, inject_adapter_in_model
     from transformers import AutoModelForCausalLM
+
+    from learner.lora import inject_lora
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype))
-    if args.child == "lora":
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        inject_adapter_in_model(
-            LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=targets), model
-        )
-        for name, param in model.named_parameters():
-            param.requires_grad_(".lora_" in name)
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
+    if (lora := _lora_settings(args)) is not None:
+        inject_lora(model, lora, dtype)
     vocab = min(4000, model.config.vocab_size)
     rows = torch.randint(0, vocab, (args.steps + 1, 1, 4096), generator=torch.Generator().manual_seed(0))
     baseline = _rss_bytes()
@@ -132,15 +143,10 @@ def plain_child(args) -> dict:
         start = time.perf_counter()
         model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
         seconds += time.perf_counter() - start if i else 0.0  # the first row warms up
-    trained = [p for p in model.parameters() if p.requires_grad]
     return {
         "tokens_per_s": args.steps * 4096 / seconds,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline,
-        "state/parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "state/gradients": sum(p.numel() * 4 for p in trained),
-        "state/optimizer": 0,
-        "state/trained_parameters": sum(p.numel() for p in trained),
-    }
+        "peak_rss": _peak_rss_since(baseline),
+    } | {f"state/{k}": v for k, v in _state_bytes(model).items()}
 
 
 def child(args) -> dict:
@@ -163,7 +169,7 @@ def child(args) -> dict:
     rng = np.random.default_rng(0)
     vocab = min(4000, json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"])
     batches = [workloads.tiny_groups(rng, 8, 8, max_len=512, vocab=vocab) for _ in range(args.steps + 1)]
-    lora = {"rank": args.rank, "alpha": 2.0 * args.rank} if args.child == "lora" else None
+    lora = _lora_settings(args)
     cfg = LearnerConfig(
         groups_per_step=8, micro_batch_tokens=4096, max_staleness=0, total_steps=100, lora=lora
     )
@@ -181,15 +187,15 @@ def child(args) -> dict:
             learner.train_step(groups)
             seconds += time.perf_counter() - start
             tokens += workloads.batch_tokens(groups)
-        state = _state_bytes(learner)
+        state = _state_bytes(learner.model, learner.optimizer)
     finally:
         shutdown_distributed()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak_rss_since(baseline)
     return {
         "tokens_per_s": tokens / seconds,
         "seconds": seconds,
         "tokens": tokens,
-        "peak_rss": peak - baseline,
+        "peak_rss": peak,
         "peft_import": peft_import,
     } | {f"state/{k}": v for k, v in state.items()}
 
