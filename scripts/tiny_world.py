@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-shipped",
         action="store_true",
-        help="build the default world (seed 0) too, instead of copying the one shipped in world/shipped/",
+        help="use nothing shipped in world/shipped/: build the default world (seed 0) instead of copying it, and\n"
+        "start another seed's warm start from a random init, not from the shipped policy",
     )
     parser.add_argument(
         "--check", action="store_true", help="evaluate the warm-started policy on test questions"

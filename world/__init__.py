@@ -3,9 +3,11 @@
     world = build_world(Path("runs/.world-cache/seed0"), seed=0)    # cached per directory and parameters
     world.corpus_path, world.train_path, world.test_path, world.model_dir
 
-Everything is generated from one seed, offline, in about two minutes on two CPU cores: the knowledge base, corpus
-and questions (`kb.py`), a byte-level BPE tokenizer and a small `Qwen2ForCausalLM` (`model.py`), and a supervised
-warm start on search trajectories built with the retrieval server's BM25 (`warmstart.py`).
+Everything is generated from one seed, offline, on two CPU cores: the knowledge base, corpus and questions
+(`kb.py`), a byte-level BPE tokenizer and a small `Qwen2ForCausalLM` (`model.py`), and a supervised warm start on
+search trajectories built with the retrieval server's BM25 (`warmstart.py`). Seed 0's world is shipped (built from a
+random init: 2,500 warm-start steps); any other seed's policy starts from the shipped one, its word rows renamed
+to the seed's words (`transfer.py`), and takes two epochs of the warm start (250 steps): under a minute.
 
 Room for RL. The warm-start trajectories search either with the full name (`Velmora Tesk born`, the right passage
 comes first) or, more often, with the first name only (`Velmora born`, the passage of one of the several people who
@@ -47,6 +49,7 @@ from common.progress import PhaseProgress, format_seconds
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import DocStore
 from world.kb import DATA_SOURCE, WorldSizes, build_kb, write_corpus, write_questions
+from world.transfer import TRANSFER_EPOCHS
 from world.warmstart import build_trajectories, warm_start
 
 __all__ = [
@@ -102,8 +105,11 @@ def _paths(out_dir: Path) -> TinyWorld:
     )
 
 
-def _marker(seed: int, sizes: WorldSizes) -> dict[str, Any]:
-    return {"version": WORLD_VERSION, "seed": seed, "sizes": dataclasses.asdict(sizes)}
+def _marker(seed: int, sizes: WorldSizes, transferred: bool = False) -> dict[str, Any]:
+    marker = {"version": WORLD_VERSION, "seed": seed, "sizes": dataclasses.asdict(sizes)}
+    if transferred:  # its warm start started from the shipped seed-0 policy (world.transfer)
+        marker["warm_start_from"] = {"seed": 0, "version": WORLD_VERSION, "epochs": TRANSFER_EPOCHS}
+    return marker
 
 
 def build_world(
@@ -119,9 +125,10 @@ def build_world(
 
     Returns at once when `out_dir` already holds a complete world built with the same seed and sizes. The default
     world (seed 0, default sizes) is copied from the one shipped in the package (`SHIPPED_DIR`) unless `shipped` is
-    false; any other seed or size is built. `sizes` are `WorldSizes` fields (e.g. `num_people=200`). With
-    `progress`, the build says what it does and, once, how long it took in all (counted from `since`, a
-    `time.time()`, when given).
+    false; any other seed or size is built, another seed of the default sizes starting its warm start from the
+    shipped policy (`world.transfer`: two epochs instead of twenty) unless `shipped` is false. `sizes` are
+    `WorldSizes` fields (e.g. `num_people=200`). With `progress`, the build says what it does and, once, how long it
+    took in all (counted from `since`, a `time.time()`, when given).
     """
     unknown = set(sizes) - {f.name for f in dataclasses.fields(WorldSizes)}
     if unknown:
@@ -130,7 +137,8 @@ def build_world(
     out_dir = Path(out_dir)
     world = _paths(out_dir)
     marker_path = out_dir / MARKER_FILE
-    wanted = _marker(seed, world_sizes)
+    base = transfer_base(seed, world_sizes) if shipped else None
+    wanted = _marker(seed, world_sizes, base is not None)
     if _is_built(world, marker_path, wanted):
         log.info("tiny world: cached in %s", out_dir)
         return world
@@ -158,7 +166,8 @@ def build_world(
             json.dumps(sizes),
             "--since",
             str(time.time()),
-        ] + ([] if progress else ["--quiet"])
+        ]
+        cmd += ([] if progress else ["--quiet"]) + ([] if shipped else ["--no-shipped"])
         # one build at a time per directory: a second `sr1 run` (or test) started meanwhile waits for it, then finds
         # the world built
         with _build_lock(out_dir, progress):
@@ -199,15 +208,35 @@ def build_world(
             world_sizes.good_query_share,
             seed,
         )
-    steps = warm_start(kb, trajectories, world.model_dir, world_sizes, seed=seed, progress=progress)
+    base_kb = build_kb(0, world_sizes) if base is not None else None
+    steps = warm_start(
+        kb,
+        trajectories,
+        world.model_dir,
+        world_sizes,
+        seed=seed,
+        progress=progress,
+        base_dir=base,
+        base_kb=base_kb,
+    )
     marker_path.write_text(json.dumps(wanted, indent=2))
     if progress:
+        start = "from the shipped seed-0 policy" if base is not None else "from a random init"
         print(
             f"[tiny world] seed {seed} built in {format_seconds(time.time() - started)} "
-            f"({steps} warm-start steps)",
+            f"({steps} warm-start steps {start})",
             flush=True,
         )
     return world
+
+
+def transfer_base(seed: int, sizes: WorldSizes) -> Path | None:
+    """The policy a seed's warm start starts from (`world.transfer`): the shipped seed-0 one for any other seed
+    whose sizes are the shipped world's, when the package holds it; None (a random init) otherwise."""
+    if seed == 0:
+        return None
+    source = shipped_world(0, sizes)
+    return None if source is None else _paths(source).model_dir
 
 
 def shipped_world(seed: int, sizes: WorldSizes) -> Path | None:

@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="{}", help="WorldSizes fields as a JSON object")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument(
+        "--no-shipped",
+        action="store_true",
+        help="start from a random init even where the shipped policy would do",
+    )
+    parser.add_argument(
         "--since",
         type=float,
         help="when the build was asked for (time.time()): the time it reports counts from there",
@@ -44,9 +49,15 @@ def main(argv: list[str] | None = None) -> int:
 
         transformers.logging.disable_progress_bar()  # its per-file bars would interleave with the world's lines
     torch.use_deterministic_algorithms(True)
-    # this process exists to build (build_world found no shipped copy to install, or was told not to use one)
+    # the parent found no shipped copy of this world to install (or was told not to use one): this builds it, from
+    # the shipped seed-0 policy where `build_world` may start there
     build_world(
-        args.out, args.seed, progress=progress, since=args.since, shipped=False, **json.loads(args.sizes)
+        args.out,
+        args.seed,
+        progress=progress,
+        since=args.since,
+        shipped=not args.no_shipped,
+        **json.loads(args.sizes),
     )
     return 0
 

@@ -51,7 +51,8 @@ from tasks.search_r1.protocol import (
 )
 from world.kb import ATTRIBUTE_BY_KEY, KnowledgeBase, WorldSizes, passage_value
 from world.lean import batch_tensors, lean_logprobs
-from world.model import build_tiny_policy
+from world.model import build_tiny_policy, train_tokenizer
+from world.transfer import TRANSFER_EPOCHS, transferred_policy
 
 if TYPE_CHECKING:
     import torch
@@ -264,15 +265,19 @@ def warm_start(
     *,
     seed: int = 0,
     progress: bool = True,
+    base_dir: Path | None = None,
+    base_kb: KnowledgeBase | None = None,
 ) -> int:
     """Train the tokenizer, build the model, fine-tune it on `trajectories` and save it (fp32 safetensors) into
-    `model_dir`; returns the number of optimizer steps."""
+    `model_dir`; returns the number of optimizer steps. With `base_dir` (a warm-started policy, trained on
+    `base_kb`), the model starts from it instead of a random init (`world.transfer`) and trains `TRANSFER_EPOCHS`."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     torch.set_num_threads(2)
     torch.manual_seed(seed)
     model_dir = Path(model_dir)
+    texts = tokenizer_texts(kb, trajectories)
     with PhaseProgress(
         "tiny world: the tokenizer and the model",
         expected_s=TOKENIZER_S,
@@ -280,27 +285,38 @@ def warm_start(
         report_done=False,
         announce=True,
     ):
-        build_tiny_policy(
-            model_dir,
-            tokenizer_texts(kb, trajectories),
-            vocab_size=sizes.vocab_size,
-            seed=seed,
-            hidden_size=sizes.hidden_size,
-            num_layers=sizes.num_layers,
-            num_heads=sizes.num_heads,
-            num_kv_heads=sizes.num_kv_heads,
-            intermediate_size=sizes.intermediate_size,
-        )
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if sizes.copy_init:
-        copy_friendly_init(model)
+        if base_dir is not None:
+            if base_kb is None:
+                raise ValueError(
+                    "warm_start: base_dir needs base_kb, the knowledge base its policy was trained on"
+                )
+            train_tokenizer(texts, model_dir, vocab_size=sizes.vocab_size)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            model = transferred_policy(base_dir, base_kb, tokenizer, kb)
+            epochs = TRANSFER_EPOCHS
+        else:
+            build_tiny_policy(
+                model_dir,
+                texts,
+                vocab_size=sizes.vocab_size,
+                seed=seed,
+                hidden_size=sizes.hidden_size,
+                num_layers=sizes.num_layers,
+                num_heads=sizes.num_heads,
+                num_kv_heads=sizes.num_kv_heads,
+                intermediate_size=sizes.intermediate_size,
+            )
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            if sizes.copy_init:
+                copy_friendly_init(model)
+            epochs = sizes.warmstart_epochs
     seqs = [tokenize_trajectory(tokenizer, t) for t in trajectories]
     losses = sft(
         model,
         seqs,
         tokenizer.pad_token_id,
-        epochs=sizes.warmstart_epochs,
+        epochs=epochs,
         lr=sizes.warmstart_lr,
         batch_size=sizes.warmstart_batch,
         seed=seed,

@@ -65,3 +65,51 @@ def test_the_shipped_corpus_and_questions_are_what_seed_0_gives(tmp_path):
     assert (tmp_path / "corpus.jsonl").read_bytes() == (shipped / "corpus.jsonl").read_bytes()
     for name in ("train.parquet", "test.parquet"):
         assert pq.read_table(tmp_path / name).to_pylist() == pq.read_table(shipped / name).to_pylist(), name
+
+
+def test_another_seed_starts_its_warm_start_from_the_shipped_policy(tmp_path, monkeypatch):
+    from world import transfer_base
+
+    shipped_model = SHIPPED_DIR / "seed0" / "model"
+    assert transfer_base(1, WorldSizes()) == shipped_model
+    assert transfer_base(0, WorldSizes()) is None  # the shipped world itself starts from a random init
+    assert transfer_base(1, WorldSizes(num_people=200)) is None  # so does any other size
+
+    started = []
+
+    def fake_build(cmd, **kwargs):
+        started.append(cmd)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(subprocess, "run", fake_build)
+    for shipped in (True, False):
+        with pytest.raises(RuntimeError, match="stop here"):
+            build_world(tmp_path / "seed1", seed=1, progress=False, shipped=shipped)
+    # the child builds from the shipped policy unless told not to
+    assert ["--no-shipped" in cmd for cmd in started] == [False, True]
+
+
+def test_a_world_built_before_the_transfer_is_built_again(tmp_path, monkeypatch):
+    """A cached world of another seed whose marker does not say it started from the shipped policy (a from-scratch
+    build, or one of an older recipe) is not what `build_world` would build now: it is rebuilt, not reused."""
+    import dataclasses
+    import json
+
+    from world import WORLD_VERSION
+
+    out = tmp_path / "seed1"
+    for name in ("corpus.jsonl", "train.parquet", "test.parquet"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("x")
+    (out / "model").mkdir()
+    scratch = {"version": WORLD_VERSION, "seed": 1, "sizes": dataclasses.asdict(WorldSizes())}
+    (out / MARKER_FILE).write_text(json.dumps(scratch))
+    started = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: started.append(cmd))
+    with pytest.raises(RuntimeError, match="without its marker"):
+        build_world(out, seed=1, progress=False)
+    assert len(started) == 1
+    # the same marker is what a build from a random init writes: with `shipped=False` it is found as built
+    (out / MARKER_FILE).write_text(json.dumps(scratch))
+    build_world(out, seed=1, progress=False, shipped=False)
+    assert len(started) == 1
