@@ -66,12 +66,13 @@ def transferred_policy(base_dir: Path, base_kb: KnowledgeBase, tokenizer: Any, k
     base = Qwen2ForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     sources = row_sources(AutoTokenizer.from_pretrained(base_dir), base_kb, tokenizer, kb)
     size = len(tokenizer)
+    new_ids = sorted(sources)
+    base_ids = [sources[i] for i in new_ids]
     state = base.state_dict()
     for key in ("model.embed_tokens.weight", "lm_head.weight"):
         rows = state[key]
-        moved = rows.mean(0, keepdim=True).repeat(size, 1)
-        new_ids = torch.tensor(sorted(sources))
-        moved[new_ids] = rows[torch.tensor([sources[i] for i in sorted(sources)])]
+        moved = rows.mean(0, keepdim=True).repeat(size, 1)  # the rows no token of the base gives
+        moved[new_ids] = rows[base_ids]
         state[key] = moved
     config = base.config
     config.vocab_size = size
