@@ -108,6 +108,12 @@ class WorldSizes:
     # the questions (0.18 with transformers' forward) and left RL less to learn (docs/tiny-world.md)
     lean_forward: bool = False
 
+    @property
+    def model_shape(self) -> dict[str, int]:
+        """The policy's shape, as `world.model.build_model` takes it."""
+        fields = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+        return {field: getattr(self, field) for field in fields}
+
 
 @dataclass(frozen=True)
 class Person:

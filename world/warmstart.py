@@ -295,17 +295,7 @@ def warm_start(
             model = transferred_policy(base_dir, base_kb, tokenizer, kb)
             epochs = TRANSFER_EPOCHS
         else:
-            build_tiny_policy(
-                model_dir,
-                texts,
-                vocab_size=sizes.vocab_size,
-                seed=seed,
-                hidden_size=sizes.hidden_size,
-                num_layers=sizes.num_layers,
-                num_heads=sizes.num_heads,
-                num_kv_heads=sizes.num_kv_heads,
-                intermediate_size=sizes.intermediate_size,
-            )
+            build_tiny_policy(model_dir, texts, vocab_size=sizes.vocab_size, seed=seed, **sizes.model_shape)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             if sizes.copy_init:

@@ -17,7 +17,8 @@ scripts/bench/learner_workloads.py, 8 groups of 8), one gloo rank, one warm-up s
   and PEFT's modules), a cost per process and not the step's (`peft_import` in the JSON, measured in each child).
 `--plain` measures the same without sr1's learner: transformers' own forward and backward of 4,096-token rows, with
 PEFT's adapters put on as the learner puts them (`learner.lora.inject_lora`: every linear layer, the rest frozen) or
-not, no optimizer: whether a difference is the learner's or PEFT's. The ratios LoRA / full are printed last. Timings on a shared CPU are noisy: compare the ratio, measured side by side.
+not, no optimizer: whether a difference is the learner's or PEFT's. The ratios LoRA / full are printed last.
+Timings on a shared CPU are noisy: compare the ratio, measured side by side.
 """
 
 from __future__ import annotations

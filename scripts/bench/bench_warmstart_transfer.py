@@ -137,11 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 return shipped_tokenizer, Qwen2ForCausalLM.from_pretrained(shipped, dtype=torch.float32)
             if name == "renamed":
                 return own_tokenizer, transferred_policy(shipped, base_kb, own_tokenizer, kb)
-            shape = {f: getattr(sizes, f) for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads")}
             # the build's random init (world.warmstart.warm_start)
-            random_dir = build_model(
-                own_dir, tmp / "random", seed=args.seed, intermediate_size=sizes.intermediate_size, **shape
-            )
+            random_dir = build_model(own_dir, tmp / "random", seed=args.seed, **sizes.model_shape)
             return own_tokenizer, Qwen2ForCausalLM.from_pretrained(random_dir, dtype=torch.float32)
 
         runs = [(name, e) for name in ("shipped tokenizer", "renamed") for e in args.epochs]

@@ -18,9 +18,8 @@ from buffer.connection import RETRIED as REDIS_UNAVAILABLE
 from buffer.redis_buffer import ReplayBuffer
 from weight_sync.rendezvous import Rendezvous
 
-OWN_RECONNECT_S = (
-    1.0  # how long one of the launcher's own Redis calls retries before the loop below takes over
-)
+# how long one of the launcher's own Redis calls retries before the loop below takes over
+OWN_RECONNECT_S = 1.0
 T = TypeVar("T")
 
 
